@@ -1,0 +1,59 @@
+/// @file thread_pool.h
+/// @brief A fixed pool of worker threads for data-parallel kernels. The calling thread
+/// takes part as worker 0, so a pool of n threads starts n - 1 OS threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace hack {
+
+class ThreadPool {
+ public:
+  /// n_threads <= 0 picks std::thread::hardware_concurrency().
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  /// Runs fn(thread_index, n_threads) once on every worker and waits for all.
+  /// Not reentrant: fn must not call run() on the same pool.
+  void run(const std::function<void(int thread_index, int n_threads)>& fn);
+
+  /// Splits [0, n) into contiguous ranges, one per worker, and calls fn(begin, end).
+  void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>& fn);
+
+  /// Hands out [0, n) in chunks of `grain` on demand (for uneven work).
+  void parallel_for_dynamic(size_t n, size_t grain, const std::function<void(size_t begin, size_t end)>& fn);
+
+ private:
+  void worker_loop(int index);
+
+  int n_threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stopping_ = false;
+};
+
+/// [begin, end) of part `index` of `parts` equal splits of [0, n).
+inline void split_range(size_t n, int index, int parts, size_t* begin, size_t* end) {
+  const size_t per = n / static_cast<size_t>(parts);
+  const size_t extra = n % static_cast<size_t>(parts);
+  const size_t i = static_cast<size_t>(index);
+  *begin = i * per + (i < extra ? i : extra);
+  *end = *begin + per + (i < extra ? 1 : 0);
+}
+
+}  // namespace hack

@@ -1,0 +1,68 @@
+/// @file sampler.h
+/// @brief Token sampling from logits: greedy, temperature, top-k, top-p, min-p, seeded RNG,
+/// presence / frequency / repetition penalties, stop tokens, logprobs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace hack {
+
+struct SamplingParams {
+  float temperature = 1.0f;   ///< 0 = greedy
+  int top_k = 0;              ///< 0 = off
+  float top_p = 1.0f;         ///< 1 = off
+  float min_p = 0.0f;         ///< 0 = off; keep tokens with p >= min_p * p_max
+  std::optional<uint64_t> seed;  ///< unset = nondeterministic
+  float presence_penalty = 0.0f;    ///< OpenAI semantics, subtracted once per seen token
+  float frequency_penalty = 0.0f;   ///< OpenAI semantics, subtracted per occurrence
+  float repetition_penalty = 1.0f;  ///< HF/CTRL semantics over prompt + output; 1 = off
+  int max_tokens = 16;
+  std::vector<int> stop_token_ids;  ///< generation ends after emitting one of these
+  bool ignore_eos = false;
+  int logprobs = -1;  ///< -1: none; 0: the sampled token's; k > 0: also the top k
+
+  /// Throws hack::Error naming the field if a value is out of range.
+  void validate(int vocab_size) const;
+};
+
+struct TokenLogprob {
+  int token = -1;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int token = -1;
+  float logprob = 0.0f;                   ///< log-softmax of the raw logits (before penalties/temperature), as vLLM reports by default
+  std::vector<TokenLogprob> top_logprobs; ///< top `logprobs` tokens, best first
+};
+
+/// One sequence's sampler: owns its RNG and the counts needed for penalties.
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, int vocab_size);
+
+  /// Records prompt tokens (they count for the repetition penalty only).
+  void add_prompt_tokens(std::span<const int> tokens);
+  /// Samples the next token from `logits` [vocab] (modified in place as scratch) and
+  /// records it as generated.
+  SampleResult sample(std::span<float> logits);
+
+  /// Whether `token` ends generation (a stop id, or EOS given in eos_ids unless ignore_eos).
+  bool is_stop_token(int token, std::span<const int> eos_ids) const;
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  int vocab_size_;
+  std::mt19937_64 rng_;
+  std::unordered_map<int, int> output_counts_;
+  std::vector<uint8_t> seen_in_prompt_or_output_;
+  std::vector<std::pair<float, int>> scratch_;
+};
+
+}  // namespace hack

@@ -1,0 +1,55 @@
+/// @file weights.h
+/// @brief The weights of a Llama-family model, loaded from safetensors (memory-mapped,
+/// zero-copy for matrices) or generated from a seed (synthetic mode).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "hack/core/tensor.h"
+#include "hack/model/config.h"
+
+namespace hack {
+
+/// Matrices keep the checkpoint's dtype (f32, f16 or bf16) and HF's [out_features, in_features]
+/// row-major layout. Vectors (norms, biases) are always f32.
+struct LayerWeights {
+  Tensor attn_norm;       // [hidden] f32
+  Tensor wq;              // [n_heads * head_dim, hidden]
+  Tensor wk;              // [n_kv_heads * head_dim, hidden]
+  Tensor wv;              // [n_kv_heads * head_dim, hidden]
+  Tensor wo;              // [hidden, n_heads * head_dim]
+  Tensor bq, bk, bv;      // [q_dim], [kv_dim], [kv_dim] f32; defined only if attention_bias
+  Tensor q_norm, k_norm;  // [head_dim] f32; defined only if qk_norm
+  Tensor ffn_norm;        // [hidden] f32
+  Tensor w_gate;          // [intermediate, hidden]
+  Tensor w_up;            // [intermediate, hidden]
+  Tensor w_down;          // [hidden, intermediate]
+};
+
+struct ModelWeights {
+  Tensor embed;       // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;  // [hidden] f32
+  Tensor lm_head;     // [vocab, hidden]; shares embed's buffer when tied
+};
+
+struct Model {
+  ModelConfig config;
+  ModelWeights weights;
+  std::filesystem::path directory;  ///< empty for synthetic models
+
+  /// Loads config.json and model.safetensors (or the sharded index) from a Hugging Face
+  /// model directory. Errors name the file and tensor (missing, mis-shaped, truncated,
+  /// unsupported dtype).
+  static Model load(const std::filesystem::path& directory);
+  /// Random weights for `config` (normal, std 0.02 scaled for depth; norms 1), reproducible
+  /// from `seed`, matrices in `dtype` (f32, f16 or bf16).
+  static Model synthetic(const ModelConfig& config, uint64_t seed, DType dtype = DType::bf16);
+  /// Bytes of all weights (tied lm_head counted once).
+  size_t weight_bytes() const;
+};
+
+}  // namespace hack

@@ -1,0 +1,106 @@
+#include "hack/core/thread_pool.h"
+
+#include <algorithm>
+
+namespace hack {
+
+namespace {
+// Workers spin this many iterations for a new job before sleeping: decode runs a few
+// hundred short jobs per token, and a futex wake-up per job would cost more than the job.
+constexpr int kSpinIterations = 20000;
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) {
+  n_threads_ = n_threads > 0 ? n_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run(const std::function<void(int, int)>& fn) {
+  if (n_threads_ == 1) {
+    fn(0, 1);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &fn;
+    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  fn(0, n_threads_);
+  for (int spin = 0; spin < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++spin) {
+  }
+  if (pending_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
+  job_ = nullptr;
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    int spin = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && spin < kSpinIterations) ++spin;
+    if (generation_.load(std::memory_order_acquire) == seen) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+    }
+    const std::function<void(int, int)>* job;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      seen = generation_.load(std::memory_order_acquire);
+      job = job_;
+    }
+    (*job)(index, n_threads_);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  const int parts = static_cast<int>(std::min<size_t>(n, static_cast<size_t>(n_threads_)));
+  if (parts == 1) {
+    fn(0, n);
+    return;
+  }
+  run([&](int index, int) {
+    if (index >= parts) return;
+    size_t begin, end;
+    split_range(n, index, parts, &begin, &end);
+    fn(begin, end);
+  });
+}
+
+void ThreadPool::parallel_for_dynamic(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  grain = std::max<size_t>(1, grain);
+  if (n_threads_ == 1 || n <= grain) {
+    fn(0, n);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  run([&](int, int) {
+    for (;;) {
+      const size_t begin = next.fetch_add(grain, std::memory_order_relaxed);
+      if (begin >= n) return;
+      fn(begin, std::min(n, begin + grain));
+    }
+  });
+}
+
+}  // namespace hack
