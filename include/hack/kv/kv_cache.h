@@ -1,0 +1,65 @@
+/// @file kv_cache.h
+/// @brief The interface between the transformer and KV storage. The transformer writes each
+/// layer's new K/V through append() and computes attention through attend(), so a
+/// contiguous fp cache and the paged HACK cache are interchangeable (`--kv fp|hack`).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace hack {
+
+/// Dimensions every KV cache is built for.
+struct KvShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int group_size = 1;  ///< query heads per KV head (GQA)
+};
+
+struct KvCacheStats {
+  int64_t sequences = 0;
+  int64_t tokens = 0;          ///< tokens stored, summed over sequences (one layer's worth)
+  size_t bytes_used = 0;       ///< bytes held for stored tokens, all layers
+  size_t bytes_capacity = 0;   ///< bytes the cache may use (0 = unbounded)
+};
+
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+
+  virtual const KvShape& shape() const = 0;
+  /// "fp32", "hack-2bit", ...
+  virtual std::string name() const = 0;
+
+  /// Opens an empty sequence that will hold at most `max_tokens`. Throws hack::Error if the
+  /// id is in use or the memory cannot be reserved.
+  virtual void add_sequence(int seq_id, int max_tokens) = 0;
+  /// Frees everything held for the sequence (no-op for an unknown id).
+  virtual void remove_sequence(int seq_id) = 0;
+  virtual bool has_sequence(int seq_id) const = 0;
+  /// Tokens stored for the sequence in `layer`.
+  virtual int length(int seq_id, int layer) const = 0;
+
+  /// Stores K and V of n_tokens new tokens at positions [start_pos, start_pos + n_tokens)
+  /// of `layer`; start_pos must equal length(seq_id, layer).
+  /// k, v: [n_tokens][num_kv_heads][head_dim] f32, K already rotated (RoPE).
+  /// Calls for different sequences may run concurrently.
+  virtual void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) = 0;
+
+  /// Causal attention of one KV head's query group:
+  ///   out[t][g] = softmax(scale * q[t][g] · K[0 .. start_pos + t]) · V[0 .. start_pos + t]
+  /// q: n_tokens rows of group_size × head_dim floats, row t at q + t * q_row_stride;
+  /// out: same layout with out_row_stride. Requires length(seq_id, layer) >= start_pos + n_tokens.
+  /// `scratch` holds attend_scratch_floats(n_tokens, start_pos + n_tokens) floats.
+  /// Thread-safe for concurrent calls (different heads / sequences).
+  virtual void attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q,
+                      size_t q_row_stride, float* out, size_t out_row_stride, float scale,
+                      float* scratch) const = 0;
+  virtual size_t attend_scratch_floats(int n_tokens, int context_tokens) const = 0;
+
+  virtual KvCacheStats stats() const = 0;
+};
+
+}  // namespace hack
