@@ -1,0 +1,45 @@
+/// @file backend.h
+/// @brief The forward contract every backend (cpu, cuda) implements: run the transformer
+/// over a batch of sequence chunks, storing KV and returning logits.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hack/core/thread_pool.h"
+#include "hack/kv/kv_cache.h"
+#include "hack/model/weights.h"
+
+namespace hack {
+
+enum class DeviceKind { cpu, cuda };
+DeviceKind parse_device(const std::string& name);
+
+/// New tokens of one sequence. Prefill is one chunk of many tokens (or several chunks
+/// of a long prompt over successive calls), decode is many chunks of one token each.
+struct SequenceChunk {
+  int seq_id = 0;
+  int start_pos = 0;             ///< position of tokens[0]; equals the KV length before the call
+  std::span<const int> tokens;
+  bool all_logits = false;       ///< logits for every token (else only the last)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const ModelConfig& config() const = 0;
+
+  /// Runs every chunk through the model, appending its K/V to `kv` (the chunk's
+  /// sequence must exist there), and writes logits rows into `logits`:
+  /// for each chunk in order, n_tokens rows if all_logits else 1 row; each row vocab floats.
+  /// Returns the number of rows written.
+  virtual size_t forward(std::span<const SequenceChunk> batch, KvCache& kv, std::vector<float>& logits) = 0;
+};
+
+/// The CPU reference backend. `pool` runs every kernel; it must outlive the backend.
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool);
+
+}  // namespace hack

@@ -1,0 +1,75 @@
+// Internal: the GEMV loop, written once over a vector-traits class V so the AVX2 and
+// AVX-512 files (compiled with different -m flags) share it. V provides:
+//   using reg; static constexpr size_t width;
+//   zero(), load_f32(const float*), load_w<DType>(const void*, size_t idx), fma(a, b, c), hsum(reg)
+#pragma once
+
+#include <cstddef>
+
+#include "hack/core/dtype.h"
+
+namespace hack::cpu::detail {
+
+// R weight rows × T activation rows per block: R·T accumulators stay in registers and
+// each weight element is loaded once for all T activation rows.
+template <class V, DType WT, int T, int R>
+inline void gemv_block(const void* w, size_t in, const float* x, float* y, size_t y_stride, size_t o) {
+  typename V::reg acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = V::zero();
+  size_t i = 0;
+  for (; i + V::width <= in; i += V::width) {
+    typename V::reg wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = V::template load_w<WT>(w, (o + static_cast<size_t>(r)) * in + i);
+    for (int t = 0; t < T; ++t) {
+      const typename V::reg xv = V::load_f32(x + static_cast<size_t>(t) * in + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = V::fma(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float s = V::hsum(acc[r][t]);
+      for (size_t j = i; j < in; ++j)
+        s += V::template weight_scalar<WT>(w, (o + static_cast<size_t>(r)) * in + j) * x[static_cast<size_t>(t) * in + j];
+      y[static_cast<size_t>(t) * y_stride + o + static_cast<size_t>(r)] = s;
+    }
+  }
+}
+
+template <class V, DType WT, int T>
+inline void gemv_rows_t(const void* w, size_t in, const float* x, float* y, size_t y_stride, size_t o_begin,
+                        size_t o_end) {
+  constexpr int R = T == 1 ? 4 : T <= 3 ? 2 : 1;
+  size_t o = o_begin;
+  for (; o + R <= o_end; o += R) gemv_block<V, WT, T, R>(w, in, x, y, y_stride, o);
+  for (; o < o_end; ++o) gemv_block<V, WT, T, 1>(w, in, x, y, y_stride, o);
+}
+
+template <class V, DType WT>
+inline void gemv_dispatch_rows(const void* w, size_t in, const float* x, size_t rows, float* y, size_t y_stride,
+                               size_t o_begin, size_t o_end) {
+  switch (rows) {
+    case 1: gemv_rows_t<V, WT, 1>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 2: gemv_rows_t<V, WT, 2>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 3: gemv_rows_t<V, WT, 3>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 4: gemv_rows_t<V, WT, 4>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 5: gemv_rows_t<V, WT, 5>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 6: gemv_rows_t<V, WT, 6>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 7: gemv_rows_t<V, WT, 7>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 8: gemv_rows_t<V, WT, 8>(w, in, x, y, y_stride, o_begin, o_end); break;
+    default: break;
+  }
+}
+
+template <class V>
+inline void gemv_dispatch(DType wtype, const void* w, size_t in, const float* x, size_t rows, float* y,
+                          size_t y_stride, size_t o_begin, size_t o_end) {
+  switch (wtype) {
+    case DType::f32: gemv_dispatch_rows<V, DType::f32>(w, in, x, rows, y, y_stride, o_begin, o_end); break;
+    case DType::bf16: gemv_dispatch_rows<V, DType::bf16>(w, in, x, rows, y, y_stride, o_begin, o_end); break;
+    case DType::f16: gemv_dispatch_rows<V, DType::f16>(w, in, x, rows, y, y_stride, o_begin, o_end); break;
+    default: break;
+  }
+}
+
+}  // namespace hack::cpu::detail

@@ -1,0 +1,142 @@
+// Element-wise kernels. The whole build targets x86-64-v3, so these use AVX2/FMA
+// directly; each has a plain loop for the tail.
+#include <immintrin.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "hack/core/error.h"
+#include "hack/kernels/cpu_ops.h"
+
+namespace hack::cpu {
+
+namespace {
+inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+}  // namespace
+
+float dot(const float* a, const float* b, size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum256(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy(float a, const float* x, float* y, size_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+void add_inplace(float* x, const float* y, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) x[i] += y[i];
+}
+
+void rmsnorm(const float* x, const float* weight, float* out, size_t rows, size_t n, float eps) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = out + r * n;
+    // Sum of squares in double: HF computes the mean in fp32, but a long fp32 sum drifts
+    // with summation order; double keeps us closest to the exact value.
+    double ss = 0;
+    for (size_t i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+    for (size_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * weight[i];
+  }
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& config) {
+  const int half = config.head_dim / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) {
+    inv[static_cast<size_t>(i)] = static_cast<float>(
+        1.0 / std::pow(static_cast<double>(config.rope_theta), (2.0 * i) / config.head_dim));
+  }
+  const RopeScaling& s = config.rope_scaling;
+  switch (s.type) {
+    case RopeScalingType::none: break;
+    case RopeScalingType::linear:
+      for (float& f : inv) f /= s.factor;
+      break;
+    case RopeScalingType::llama3: {
+      const double old_ctx = s.original_max_position_embeddings;
+      const double low_freq_wavelen = old_ctx / s.low_freq_factor;
+      const double high_freq_wavelen = old_ctx / s.high_freq_factor;
+      for (float& f : inv) {
+        const double wavelen = 2.0 * std::numbers::pi / f;
+        if (wavelen > low_freq_wavelen) {
+          f = static_cast<float>(f / s.factor);
+        } else if (wavelen >= high_freq_wavelen) {
+          const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+          f = static_cast<float>((1.0 - smooth) * f / s.factor + smooth * f);
+        }
+      }
+      break;
+    }
+  }
+  return inv;
+}
+
+void rope_apply(float* x, int n_heads, int head_dim, int position, const float* inv_freq) {
+  const int half = head_dim / 2;
+  // Angles as HF computes them: fp32 product of position and inverse frequency.
+  float cos_v[512], sin_v[512];
+  HACK_CHECK(half <= 512, "head_dim {} too large for rope_apply", head_dim);
+  for (int i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq[i];
+    cos_v[i] = std::cos(angle);
+    sin_v[i] = std::sin(angle);
+  }
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * static_cast<size_t>(head_dim);
+    for (int i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos_v[i] - b * sin_v[i];
+      v[i + half] = b * cos_v[i] + a * sin_v[i];
+    }
+  }
+}
+
+void swiglu(const float* gate, const float* up, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax(float* x, size_t n) {
+  if (n == 0) return;
+  float m = x[0];
+  for (size_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (size_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void embedding_row(const Tensor& table, int64_t token, float* out) {
+  HACK_CHECK(token >= 0 && token < table.dim(0), "token id {} out of range [0, {})", token, table.dim(0));
+  const size_t hidden = static_cast<size_t>(table.dim(1));
+  const char* row = static_cast<const char*>(table.raw()) + static_cast<size_t>(token) * hidden * dtype_size(table.dtype());
+  convert_to_f32(table.dtype(), row, out, hidden);
+}
+
+}  // namespace hack::cpu
