@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "hack/core/error.h"
 
@@ -75,6 +76,11 @@ GenerationResult generate(Engine& engine, int seq_id, std::span<const int> promp
 
   clock::time_point t_first;
   for (int i = 0; i < params.max_tokens; ++i) {
+    if (i < params.min_tokens) {
+      // Like HF min_new_tokens and vLLM min_tokens: ending tokens cannot be chosen yet.
+      for (int id : eos_ids) logits[static_cast<size_t>(id)] = -INFINITY;
+      for (int id : params.stop_token_ids) logits[static_cast<size_t>(id)] = -INFINITY;
+    }
     SampleResult s = sampler.sample(std::span<float>(logits.data(), static_cast<size_t>(vocab)));
     if (i == 0) {
       t_first = clock::now();

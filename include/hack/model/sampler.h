@@ -14,7 +14,7 @@ namespace hack {
 
 struct SamplingParams {
   float temperature = 1.0f;   ///< 0 = greedy
-  int top_k = 0;              ///< 0 = off
+  int top_k = 0;              ///< 0 (or -1, as vLLM clients send) = off
   float top_p = 1.0f;         ///< 1 = off
   float min_p = 0.0f;         ///< 0 = off; keep tokens with p >= min_p * p_max
   std::optional<uint64_t> seed;  ///< unset = nondeterministic
@@ -22,9 +22,10 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   ///< OpenAI semantics, subtracted per occurrence
   float repetition_penalty = 1.0f;  ///< HF/CTRL semantics over prompt + output; 1 = off
   int max_tokens = 16;
+  int min_tokens = 0;  ///< stop and EOS tokens are suppressed until this many are generated
   std::vector<int> stop_token_ids;  ///< generation ends after emitting one of these
   bool ignore_eos = false;
-  int logprobs = -1;  ///< -1: none; 0: the sampled token's; k > 0: also the top k
+  int logprobs = -1;  ///< -1: none (SampleResult::logprob left 0); 0: the sampled token's; k > 0: also the top k
 
   /// Throws hack::Error naming the field if a value is out of range.
   void validate(int vocab_size) const;
@@ -44,6 +45,7 @@ struct SampleResult {
 /// One sequence's sampler: owns its RNG and the counts needed for penalties.
 class Sampler {
  public:
+  /// Validates `params` (throws hack::Error like SamplingParams::validate).
   Sampler(const SamplingParams& params, int vocab_size);
 
   /// Records prompt tokens (they count for the repetition penalty only).
@@ -57,12 +59,19 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  void mark_seen(int token);
+  void apply_penalties(std::span<float> logits) const;
+  int sample_random(std::span<float> logits);
+  void fill_logprobs(SampleResult& result);
+
   SamplingParams params_;
   int vocab_size_;
   std::mt19937_64 rng_;
   std::unordered_map<int, int> output_counts_;
   std::vector<uint8_t> seen_in_prompt_or_output_;
-  std::vector<std::pair<float, int>> scratch_;
+  std::vector<int> seen_ids_;             // the tokens flagged in seen_in_prompt_or_output_
+  std::vector<std::pair<float, int>> scratch_;  // (logit, token) candidates
+  std::vector<float> raw_logits_;         // copy before penalties, when logprobs are wanted
 };
 
 }  // namespace hack

@@ -1,0 +1,63 @@
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "hack/core/error.h"
+#include "hack/core/flags.h"
+
+using namespace hack;
+
+namespace {
+struct Opts {
+  std::string model;
+  int max_tokens = 16;
+  float temperature = 1.0f;
+  bool verbose = false;
+  std::optional<uint64_t> seed;
+};
+FlagSet make(Opts& o) {
+  FlagSet f("t", "test", "HACK_FLAGTEST");
+  f.add_string("model", &o.model, "model dir");
+  f.add_int("max-tokens", &o.max_tokens, "n");
+  f.add_float("temperature", &o.temperature, "t");
+  f.add_bool("verbose", &o.verbose, "v");
+  f.add_optional_uint64("seed", &o.seed, "s");
+  return f;
+}
+}  // namespace
+
+TEST_CASE("flags: command line, env and config file with precedence", "[core][flags]") {
+  const auto cfg = std::filesystem::temp_directory_path() / "hack_flags_test.conf";
+  {
+    std::ofstream out(cfg);
+    out << "# comment\nmax-tokens = 5\ntemperature = 0.25\nmodel = \"from-file\"\n";
+  }
+  ::setenv("HACK_FLAGTEST_MAX_TOKENS", "7", 1);
+  Opts o;
+  FlagSet f = make(o);
+  const std::string cfg_s = cfg.string();
+  const char* argv[] = {"t", "--config", cfg_s.c_str(), "--model=cli", "--verbose", "--seed", "9"};
+  REQUIRE(f.parse(7, argv));
+  ::unsetenv("HACK_FLAGTEST_MAX_TOKENS");
+  REQUIRE(o.model == "cli");         // cli beats file
+  REQUIRE(o.max_tokens == 7);        // env beats file
+  REQUIRE(o.temperature == 0.25f);   // file beats default
+  REQUIRE(o.verbose);
+  REQUIRE(o.seed == 9u);
+  REQUIRE(f.was_set("model"));
+  std::filesystem::remove(cfg);
+}
+
+TEST_CASE("flags: errors name the flag", "[core][flags]") {
+  Opts o;
+  FlagSet f = make(o);
+  const char* unknown[] = {"t", "--bogus", "1"};
+  REQUIRE_THROWS_WITH(f.parse(3, unknown), Catch::Contains("--bogus"));
+  const char* bad_int[] = {"t", "--max-tokens", "12x"};
+  REQUIRE_THROWS_WITH(make(o).parse(3, bad_int), Catch::Contains("--max-tokens"));
+  const char* missing[] = {"t", "--model"};
+  REQUIRE_THROWS_WITH(make(o).parse(2, missing), Catch::Contains("--model"));
+  REQUIRE(make(o).usage().find("HACK_FLAGTEST_MAX_TOKENS") != std::string::npos);
+}
