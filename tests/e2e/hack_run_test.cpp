@@ -1,0 +1,99 @@
+// hack-run as a user runs it: the real binary, real model directories, output parsed.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/wait.h>
+
+#include "support/test_support.h"
+
+using namespace hack;
+
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+Result run_hack_run(const std::string& args) {
+  const std::string err_path = (std::filesystem::temp_directory_path() / "hack_run_e2e_stderr.txt").string();
+  const std::string cmd = (test::binary_dir() / "bin" / "hack-run").string() + " " + args + " 2>" + err_path;
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  return r;
+}
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("hack-run greedy output equals Hugging Face generate on a fixture model", "[e2e][hack-run]") {
+  const auto dir = test::fixtures_dir() / "models" / "tiny-llama";
+  std::ifstream in(dir / "goldens.json");
+  const nlohmann::json g = nlohmann::json::parse(in);
+  const auto& prompt = g["prompts"][0];
+  const std::vector<int> greedy = prompt["greedy"].get<std::vector<int>>();
+  const Result r = run_hack_run("--model " + dir.string() + " --prompt-ids " + join_ids(prompt["ids"]) +
+                                " --temperature 0 --json --threads 2 --max-tokens " + std::to_string(greedy.size()) +
+                                " --min-tokens " + std::to_string(greedy.size()));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  REQUIRE(out["ids"].get<std::vector<int>>() == greedy);
+  REQUIRE(out["finish_reason"] == "length");
+  REQUIRE(r.err.find("decode") != std::string::npos);
+}
+
+TEST_CASE("hack-run generates text from hack-tiny and reports timing", "[e2e][hack-run]") {
+  const auto dir = test::source_dir() / "models" / "hack-tiny";
+  const Result r = run_hack_run("--model " + dir.string() +
+                                " --prompt 'And God said' --max-tokens 24 --seed 3 --threads 2");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.size() > 10);
+  REQUIRE(r.err.find("prefill") != std::string::npos);
+  REQUIRE(r.err.find("TTFT") != std::string::npos);
+  // Same seed, same text.
+  const Result again = run_hack_run("--model " + dir.string() +
+                                    " --prompt 'And God said' --max-tokens 24 --seed 3 --threads 1");
+  REQUIRE(again.out == r.out);
+}
+
+TEST_CASE("hack-run rejects bad input with a clear message", "[e2e][hack-run]") {
+  const auto tiny = (test::fixtures_dir() / "models" / "tiny-llama").string();
+  Result r = run_hack_run("--model /nonexistent/model --prompt hi");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("/nonexistent/model") != std::string::npos);
+  r = run_hack_run("--model " + tiny + " --prompt hi --max-tokens nope");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("--max-tokens") != std::string::npos);
+  r = run_hack_run("--model " + tiny + " --prompt hi --prompt-ids 1,2");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("exactly one") != std::string::npos);
+  r = run_hack_run("--model " + tiny + " --prompt-ids 1,2 --max-tokens 5000");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("context") != std::string::npos);
+  r = run_hack_run("--model " + tiny + " --prompt-ids 1,99999 --max-tokens 4");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("99999") != std::string::npos);
+  r = run_hack_run("--help");
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("HACK_RUN_MAX_TOKENS") != std::string::npos);
+}
