@@ -1,0 +1,186 @@
+// bench/kv_quality: what KV compression costs in model quality (DESIGN.md §7). Runs
+// held-out text through the model token by token (every step attends over the stored,
+// possibly quantized, past, exactly as decode does) once with the fp32 reference cache and
+// once per compressed configuration, and reports next-token KL(p_fp ‖ p_kv), top-1
+// agreement and perplexity.
+//   kv_quality --model DIR --text FILE [--windows 4] [--window-tokens 512] [--bits 2,4,8]
+//              [--blocks 32,64,128] [--roundings nearest,stochastic] [--sinks 4] [--json]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hack/backend/backend.h"
+#include "hack/backend/engine.h"
+#include "hack/core/error.h"
+#include "hack/core/flags.h"
+#include "hack/kv/fp_kv_cache.h"
+#include "hack/kv/paged_kv_cache.h"
+#include "hack/model/weights.h"
+#include "hack/tokenizer/tokenizer.h"
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+// log-softmax of one row, in place.
+void log_softmax(std::vector<float>& row) {
+  float m = row[0];
+  for (float v : row) m = std::max(m, v);
+  double s = 0;
+  for (float v : row) s += std::exp(static_cast<double>(v - m));
+  const float lse = m + static_cast<float>(std::log(s));
+  for (float& v : row) v -= lse;
+}
+
+// Log-probabilities of every position's next-token distribution, [n][vocab].
+std::vector<std::vector<float>> run_window(hack::Backend& backend, hack::KvCache& kv, const std::vector<int>& ids) {
+  hack::Engine engine(backend, kv);
+  engine.add_sequence(0, static_cast<int>(ids.size()) + 1);
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits;
+  const size_t vocab = static_cast<size_t>(backend.config().vocab_size);
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    if (t == 0) {
+      engine.prefill(0, std::span<const int>(&ids[0], 1), logits);
+    } else {
+      const int seq = 0;
+      engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&ids[t], 1), logits);
+    }
+    std::vector<float> row(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(vocab));
+    log_softmax(row);
+    out.push_back(std::move(row));
+  }
+  engine.remove_sequence(0);
+  return out;
+}
+
+struct Quality {
+  double kl = 0, top1 = 0, nll = 0;
+  size_t n = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_dir, text_path, bits_list = "2,4,8", blocks_list = "32,64,128", roundings = "nearest,stochastic";
+  int windows = 4, window_tokens = 512, sinks = 4, threads = 0;
+  bool json = false;
+  hack::FlagSet flags("kv_quality", "KV compression vs the fp32 cache: KL, top-1 agreement, perplexity.", "HACK_KVQ");
+  flags.add_string("model", &model_dir, "model directory");
+  flags.add_string("text", &text_path, "held-out text file");
+  flags.add_int("windows", &windows, "number of windows scored");
+  flags.add_int("window-tokens", &window_tokens, "tokens per window (bos included)");
+  flags.add_string("bits", &bits_list, "HACK bit widths");
+  flags.add_string("blocks", &blocks_list, "HACK block sizes Π");
+  flags.add_string("roundings", &roundings, "nearest and/or stochastic");
+  flags.add_int("sinks", &sinks, "bf16 sink tokens");
+  flags.add_int("threads", &threads, "threads (0 = all)");
+  flags.add_bool("json", &json, "JSON lines output");
+  try {
+    if (!flags.parse(argc, argv)) return 0;
+    HACK_CHECK(!model_dir.empty() && !text_path.empty(), "--model and --text are required");
+    hack::Model model = hack::Model::load(model_dir);
+    hack::Tokenizer tok = hack::Tokenizer::load(model_dir);
+    std::ifstream in(text_path);
+    HACK_CHECK(in.good(), "cannot read {}", text_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::vector<int> all = tok.encode(ss.str(), false);
+    const hack::ModelConfig& cfg = model.config;
+    std::vector<std::vector<int>> wins;
+    for (int w = 0; w < windows; ++w) {
+      const size_t begin = static_cast<size_t>(w) * static_cast<size_t>(window_tokens - 1);
+      if (begin + static_cast<size_t>(window_tokens - 1) > all.size()) break;
+      std::vector<int> ids{cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id()};
+      ids.insert(ids.end(), all.begin() + static_cast<std::ptrdiff_t>(begin),
+                 all.begin() + static_cast<std::ptrdiff_t>(begin + static_cast<size_t>(window_tokens - 1)));
+      wins.push_back(std::move(ids));
+    }
+    HACK_CHECK(!wins.empty(), "{} has fewer than {} tokens", text_path, window_tokens);
+    hack::ThreadPool pool(threads);
+    auto backend = hack::make_cpu_backend(model, pool);
+    const hack::KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
+
+    std::vector<std::vector<std::vector<float>>> ref;
+    double ref_nll = 0;
+    size_t ref_n = 0;
+    for (const auto& ids : wins) {
+      hack::FpKvCache kv(shape);
+      ref.push_back(run_window(*backend, kv, ids));
+      for (size_t t = 0; t + 1 < ids.size(); ++t) {
+        ref_nll -= ref.back()[t][static_cast<size_t>(ids[t + 1])];
+        ++ref_n;
+      }
+    }
+    const double ref_ppl = std::exp(ref_nll / static_cast<double>(ref_n));
+    if (json) {
+      std::printf("{\"mode\":\"fp32\",\"ppl\":%.4f,\"tokens\":%zu}\n", ref_ppl, ref_n);
+    } else {
+      std::printf("model %s, %zu windows × %d tokens (%zu scored)\n", model_dir.c_str(), wins.size(), window_tokens, ref_n);
+      std::printf("%-28s %10s %10s %10s %10s %12s\n", "kv", "KL", "top-1", "ppl", "Δppl %", "bytes/token");
+      std::printf("%-28s %10s %10s %10.4f %10s %12s\n", "fp32 (reference)", "0", "1", ref_ppl, "0", "-");
+    }
+    for (const std::string& rounding : split(roundings)) {
+      for (const std::string& b : split(bits_list)) {
+        for (const std::string& blk : split(blocks_list)) {
+          hack::KvCacheOptions opt;
+          opt.mode = hack::KvMode::hack;
+          opt.bits = std::stoi(b);
+          opt.block_tokens = std::stoi(blk);
+          opt.sinks = sinks;
+          opt.rounding = rounding == "stochastic" ? hack::Rounding::stochastic : hack::Rounding::nearest;
+          opt.seed = 1;
+          Quality q;
+          double bytes_per_token = 0;
+          for (size_t w = 0; w < wins.size(); ++w) {
+            auto kv = hack::make_paged_kv_cache(shape, opt);
+            const auto got = run_window(*backend, *kv, wins[w]);
+            bytes_per_token = kv->bytes_per_token();
+            for (size_t t = 0; t < got.size(); ++t) {
+              const auto& p = ref[w][t];
+              const auto& r = got[t];
+              double kl = 0;
+              size_t a1 = 0, a2 = 0;
+              for (size_t v = 0; v < p.size(); ++v) {
+                kl += std::exp(static_cast<double>(p[v])) * (p[v] - r[v]);
+                if (p[v] > p[a1]) a1 = v;
+                if (r[v] > r[a2]) a2 = v;
+              }
+              q.kl += kl;
+              q.top1 += a1 == a2;
+              q.nll -= r[static_cast<size_t>(wins[w][t + 1])];
+              ++q.n;
+            }
+          }
+          const double ppl = std::exp(q.nll / static_cast<double>(q.n));
+          const double n = static_cast<double>(q.n);
+          const std::string name = "hack b=" + b + " Π=" + blk + " " + rounding;
+          if (json) {
+            std::printf("{\"mode\":\"hack\",\"bits\":%s,\"block\":%s,\"rounding\":\"%s\",\"kl\":%.6f,\"top1\":%.4f,"
+                        "\"ppl\":%.4f,\"ppl_delta_pct\":%.3f,\"bytes_per_token\":%.1f}\n",
+                        b.c_str(), blk.c_str(), rounding.c_str(), q.kl / n, q.top1 / n, ppl,
+                        100 * (ppl / ref_ppl - 1), bytes_per_token);
+          } else {
+            std::printf("%-28s %10.5f %10.4f %10.4f %10.2f %12.1f\n", name.c_str(), q.kl / n, q.top1 / n, ppl,
+                        100 * (ppl / ref_ppl - 1), bytes_per_token);
+          }
+          std::fflush(stdout);
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kv_quality: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
