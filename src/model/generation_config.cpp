@@ -19,7 +19,7 @@ GenerationConfig load_generation_config(const std::filesystem::path& dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     fail("{}: malformed JSON: {}", path.string(), e.what());
   }
   HACK_CHECK(j.is_object(), "{}: expected a JSON object", path.string());

@@ -41,6 +41,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  ///< q/k/v projections have biases (Qwen2)
+  bool attention_out_bias = false;  ///< o_proj has a bias too (Llama/Qwen3 with attention_bias; not Qwen2)
   bool qk_norm = false;         ///< per-head RMSNorm on q and k before RoPE (Qwen3)
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;

@@ -62,6 +62,8 @@ class Sampler {
   void mark_seen(int token);
   void apply_penalties(std::span<float> logits) const;
   int sample_random(std::span<float> logits);
+  void select_top(std::span<const float> logits, size_t k, float min_logit);
+  size_t nucleus(float max_logit, double* kept_mass);
   void fill_logprobs(SampleResult& result);
 
   SamplingParams params_;
@@ -72,6 +74,7 @@ class Sampler {
   std::vector<int> seen_ids_;             // the tokens flagged in seen_in_prompt_or_output_
   std::vector<std::pair<float, int>> scratch_;  // (logit, token) candidates
   std::vector<float> raw_logits_;         // copy before penalties, when logprobs are wanted
+  std::vector<double> bucket_mass_;       // top-p histogram
 };
 
 }  // namespace hack

@@ -22,6 +22,7 @@ struct LayerWeights {
   Tensor wv;              // [n_kv_heads * head_dim, hidden]
   Tensor wo;              // [hidden, n_heads * head_dim]
   Tensor bq, bk, bv;      // [q_dim], [kv_dim], [kv_dim] f32; defined only if attention_bias
+  Tensor bo;              // [hidden] f32; defined only if attention_out_bias
   Tensor q_norm, k_norm;  // [head_dim] f32; defined only if qk_norm
   Tensor ffn_norm;        // [hidden] f32
   Tensor w_gate;          // [intermediate, hidden]

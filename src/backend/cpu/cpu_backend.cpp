@@ -93,6 +93,7 @@ class CpuBackend final : public Backend {
       attention(batch, kv, l, scale);
 
       cpu::matmul(attn_.data(), total, w.wo, tmp_.data(), pool_, mm_ws_);
+      if (w.bo.defined()) add_bias(tmp_.data(), w.bo, total, H);
       for_rows(total, [&](size_t r0, size_t r1) { cpu::add_inplace(&x_[r0 * H], &tmp_[r0 * H], (r1 - r0) * H); });
 
       rmsnorm_rows(x_.data(), w.ffn_norm, xn_.data(), total, H);
