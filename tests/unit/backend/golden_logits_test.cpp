@@ -18,6 +18,7 @@
 #include "hack/backend/backend.h"
 #include "hack/backend/engine.h"
 #include "hack/kv/fp_kv_cache.h"
+#include "hack/kv/paged_kv_cache.h"
 #include "hack/model/safetensors.h"
 #include "hack/model/weights.h"
 #include "support/test_support.h"
@@ -165,5 +166,29 @@ TEST_CASE("batched decode equals single-sequence decode", "[backend]") {
       }
     }
     for (int& t : next) t = (t * 13 + 1) % static_cast<int>(vocab);
+  }
+}
+
+TEST_CASE("paged fp32 KV cache gives the contiguous cache's logits through the model", "[backend][kv]") {
+  const fs::path dir = test::fixtures_dir() / "models" / "tiny-llama";
+  Runner ref(dir);
+  const ModelConfig& cfg = ref.model.config;
+  KvCacheOptions opt;
+  opt.mode = KvMode::fp;
+  opt.fp_dtype = DType::f32;
+  opt.block_tokens = 16;
+  auto paged = make_paged_kv_cache(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, opt);
+  Engine engine(*ref.backend, *paged, EngineOptions{13});
+  std::vector<int> ids;
+  for (int i = 0; i < 100; ++i) ids.push_back((i * 53 + 7) % cfg.vocab_size);
+  std::vector<float> a, b;
+  ref.engine.add_sequence(0, 128);
+  ref.engine.prefill(0, ids, a, true);
+  engine.add_sequence(0, 128);
+  engine.prefill(0, ids, b, true);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("row " << i / static_cast<size_t>(cfg.vocab_size));
+    REQUIRE(test::close(b[i], a[i], 1e-4, 1e-4));
   }
 }
