@@ -32,12 +32,6 @@ struct Avx2 {
       }
     }
   }
-  template <DType WT>
-  static float weight_scalar(const void* w, size_t idx) {
-    if constexpr (WT == DType::f32) return static_cast<const float*>(w)[idx];
-    else if constexpr (WT == DType::bf16) return bf16_to_f32(static_cast<const uint16_t*>(w)[idx]);
-    else return f16_to_f32(static_cast<const uint16_t*>(w)[idx]);
-  }
 };
 }  // namespace
 

@@ -5,10 +5,19 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "hack/core/dtype.h"
 
 namespace hack::cpu::detail {
+
+// One weight element as float (the tail of a row shorter than a vector).
+template <DType WT>
+inline float weight_scalar(const void* w, size_t idx) {
+  if constexpr (WT == DType::f32) return static_cast<const float*>(w)[idx];
+  else if constexpr (WT == DType::bf16) return bf16_to_f32(static_cast<const uint16_t*>(w)[idx]);
+  else return f16_to_f32(static_cast<const uint16_t*>(w)[idx]);
+}
 
 // R weight rows × T activation rows per block: R·T accumulators stay in registers and
 // each weight element is loaded once for all T activation rows.
@@ -30,7 +39,7 @@ inline void gemv_block(const void* w, size_t in, const float* x, float* y, size_
     for (int t = 0; t < T; ++t) {
       float s = V::hsum(acc[r][t]);
       for (size_t j = i; j < in; ++j)
-        s += V::template weight_scalar<WT>(w, (o + static_cast<size_t>(r)) * in + j) * x[static_cast<size_t>(t) * in + j];
+        s += weight_scalar<WT>(w, (o + static_cast<size_t>(r)) * in + j) * x[static_cast<size_t>(t) * in + j];
       y[static_cast<size_t>(t) * y_stride + o + static_cast<size_t>(r)] = s;
     }
   }
