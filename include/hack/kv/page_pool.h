@@ -1,0 +1,75 @@
+/// @file page_pool.h
+/// @brief Fixed-size page allocator with reference counts (shared prefixes), and the byte
+/// budget a KV cache admits sequences against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace hack {
+
+/// A page: its bytes (64-byte aligned, stable for the pool's lifetime) and its id.
+struct PageRef {
+  std::byte* data = nullptr;
+  uint32_t id = 0;
+  explicit operator bool() const { return data != nullptr; }
+};
+
+/// Hands out pages of one size from slabs that are never moved or returned to the system
+/// while the pool lives, so a PageRef stays valid until released. Thread-safe.
+class PagePool {
+ public:
+  /// pages_per_slab = 0 picks slabs of about 4 MiB.
+  explicit PagePool(size_t page_bytes, size_t pages_per_slab = 0);
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+
+  /// A page with reference count 1 (contents undefined).
+  PageRef allocate();
+  /// One more owner.
+  void retain(PageRef page);
+  /// One owner fewer; the page is free again at 0.
+  void release(PageRef page);
+  int ref_count(PageRef page) const;
+
+  size_t page_bytes() const { return page_bytes_; }
+  size_t pages_in_use() const;
+  size_t bytes_in_use() const { return pages_in_use() * page_bytes_; }
+  /// Bytes taken from the system (in-use and free pages).
+  size_t bytes_reserved() const;
+
+ private:
+  struct AlignedFree {
+    void operator()(std::byte* p) const;
+  };
+  size_t page_bytes_;
+  size_t pages_per_slab_;
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<std::byte, AlignedFree>> slabs_;
+  std::vector<std::byte*> page_data_;  // [id]
+  std::vector<int> refs_;              // [id]
+  std::vector<uint32_t> free_;         // ids
+  size_t in_use_ = 0;
+};
+
+/// Bytes a cache may commit; sequences reserve their worst case when admitted so a
+/// running sequence never runs out of pages. capacity 0 = unbounded. Thread-safe.
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(size_t capacity_bytes) : capacity_(capacity_bytes) {}
+  /// Reserves `bytes` unless that would pass the capacity.
+  bool try_reserve(size_t bytes);
+  void release(size_t bytes);
+  size_t reserved() const;
+  size_t capacity() const { return capacity_; }
+
+ private:
+  size_t capacity_;
+  mutable std::mutex mutex_;
+  size_t reserved_ = 0;
+};
+
+}  // namespace hack

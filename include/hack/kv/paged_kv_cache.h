@@ -1,0 +1,197 @@
+/// @file paged_kv_cache.h
+/// @brief The paged KV cache behind `--kv fp|hack`: per-sequence page tables over a shared
+/// page pool with reference counts, and attention computed page by page with an online
+/// softmax.
+///
+/// Per (sequence, layer), tokens live in:
+///   fp mode:   fp pages of Π tokens (bf16 or f32), the last one partly filled.
+///   hack mode: a sink page (the first `sinks` tokens, bf16), HACK pages (kv/hack_page.h)
+///              of Π quantized tokens starting at position `sinks`, bf16 pages of blocks
+///              that filled during the latest append, and one bf16 open page for the block
+///              being filled. A block is quantized once, at the first append after it
+///              fills, so attention after an append sees a quantized past plus the
+///              appended tokens exactly (chunked prefill: "the past plus itself"; decode:
+///              the open block). Sinks and open block stay bf16 (requantization elimination).
+/// Exact pages: K then V, each [num_kv_heads][capacity tokens][head_dim] elements.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "hack/core/cpu_features.h"
+#include "hack/core/dtype.h"
+#include "hack/core/thread_pool.h"
+#include "hack/kernels/hack_attention.h"
+#include "hack/kv/hack_page.h"
+#include "hack/kv/kv_cache.h"
+#include "hack/kv/page_pool.h"
+
+namespace hack {
+
+enum class KvMode { fp, hack };
+
+/// Everything `--kv`, `--hack-*` choose. Defaults are the documented flag defaults.
+struct KvCacheOptions {
+  KvMode mode = KvMode::hack;
+  int bits = 2;                 ///< --hack-bits: 2, 4 or 8
+  int block_tokens = 64;        ///< --hack-block Π: tokens per page, multiple of 16
+  int sinks = 4;                ///< --hack-sinks: leading tokens kept in bf16
+  Rounding rounding = Rounding::nearest;  ///< --hack-rounding
+  uint64_t seed = 0;            ///< stochastic rounding seed
+  size_t capacity_bytes = 0;    ///< pool budget, 0 = unbounded
+  DType fp_dtype = DType::bf16; ///< fp mode page element type: bf16 or f32
+  int k_group = 64;             ///< largest K partition (Q quantization group), channels
+  int v_group = 64;             ///< largest V partition, channels (capped at Π)
+  std::optional<CpuIsa> isa;    ///< kernel ISA; default cpu_isa()
+};
+
+KvMode parse_kv_mode(std::string_view name);        ///< "fp" | "hack"
+Rounding parse_rounding(std::string_view name);     ///< "nearest" | "stochastic"
+std::string_view kv_mode_name(KvMode mode);
+std::string_view rounding_name(Rounding rounding);
+/// One line for logs and quality tables: "hack b=2 block=64 sinks=4 nearest", "fp f32 block=64".
+std::string describe(const KvCacheOptions& options);
+
+/// One decode query of attend_decode: all query heads of one sequence at its next position.
+struct DecodeQuery {
+  int seq_id = 0;
+  const float* q = nullptr;  ///< [num_kv_heads · group_size][head_dim]
+  float* out = nullptr;      ///< same layout
+};
+
+/// Caller-owned scratch of attend_decode, grown on first use and reused after (so a
+/// decode step allocates nothing once the batch shape has been seen).
+struct DecodeWorkspace {
+  std::vector<float> floats;
+  std::vector<int> ints;
+  std::vector<const void*> layers;
+};
+
+class PagedKvCache final : public KvCache {
+ public:
+  PagedKvCache(const KvShape& shape, const KvCacheOptions& options);
+  ~PagedKvCache() override;
+
+  const KvShape& shape() const override { return shape_; }
+  /// "hack-2bit", "bf16-paged", "fp32-paged".
+  std::string name() const override;
+  /// Reserves the sequence's worst case in steady state (its HACK or fp pages, one open
+  /// block, the sinks) against capacity_bytes; bf16 blocks pending quantization after a
+  /// long append are transient and not part of the reservation.
+  /// add/remove/fork must not run concurrently with append/attend.
+  void add_sequence(int seq_id, int max_tokens) override;
+  void remove_sequence(int seq_id) override;
+  bool has_sequence(int seq_id) const override;
+  int length(int seq_id, int layer) const override;
+  void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
+  void attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q, size_t q_row_stride,
+              float* out, size_t out_row_stride, float scale, float* scratch) const override;
+  size_t attend_scratch_floats(int n_tokens, int context_tokens) const override;
+  KvCacheStats stats() const override;
+
+  const KvCacheOptions& options() const { return options_; }
+  /// Layout of this cache's HACK pages (hack mode).
+  const HackPageLayout& hack_layout() const { return hack_layout_; }
+  CpuIsa isa() const { return kernels_->isa; }
+
+  /// Opens dst holding the first n_tokens of src in every layer: full pages are shared
+  /// (reference counted, never written again), a partly filled block is copied. n_tokens
+  /// must not cut into a quantized block that src has already closed beyond n_tokens.
+  void fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens);
+
+  /// Decode attention for a batch of sequences, all KV heads: work is split over (sequence,
+  /// page range) across the pool — each task streams through whole pages, every head of a
+  /// page in turn — and partial states are merged with the online-softmax rule. Each query
+  /// attends to all length(seq, layer) stored tokens (its own token is already appended).
+  /// The split depends on the pool size, so results agree across pool sizes to fp32
+  /// rounding (bit for bit when a sequence is not split).
+  void attend_decode(ThreadPool& pool, int layer, std::span<const DecodeQuery> queries, float scale,
+                     DecodeWorkspace& workspace) const;
+
+  /// KV bytes per token of closed blocks, all layers (hack: HACK pages incl. headers;
+  /// fp: the page element type).
+  double bytes_per_token() const;
+  /// Bytes attention reads for one sequence in one layer (all heads): the pages and
+  /// exact tokens it touches.
+  size_t attend_bytes(int seq_id, int layer) const;
+
+  /// Quantizes the blocks the latest append filled (normally the next append does), e.g.
+  /// before exporting a prefilled sequence's pages. No-op in fp mode.
+  void close_pending_blocks(int seq_id);
+
+  /// Full HACK pages of a sequence's layer, as opaque bytes (hack mode).
+  int hack_page_count(int seq_id, int layer) const;
+  std::span<const std::byte> hack_page(int seq_id, int layer, int index) const;
+  int page_ref_count(int seq_id, int layer, int index) const;
+  /// Appends a received HACK page (validated: layout, layer, first token) as the next
+  /// closed block; the sequence's open block must be empty and its sinks complete.
+  void append_hack_page(int layer, int seq_id, const void* bytes, size_t size);
+
+ private:
+  struct LayerPages {
+    PageRef sink;                  // hack: bf16 [K|V][head][sinks][dim]
+    std::vector<PageRef> pages;    // hack: HACK pages; fp: fp pages (last may be partial)
+    std::vector<PageRef> pending;  // hack: full bf16 blocks of the latest append, to quantize
+    PageRef open;                  // hack: bf16 [K|V][head][Π][dim], the block being filled
+    int length = 0;
+  };
+  struct Sequence {
+    int max_tokens = 0;
+    size_t reserved_bytes = 0;
+    std::vector<LayerPages> layers;
+  };
+  // One contiguous token range of one layer as the kernels read it.
+  struct Segment {
+    int first_token = 0;
+    int tokens = 0;
+    bool quantized = false;
+    const std::byte* data = nullptr;  // page
+    int capacity = 0;                 // exact pages: token capacity (row stride per head)
+  };
+
+  Sequence& get(int seq_id);
+  const Sequence& get(int seq_id) const;
+  size_t reserve_bytes_for(int max_tokens) const;
+  void release_pages(Sequence& s);
+  int full_blocks(int length) const;
+  // Segments of a layer covering tokens [0, end), in position order.
+  template <class Fn>
+  void for_each_segment(const LayerPages& lp, int end, Fn&& fn) const;
+  cpu::ExactHeadView exact_view(const Segment& seg, int kv_head) const;
+  cpu::HackHeadView hack_view(const std::byte* page, int kv_head) const;
+  // Quantizes the pending blocks into HACK pages.
+  void quantize_pending(int layer, LayerPages& lp);
+  // Runs segments [seg_begin, seg_end) for heads [head_begin, head_end), rows[h − head_begin]
+  // holding head h's n_tokens·group rows; a segment is done for every head before the next.
+  void attend_rows(const LayerPages& lp, int end, int head_begin, int head_end, int start_pos, int n_tokens,
+                   const cpu::AttentionRows* rows, int seg_begin, int seg_end, float* work) const;
+  static constexpr int kMaxDecodeHeads = 64;
+  size_t work_floats() const;
+
+  KvShape shape_;
+  KvCacheOptions options_;
+  const cpu::HackAttentionKernels* kernels_;
+  HackPageLayout hack_layout_;
+  size_t exact_elem_bytes_ = 2;                // open/sink/fp page element size
+  MemoryBudget budget_;
+  std::unique_ptr<PagePool> block_pool_;       // HACK pages (hack) or fp pages (fp)
+  std::unique_ptr<PagePool> open_pool_;        // hack: bf16 open blocks
+  std::unique_ptr<PagePool> sink_pool_;        // hack: bf16 sinks
+  std::unordered_map<int, std::unique_ptr<Sequence>> sequences_;
+};
+
+/// The paged cache for `--kv fp|hack`.
+std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options);
+
+/// KV bytes per token (all layers) of closed blocks for a shape and options, without
+/// building a cache (for tables and the bench).
+double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options);
+
+}  // namespace hack

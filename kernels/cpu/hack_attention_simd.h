@@ -1,0 +1,422 @@
+// Internal: the SIMD HACK attention kernels, written once over a 16-lane ISA traits class
+// (AVX-512: one zmm; AVX2: two ymm) so every reduction has the canonical lane order of the
+// scalar reference (lane j holds elements ≡ j mod 16, folded 8+8, 4+4, 2+2, 1+1) and the
+// results are bit-identical to it. Included by hack_attention_avx2.cpp / _avx512.cpp only.
+//
+// The traits class Isa provides:
+//   F (16 floats), A (16 int32 accumulators)
+//   fzero, fset1, fload, fload_n (zero tail), fstore, fload_bf16, fload_bf16_n, add, sub, mul,
+//   fma(a, b, c) = a·b + c, fmin, fmax, fold16 (canonical Σ), round (to nearest even),
+//   exp2i (2^n for integral n), load_sums(ptr, bytes) (16 u8|u16 → F),
+//   codes_i(F x) -> A: clamp(cvt_nearest(x), 0, 255); codes_bytes(A) -> 16 bytes (__m128i)
+//   reduce4<Reduce>(a, b, c, d, out[4]): four horizontal reductions through one network whose
+//     levels are the canonical fold (lanes j⊕j+8, j⊕j+4, j⊕j+2, j⊕j+1)
+//   azero, to_float(A), add_i(A, int), add_a(A, A), hsum_i(A)
+//   dot_chunk<bits, R>(A* acc, chunk, const uint8_t* a, int quad): for every packed sub-tile j
+//     of the 64-byte chunk, acc[r] lane i += Σ_{k<4} a[4(R·(quad + j) + r) + k] · code(i, k)
+//     (a: u8 codes of R rows interleaved by 4-byte quads, [quad][R][4])
+//   kCodeOffset8: 8-bit codes enter as (code − 128); the caller adds 128·Σa back.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/hack_attention_common.h"
+
+namespace hack::cpu::detail {
+
+template <class Isa>
+struct HackSimd {
+  using F = typename Isa::F;
+  using A = typename Isa::A;
+
+  static F exp(F x) {
+    x = Isa::fmin(Isa::fmax(x, Isa::fset1(kExpLo)), Isa::fset1(kExpHi));
+    const F n = Isa::round(Isa::mul(x, Isa::fset1(kLog2e)));
+    F r = Isa::fma(n, Isa::fset1(-kLn2Hi), x);
+    r = Isa::fma(n, Isa::fset1(-kLn2Lo), r);
+    F p = Isa::fset1(kExpP0);
+    p = Isa::fma(p, r, Isa::fset1(kExpP1));
+    p = Isa::fma(p, r, Isa::fset1(kExpP2));
+    p = Isa::fma(p, r, Isa::fset1(kExpP3));
+    p = Isa::fma(p, r, Isa::fset1(kExpP4));
+    p = Isa::fma(p, r, Isa::fset1(kExpP5));
+    const F r2 = Isa::mul(r, r);
+    F y = Isa::fma(p, r2, r);
+    y = Isa::add(y, Isa::fset1(1.0f));
+    return Isa::mul(y, Isa::exp2i(n));
+  }
+
+  // Horizontal reductions of v[0..n) into out[0..n), four at a time (Reduce::add folds in
+  // the canonical order).
+  template <Reduce Op>
+  static void reduce_rows(const F* v, int n, float* out) {
+    for (int i = 0; i < n; i += 4) {
+      float r[4];
+      Isa::template reduce4<Op>(v[i], v[std::min(i + 1, n - 1)], v[std::min(i + 2, n - 1)], v[std::min(i + 3, n - 1)], r);
+      for (int k = 0; k < 4 && i + k < n; ++k) out[i + k] = r[k];
+    }
+  }
+
+  // Stores the 16 codes of each of R rows (channels 16m..16m+15) quad-interleaved:
+  // quad q of row i at dst + 4·(R·q + i).
+  template <int R>
+  static void store_codes(const A* c, uint8_t* dst) {
+    if constexpr (R == 4) {  // one 4×4 dword transpose
+      const __m128i b0 = Isa::codes_bytes(c[0]), b1 = Isa::codes_bytes(c[1]);
+      const __m128i b2 = Isa::codes_bytes(c[2]), b3 = Isa::codes_bytes(c[3]);
+      const __m128i t0 = _mm_unpacklo_epi32(b0, b1), t1 = _mm_unpackhi_epi32(b0, b1);
+      const __m128i t2 = _mm_unpacklo_epi32(b2, b3), t3 = _mm_unpackhi_epi32(b2, b3);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_unpacklo_epi64(t0, t2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm_unpackhi_epi64(t0, t2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32), _mm_unpacklo_epi64(t1, t3));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 48), _mm_unpackhi_epi64(t1, t3));
+    } else {
+      for (int i = 0; i < R; ++i) {
+        const __m128i b = Isa::codes_bytes(c[i]);
+        _mm_storeu_si32(dst + 4 * i, b);
+        _mm_storeu_si32(dst + 4 * (R + i), _mm_srli_si128(b, 4));
+        _mm_storeu_si32(dst + 4 * (2 * R + i), _mm_srli_si128(b, 8));
+        _mm_storeu_si32(dst + 4 * (3 * R + i), _mm_srli_si128(b, 12));
+      }
+    }
+  }
+
+  // u8 quantization of R rows (row i at x + i·ld), each in `parts` partitions of `len`
+  // elements (multiples of 16), as quantize_u8_scalar per (row, partition). Codes go
+  // quad-interleaved to codes ([quad][R][4], quads numbered across partitions); σ, lo and
+  // (when sums is given) Σ codes to [i·parts + p].
+  template <int R>
+  static void quantize_rows(const float* x, size_t ld, int parts, int len, uint8_t* codes, float* sigma, float* lo_out,
+                            int32_t* sums) {
+    for (int p = 0; p < parts; ++p) {
+      F mn[R], mx[R];
+      for (int i = 0; i < R; ++i) {
+        const float* xi = x + static_cast<size_t>(i) * ld + static_cast<size_t>(p) * static_cast<size_t>(len);
+        mn[i] = mx[i] = Isa::fload(xi);
+        for (int m = 16; m < len; m += 16) {
+          const F v = Isa::fload(xi + m);
+          mn[i] = Isa::fmin(mn[i], v);
+          mx[i] = Isa::fmax(mx[i], v);
+        }
+      }
+      float lo[R], hi[R];
+      reduce_rows<Reduce::min>(mn, R, lo);
+      reduce_rows<Reduce::max>(mx, R, hi);
+      F lo_b[R], inv_b[R];
+      A sum[R];
+      for (int i = 0; i < R; ++i) {
+        const float sg = (hi[i] - lo[i]) / 255.0f;
+        sigma[i * parts + p] = sg;
+        lo_out[i * parts + p] = lo[i];
+        lo_b[i] = Isa::fset1(lo[i]);
+        inv_b[i] = Isa::fset1(sg > 0.0f ? 1.0f / sg : 0.0f);
+        sum[i] = Isa::azero();
+      }
+      for (int m = 0; m < len; m += 16) {
+        A c[R];
+        const size_t at = static_cast<size_t>(p) * static_cast<size_t>(len) + static_cast<size_t>(m);
+        for (int i = 0; i < R; ++i) {
+          c[i] = Isa::codes_i(Isa::mul(Isa::sub(Isa::fload(x + static_cast<size_t>(i) * ld + at), lo_b[i]), inv_b[i]));
+          if (sums != nullptr) sum[i] = Isa::add_a(sum[i], c[i]);
+        }
+        store_codes<R>(c, codes + at * R);
+      }
+      if (sums != nullptr)
+        for (int i = 0; i < R; ++i) sums[i * parts + p] = Isa::hsum_i(sum[i]);
+    }
+  }
+
+  // Online-softmax step of R rows over their scores (row i at p + i·ld, padded a multiple of
+  // 16, scores beyond visible[i] ignored): p ← exp(score − m_new) (0 beyond visible); the
+  // running max and sum of each row are updated and alpha[i] = exp(m_old − m_new).
+  template <int R>
+  static void softmax_rows(float* p, size_t ld, const int* visible, int padded, float* const* max, float* const* sum,
+                           float* alpha) {
+    // Max over the visible scores (exact in any order): whole tiles in vectors, then tails.
+    F m[R];
+    for (int i = 0; i < R; ++i) {
+      const float* pi = p + static_cast<size_t>(i) * ld;
+      m[i] = Isa::fset1(-std::numeric_limits<float>::infinity());
+      for (int t = 0; t + 16 <= visible[i]; t += 16) m[i] = Isa::fmax(m[i], Isa::fload(pi + t));
+    }
+    float block_max[R];
+    reduce_rows<Reduce::max>(m, R, block_max);
+    F total[R];
+    for (int i = 0; i < R; ++i) {
+      float* pi = p + static_cast<size_t>(i) * ld;
+      for (int t = visible[i] / 16 * 16; t < visible[i]; ++t) block_max[i] = std::max(block_max[i], pi[t]);
+      const float m_new = std::max(*max[i], block_max[i]);
+      alpha[i] = exp_scalar(*max[i] - m_new);
+      *max[i] = m_new;
+      const F m_b = Isa::fset1(m_new);
+      total[i] = Isa::fzero();
+      for (int t = 0; t < padded; t += 16) {
+        F e = exp(Isa::sub(Isa::fload(pi + t), m_b));
+        if (t + 16 > visible[i]) {  // zero the masked tail of this tile
+          alignas(64) float tmp[16];
+          Isa::fstore(tmp, e);
+          for (int k = std::max(0, visible[i] - t); k < 16; ++k) tmp[k] = 0.0f;
+          e = Isa::fload(tmp);
+        }
+        Isa::fstore(pi + t, e);
+        total[i] = Isa::add(total[i], e);
+      }
+    }
+    float block_sum[R];
+    reduce_rows<Reduce::add>(total, R, block_sum);
+    for (int i = 0; i < R; ++i) *sum[i] = std::fma(*sum[i], alpha[i], block_sum[i]);
+  }
+
+  // Prefetches part `i` of `n` equal parts of the next block (first row tile only).
+  static void prefetch_part(const HackHeadView& b, int i, int n) {
+    if (b.prefetch == nullptr) return;
+    const size_t lines = (b.prefetch_bytes + 63) / 64;
+    const char* base = static_cast<const char*>(b.prefetch);
+    for (size_t l = lines * static_cast<size_t>(i) / static_cast<size_t>(n);
+         l < lines * static_cast<size_t>(i + 1) / static_cast<size_t>(n); ++l)
+      _mm_prefetch(base + 64 * l, _MM_HINT_T0);
+  }
+
+  template <int Bits, int R>
+  static void hack_tile(const HackHeadView& b, const AttentionRows& rows, const int* row_ids, const HackWork& w) {
+    const int T = b.tokens, kp = b.k_dim / b.k_group, vp = b.v_dim / b.v_group;
+    constexpr int kPerChunk = 32 / Bits;  // K channels (V tokens) per chunk
+    constexpr bool kSum8 = Bits == 8 && Isa::kCodeOffset8;  // Σ codes needed for the offset
+    const size_t ukd = static_cast<size_t>(b.k_dim);
+
+    // 1. Q folded with the K scales, quantized per K partition; the k_min term.
+    {
+      float* qt = w.tmp;  // [R][k_dim]
+      F mterm[R];
+      for (int i = 0; i < R; ++i) {
+        const float* q = rows.q + static_cast<size_t>(row_ids[i]) * ukd;
+        mterm[i] = Isa::fzero();
+        for (int c = 0; c < b.k_dim; c += 16) {
+          const F qv = Isa::fload(q + c);
+          Isa::fstore(qt + static_cast<size_t>(i) * ukd + c, Isa::mul(qv, Isa::fload_bf16(b.k_scale + c)));
+          mterm[i] = Isa::fma(qv, Isa::fload_bf16(b.k_min + c), mterm[i]);
+        }
+      }
+      quantize_rows<R>(qt, ukd, kp, b.k_group, w.q_codes, w.q_sigma, w.q_mu, kSum8 ? w.q_sum : nullptr);
+      float mt[R];
+      reduce_rows<Reduce::add>(mterm, R, mt);
+      for (int i = 0; i < R; ++i) w.row[i * 8 + 2] = mt[i];
+    }
+
+    // 2. Scores, 16 tokens at a time.
+    const int k_chunks = b.k_dim / kPerChunk, group_chunks = b.k_group / kPerChunk;
+    const int prefetch_parts = T / 16 + b.v_dim / 16;
+    for (int tt = 0; tt < T / 16; ++tt) {
+      prefetch_part(b, tt, prefetch_parts);
+      const uint8_t* tile = b.k_codes + static_cast<size_t>(tt) * static_cast<size_t>(k_chunks) * kHackChunkBytes;
+      F s[R];
+      for (int i = 0; i < R; ++i) s[i] = Isa::fzero();
+      for (int p = 0; p < kp; ++p) {
+        A acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = Isa::azero();
+        for (int cc = p * group_chunks; cc < (p + 1) * group_chunks; ++cc)
+          Isa::template dot_chunk<Bits, R>(acc, tile + static_cast<size_t>(cc) * kHackChunkBytes, w.q_codes,
+                                           cc * (kPerChunk / 4));
+        const F ksum = Isa::load_sums(static_cast<const uint8_t*>(b.k_sums) +
+                                          (static_cast<size_t>(p) * T + static_cast<size_t>(tt) * 16) * b.k_sum_bytes,
+                                      b.k_sum_bytes);
+        for (int i = 0; i < R; ++i) {
+          if (kSum8) acc[i] = Isa::add_i(acc[i], 128 * w.q_sum[i * kp + p]);
+          s[i] = Isa::fma(Isa::fset1(w.q_sigma[i * kp + p]), Isa::to_float(acc[i]), s[i]);
+          s[i] = Isa::fma(Isa::fset1(w.q_mu[i * kp + p]), ksum, s[i]);
+        }
+      }
+      for (int i = 0; i < R; ++i)
+        Isa::fstore(w.p + static_cast<size_t>(i) * T + static_cast<size_t>(tt) * 16,
+                    Isa::add(s[i], Isa::fset1(w.row[i * 8 + 2])));
+    }
+
+    // 3. Online softmax; 4. P folded with the V scales, quantized per V partition.
+    // P codes per V partition interleaved [partition][token quad][R][4].
+    const size_t p_part = static_cast<size_t>(R) * static_cast<size_t>(T);
+    {
+      int visible[R];
+      float *mx[R], *sm[R], alpha[R];
+      for (int i = 0; i < R; ++i) {
+        visible[i] = std::min(rows.visible[row_ids[i]], T);
+        mx[i] = &rows.max[row_ids[i]];
+        sm[i] = &rows.sum[row_ids[i]];
+      }
+      softmax_rows<R>(w.p, static_cast<size_t>(T), visible, T, mx, sm, alpha);
+      const size_t ld = static_cast<size_t>(vp) * static_cast<size_t>(T);
+      F pmin[R * 4];
+      for (int i = 0; i < R; ++i) {
+        w.row[i * 8 + 1] = alpha[i];
+        const float* p = w.p + static_cast<size_t>(i) * T;
+        for (int vpi = 0; vpi < vp; ++vpi) {
+          const uint16_t* vs = b.v_scale + static_cast<size_t>(vpi) * T;
+          const uint16_t* vm = b.v_min + static_cast<size_t>(vpi) * T;
+          float* dst = w.tmp + static_cast<size_t>(i) * ld + static_cast<size_t>(vpi) * T;
+          F acc = Isa::fzero();
+          for (int t = 0; t < T; t += 16) {
+            const F pv = Isa::fload(p + t);
+            Isa::fstore(dst + t, Isa::mul(pv, Isa::fload_bf16(vs + t)));
+            acc = Isa::fma(pv, Isa::fload_bf16(vm + t), acc);
+          }
+          if (vp <= 4) pmin[i * vp + vpi] = acc;
+          else w.p_min[i * vp + vpi] = Isa::fold16(acc);
+        }
+      }
+      if (vp <= 4) reduce_rows<Reduce::add>(pmin, R * vp, w.p_min);
+      quantize_rows<R>(w.tmp, ld, vp, T, w.p_codes, w.p_sigma, w.p_mu, kSum8 ? w.p_sum : nullptr);
+    }
+
+    // 5. P·V, 16 channels at a time, into the running accumulators.
+    const int t_chunks = T / kPerChunk;
+    for (int ct = 0; ct < b.v_dim / 16; ++ct) {
+      prefetch_part(b, T / 16 + ct, prefetch_parts);
+      const int vpi = ct * 16 / b.v_group;
+      const uint8_t* p_codes = w.p_codes + static_cast<size_t>(vpi) * p_part;
+      const uint8_t* tile = b.v_codes + static_cast<size_t>(ct) * static_cast<size_t>(t_chunks) * kHackChunkBytes;
+      A acc[R];
+      for (int i = 0; i < R; ++i) acc[i] = Isa::azero();
+      for (int tc = 0; tc < t_chunks; ++tc)
+        Isa::template dot_chunk<Bits, R>(acc, tile + static_cast<size_t>(tc) * kHackChunkBytes, p_codes, tc * (kPerChunk / 4));
+      const F vsum = Isa::load_sums(static_cast<const uint8_t*>(b.v_sums) + static_cast<size_t>(ct) * 16 * b.v_sum_bytes,
+                                    b.v_sum_bytes);
+      for (int i = 0; i < R; ++i) {
+        if (kSum8) acc[i] = Isa::add_i(acc[i], 128 * w.p_sum[i * vp + vpi]);
+        F x = Isa::mul(Isa::fset1(w.p_sigma[i * vp + vpi]), Isa::to_float(acc[i]));
+        x = Isa::fma(Isa::fset1(w.p_mu[i * vp + vpi]), vsum, x);
+        x = Isa::add(x, Isa::fset1(w.p_min[i * vp + vpi]));
+        float* o = rows.acc + static_cast<size_t>(row_ids[i]) * static_cast<size_t>(b.v_dim) + static_cast<size_t>(ct) * 16;
+        Isa::fstore(o, Isa::fma(Isa::fload(o), Isa::fset1(w.row[i * 8 + 1]), x));
+      }
+    }
+  }
+
+  template <int Bits>
+  static void hack_block_bits(const HackHeadView& block, const AttentionRows& rows, const HackWork& w) {
+    int ids[kRowTile];
+    int n = 0;
+    HackHeadView b = block;  // prefetches ride on the first row tile only
+    auto flush = [&] {
+      switch (n) {
+        case 1: hack_tile<Bits, 1>(b, rows, ids, w); break;
+        case 2: hack_tile<Bits, 2>(b, rows, ids, w); break;
+        case 3: hack_tile<Bits, 3>(b, rows, ids, w); break;
+        case 4: hack_tile<Bits, 4>(b, rows, ids, w); break;
+        default: break;
+      }
+      n = 0;
+      b.prefetch = nullptr;
+    };
+    for (int r = 0; r < rows.n; ++r) {
+      if (rows.visible[r] <= 0) continue;
+      ids[n++] = r;
+      if (n == kRowTile) flush();
+    }
+    flush();
+  }
+
+  static void hack_block(const HackHeadView& b, const AttentionRows& rows, float* work) {
+    const HackWork w = carve_hack_work(work, b.tokens, b.k_dim, b.k_dim / b.k_group, b.v_dim / b.v_group);
+    switch (b.bits) {
+      case 2: hack_block_bits<2>(b, rows, w); break;
+      case 4: hack_block_bits<4>(b, rows, w); break;
+      default: hack_block_bits<8>(b, rows, w); break;
+    }
+  }
+
+  // ---- exact blocks -------------------------------------------------------------------
+
+  static F load_row(const ExactHeadView& b, const void* base, size_t index, int n) {
+    if (b.bf16) {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + index;
+      return n >= 16 ? Isa::fload_bf16(p) : Isa::fload_bf16_n(p, n);
+    }
+    const float* p = static_cast<const float*>(base) + index;
+    return n >= 16 ? Isa::fload(p) : Isa::fload_n(p, n);
+  }
+
+  template <int R>
+  static void exact_tile(const ExactHeadView& b, const AttentionRows& rows, const int* row_ids, float* work) {
+    const int kd = b.k_dim, vd = b.v_dim;
+    int visible[R], max_visible = 0;
+    for (int i = 0; i < R; ++i) {
+      visible[i] = std::min(rows.visible[row_ids[i]], b.tokens);
+      max_visible = std::max(max_visible, visible[i]);
+    }
+    const int padded = (max_visible + 15) / 16 * 16;
+    // Scores of each row (canonical dots), K rows loaded once for all R rows.
+    for (int t = 0; t < max_visible; ++t) {
+      F acc[R];
+      for (int i = 0; i < R; ++i) acc[i] = Isa::fzero();
+      for (int c = 0; c < kd; c += 16) {
+        const F k = load_row(b, b.k, static_cast<size_t>(t) * b.k_stride + static_cast<size_t>(c), kd - c);
+        for (int i = 0; i < R; ++i) {
+          const float* q = rows.q + static_cast<size_t>(row_ids[i]) * static_cast<size_t>(kd) + c;
+          acc[i] = Isa::fma(kd - c >= 16 ? Isa::fload(q) : Isa::fload_n(q, kd - c), k, acc[i]);
+        }
+      }
+      float score[R];
+      reduce_rows<Reduce::add>(acc, R, score);
+      for (int i = 0; i < R; ++i) work[static_cast<size_t>(i) * static_cast<size_t>(padded) + static_cast<size_t>(t)] = score[i];
+    }
+    float alpha[R], *mx[R], *sm[R];
+    for (int i = 0; i < R; ++i) {
+      mx[i] = &rows.max[row_ids[i]];
+      sm[i] = &rows.sum[row_ids[i]];
+    }
+    softmax_rows<R>(work, static_cast<size_t>(padded), visible, padded, mx, sm, alpha);
+    // out = out·alpha, then += p_t · v_t token by token (the scalar order per channel), 16
+    // channels at a time with the accumulators of all R rows in registers.
+    const float* p[R];
+    for (int i = 0; i < R; ++i) p[i] = work + static_cast<size_t>(i) * static_cast<size_t>(padded);
+    int c = 0;
+    for (; c + 16 <= vd; c += 16) {
+      F o[R];
+      for (int i = 0; i < R; ++i) {
+        float* oi = rows.acc + static_cast<size_t>(row_ids[i]) * static_cast<size_t>(vd) + c;
+        o[i] = Isa::mul(Isa::fload(oi), Isa::fset1(alpha[i]));
+      }
+      for (int t = 0; t < max_visible; ++t) {
+        const F v = load_row(b, b.v, static_cast<size_t>(t) * b.v_stride + static_cast<size_t>(c), 16);
+        for (int i = 0; i < R; ++i) o[i] = Isa::fma(Isa::fset1(p[i][t]), v, o[i]);
+      }
+      for (int i = 0; i < R; ++i) Isa::fstore(rows.acc + static_cast<size_t>(row_ids[i]) * static_cast<size_t>(vd) + c, o[i]);
+    }
+    for (; c < vd; ++c)
+      for (int i = 0; i < R; ++i) {
+        float* o = rows.acc + static_cast<size_t>(row_ids[i]) * static_cast<size_t>(vd) + c;
+        *o = *o * alpha[i];
+        for (int t = 0; t < max_visible; ++t) {
+          const size_t vi = static_cast<size_t>(t) * b.v_stride + static_cast<size_t>(c);
+          const float vv = b.bf16 ? bf16_bits_to_f32(static_cast<const uint16_t*>(b.v)[vi]) : static_cast<const float*>(b.v)[vi];
+          *o = std::fma(p[i][t], vv, *o);
+        }
+      }
+  }
+
+  static void exact_block(const ExactHeadView& b, const AttentionRows& rows, float* work) {
+    int ids[kRowTile];
+    int n = 0;
+    auto flush = [&] {
+      switch (n) {
+        case 1: exact_tile<1>(b, rows, ids, work); break;
+        case 2: exact_tile<2>(b, rows, ids, work); break;
+        case 3: exact_tile<3>(b, rows, ids, work); break;
+        case 4: exact_tile<4>(b, rows, ids, work); break;
+        default: break;
+      }
+      n = 0;
+    };
+    for (int r = 0; r < rows.n; ++r) {
+      if (std::min(rows.visible[r], b.tokens) <= 0) continue;
+      ids[n++] = r;
+      if (n == kRowTile) flush();
+    }
+    flush();
+  }
+};
+
+}  // namespace hack::cpu::detail

@@ -1,0 +1,375 @@
+#include "hack/kv/hack_page.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "hack/core/dtype.h"
+#include "hack/core/error.h"
+#include "hack/kernels/hack_attention.h"
+
+namespace hack {
+
+namespace {
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// splitmix64 finalizer: the counter-based generator behind stochastic rounding.
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform [0, 1) with 24 random bits for element `index` of one block stream.
+struct BlockRandom {
+  uint64_t key;
+  BlockRandom(const RoundingSpec& r, int head, int kind)
+      : key(mix64(r.seed ^ mix64(static_cast<uint64_t>(r.layer) * 0x100000001b3ull ^
+                                 mix64(static_cast<uint64_t>(r.first_token) * 4 + static_cast<uint64_t>(kind)) ^
+                                 (static_cast<uint64_t>(head) << 40)))) {}
+  float operator()(uint64_t index) const {
+    return static_cast<float>(mix64(key + index * 0xd1b54a32d192ed03ull) >> 40) * 0x1.0p-24f;
+  }
+};
+
+struct Quantizer {
+  float min;
+  float scale;
+  int max_code;
+};
+
+// min rounded down and scale rounded up to bf16, so [min, min + scale·max_code] ⊇ [lo, hi].
+Quantizer make_quantizer(float lo, float hi, int max_code, uint16_t* min_bits, uint16_t* scale_bits) {
+  *min_bits = bf16_round_down(lo);
+  const float min = bf16_to_f32(*min_bits);
+  const float range = hi - min;
+  *scale_bits = range > 0.0f ? bf16_round_up(range / static_cast<float>(max_code)) : uint16_t{0};
+  return {min, bf16_to_f32(*scale_bits), max_code};
+}
+
+int quantize_one(const Quantizer& q, float x, Rounding mode, float random) {
+  if (q.scale <= 0.0f) return 0;
+  const float u = (x - q.min) / q.scale;
+  float c;
+  if (mode == Rounding::nearest) {
+    c = std::nearbyint(u);
+  } else {
+    const float f = std::floor(u);
+    c = f + (random < u - f ? 1.0f : 0.0f);
+  }
+  return static_cast<int>(std::clamp(c, 0.0f, static_cast<float>(q.max_code)));
+}
+
+template <class T>
+T* at(void* page, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<std::byte*>(page) + offset);
+}
+template <class T>
+const T* at(const void* page, size_t offset) {
+  return reinterpret_cast<const T*>(static_cast<const std::byte*>(page) + offset);
+}
+
+void put_sum(void* sums, int bytes, size_t i, uint32_t value) {
+  if (bytes == 1) static_cast<uint8_t*>(sums)[i] = static_cast<uint8_t>(value);
+  else static_cast<uint16_t*>(sums)[i] = static_cast<uint16_t>(value);
+}
+
+uint32_t load_sum(const void* sums, int bytes, size_t i) {
+  return bytes == 1 ? static_cast<const uint8_t*>(sums)[i] : static_cast<const uint16_t*>(sums)[i];
+}
+
+}  // namespace
+
+uint16_t bf16_round_down(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  uint16_t h = static_cast<uint16_t>(u >> 16);  // truncation: toward zero
+  if ((u & 0xffffu) != 0 && (u >> 31) != 0) ++h;  // negative: one step further from zero
+  return h;
+}
+
+uint16_t bf16_round_up(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  uint16_t h = static_cast<uint16_t>(u >> 16);
+  if ((u & 0xffffu) != 0 && (u >> 31) == 0) ++h;
+  return h;
+}
+
+int hack_group_for(int dim, int max_group) {
+  for (int g = std::min(max_group, dim) / 16 * 16; g >= 16; g -= 16)
+    if (dim % g == 0) return g;
+  return 16;
+}
+
+HackPageLayout::HackPageLayout(const HackPageParams& p) {
+  HACK_CHECK(p.bits == 2 || p.bits == 4 || p.bits == 8, "HACK page: bits must be 2, 4 or 8, got {}", p.bits);
+  HACK_CHECK(p.block_tokens >= 16 && p.block_tokens % 16 == 0 && p.block_tokens <= 4096,
+             "HACK page: block tokens must be a multiple of 16 in [16, 4096], got {}", p.block_tokens);
+  HACK_CHECK(p.k_group >= 16 && p.k_group <= 256, "HACK page: k_group must be in [16, 256], got {}", p.k_group);
+  HACK_CHECK(p.v_group >= 16, "HACK page: v_group must be at least 16, got {}", p.v_group);
+  HACK_CHECK(!p.heads.empty() && p.heads.size() <= 4096, "HACK page: {} heads", p.heads.size());
+  const int max_code = (1 << p.bits) - 1;
+  HACK_CHECK(p.block_tokens * max_code <= 65535, "HACK page: {} tokens of {}-bit codes overflow the u16 V sums",
+             p.block_tokens, p.bits);
+  bits_ = p.bits;
+  block_tokens_ = p.block_tokens;
+
+  int max_k_group = 0;
+  heads_.resize(p.heads.size());
+  for (size_t h = 0; h < p.heads.size(); ++h) {
+    const HackHeadDims& d = p.heads[h];
+    HACK_CHECK(d.k_dim >= 16 && d.k_dim % 16 == 0 && d.k_dim <= 4096 && d.v_dim >= 16 && d.v_dim % 16 == 0 &&
+                   d.v_dim <= 4096,
+               "HACK page: head {} dims {}x{} must be multiples of 16 in [16, 4096]", h, d.k_dim, d.v_dim);
+    HackHeadLayout& hl = heads_[h];
+    hl.k_dim = d.k_dim;
+    hl.v_dim = d.v_dim;
+    hl.k_group = hack_group_for(d.k_dim, p.k_group);
+    hl.v_group = hack_group_for(d.v_dim, std::min(p.v_group, p.block_tokens));
+    max_k_group = std::max(max_k_group, hl.k_group);
+  }
+  k_sum_bytes_ = max_k_group * max_code <= 255 ? 1 : 2;
+  v_sum_bytes_ = block_tokens_ * max_code <= 255 ? 1 : 2;
+
+  header_bytes_ = round_up(sizeof(HackPageHeader) + heads_.size() * sizeof(HackHeadEntry), 64);
+  size_t offset = header_bytes_;
+  const size_t T = static_cast<size_t>(block_tokens_);
+  for (HackHeadLayout& hl : heads_) {
+    const size_t kd = static_cast<size_t>(hl.k_dim), vd = static_cast<size_t>(hl.v_dim);
+    hl.offset = offset;
+    size_t at_ = offset;
+    auto place = [&](size_t bytes) {
+      const size_t o = at_;
+      at_ += bytes;
+      return o;
+    };
+    hl.k_codes = place(T * kd * static_cast<size_t>(bits_) / 8);
+    hl.v_codes = place(T * vd * static_cast<size_t>(bits_) / 8);
+    hl.k_min = place(kd * 2);
+    hl.k_scale = place(kd * 2);
+    hl.k_sums = place(static_cast<size_t>(hl.k_partitions()) * T * static_cast<size_t>(k_sum_bytes_));
+    hl.v_min = place(static_cast<size_t>(hl.v_partitions()) * T * 2);
+    hl.v_scale = place(static_cast<size_t>(hl.v_partitions()) * T * 2);
+    hl.v_sums = place(vd * static_cast<size_t>(v_sum_bytes_));
+    hl.bytes = round_up(at_ - offset, 64);
+    offset += hl.bytes;
+  }
+  page_bytes_ = offset;
+  HACK_CHECK(page_bytes_ <= 0xffffffffull, "HACK page: {} bytes exceed the 32-bit size field", page_bytes_);
+}
+
+bool HackPageLayout::operator==(const HackPageLayout& o) const {
+  if (bits_ != o.bits_ || block_tokens_ != o.block_tokens_ || page_bytes_ != o.page_bytes_ ||
+      heads_.size() != o.heads_.size())
+    return false;
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    const HackHeadLayout &a = heads_[h], &b = o.heads_[h];
+    if (a.k_dim != b.k_dim || a.v_dim != b.v_dim || a.k_group != b.k_group || a.v_group != b.v_group ||
+        a.offset != b.offset)
+      return false;
+  }
+  return true;
+}
+
+void HackPageLayout::write_header(void* page, int layer, int64_t first_token, Rounding rounding) const {
+  HackPageHeader hdr{};
+  hdr.magic = kHackPageMagic;
+  hdr.version = kHackPageVersion;
+  hdr.header_bytes = static_cast<uint16_t>(header_bytes_);
+  hdr.page_bytes = static_cast<uint32_t>(page_bytes_);
+  hdr.layer = static_cast<uint32_t>(layer);
+  hdr.first_token = static_cast<uint64_t>(first_token);
+  hdr.block_tokens = static_cast<uint16_t>(block_tokens_);
+  hdr.num_heads = static_cast<uint16_t>(heads_.size());
+  hdr.bits = static_cast<uint8_t>(bits_);
+  hdr.k_sum_bytes = static_cast<uint8_t>(k_sum_bytes_);
+  hdr.v_sum_bytes = static_cast<uint8_t>(v_sum_bytes_);
+  hdr.rounding = static_cast<uint8_t>(rounding);
+  std::byte* out = static_cast<std::byte*>(page);
+  std::memset(out, 0, header_bytes_);
+  std::memcpy(out, &hdr, sizeof hdr);
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    const HackHeadLayout& hl = heads_[h];
+    const HackHeadEntry e{static_cast<uint16_t>(hl.k_dim), static_cast<uint16_t>(hl.v_dim),
+                          static_cast<uint16_t>(hl.k_group), static_cast<uint16_t>(hl.v_group),
+                          static_cast<uint32_t>(hl.offset), static_cast<uint32_t>(hl.bytes)};
+    std::memcpy(out + sizeof hdr + h * sizeof e, &e, sizeof e);
+  }
+}
+
+HackPageLayout HackPageLayout::from_page(const void* page, size_t size) {
+  HACK_CHECK(page != nullptr && size >= sizeof(HackPageHeader), "HACK page: {} bytes is too short for a header", size);
+  HackPageHeader hdr;
+  std::memcpy(&hdr, page, sizeof hdr);
+  HACK_CHECK(hdr.magic == kHackPageMagic, "HACK page: bad magic {:#010x}", hdr.magic);
+  HACK_CHECK(hdr.version == kHackPageVersion, "HACK page: version {} (this build reads version {})", hdr.version,
+             kHackPageVersion);
+  HACK_CHECK(hdr.page_bytes == size, "HACK page: header says {} bytes, received {}", hdr.page_bytes, size);
+  HACK_CHECK(hdr.num_heads > 0 && sizeof(HackPageHeader) + hdr.num_heads * sizeof(HackHeadEntry) <= hdr.header_bytes &&
+                 hdr.header_bytes <= size,
+             "HACK page: head table of {} heads does not fit its {}-byte header", hdr.num_heads, hdr.header_bytes);
+  HackPageParams params;
+  params.bits = hdr.bits;
+  params.block_tokens = hdr.block_tokens;
+  params.k_group = 16;
+  params.v_group = 16;
+  for (int h = 0; h < hdr.num_heads; ++h) {
+    HackHeadEntry e;
+    std::memcpy(&e, static_cast<const std::byte*>(page) + sizeof hdr + static_cast<size_t>(h) * sizeof e, sizeof e);
+    params.heads.push_back({e.k_dim, e.v_dim});
+    params.k_group = std::max<int>(params.k_group, e.k_group);
+    params.v_group = std::max<int>(params.v_group, e.v_group);
+  }
+  HackPageLayout layout(params);
+  layout.validate(page, size);
+  return layout;
+}
+
+void HackPageLayout::validate(const void* page, size_t size) const {
+  HACK_CHECK(page != nullptr && size == page_bytes_, "HACK page: {} bytes, expected {}", size, page_bytes_);
+  HackPageHeader hdr;
+  std::memcpy(&hdr, page, sizeof hdr);
+  HACK_CHECK(hdr.magic == kHackPageMagic, "HACK page: bad magic {:#010x}", hdr.magic);
+  HACK_CHECK(hdr.version == kHackPageVersion, "HACK page: version {} (this build reads version {})", hdr.version,
+             kHackPageVersion);
+  HACK_CHECK(hdr.page_bytes == page_bytes_ && hdr.header_bytes == header_bytes_,
+             "HACK page: sizes {}/{} do not match the expected {}/{}", hdr.page_bytes, hdr.header_bytes, page_bytes_,
+             header_bytes_);
+  HACK_CHECK(hdr.bits == bits_ && hdr.block_tokens == block_tokens_ && hdr.num_heads == heads_.size(),
+             "HACK page: {}-bit, {} tokens, {} heads; expected {}-bit, {} tokens, {} heads", hdr.bits,
+             hdr.block_tokens, hdr.num_heads, bits_, block_tokens_, heads_.size());
+  HACK_CHECK(hdr.k_sum_bytes == k_sum_bytes_ && hdr.v_sum_bytes == v_sum_bytes_,
+             "HACK page: code sums of {}/{} bytes, expected {}/{}", hdr.k_sum_bytes, hdr.v_sum_bytes, k_sum_bytes_,
+             v_sum_bytes_);
+  HACK_CHECK(hdr.rounding <= 1, "HACK page: unknown rounding {}", hdr.rounding);
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    HackHeadEntry e;
+    std::memcpy(&e, static_cast<const std::byte*>(page) + sizeof hdr + h * sizeof e, sizeof e);
+    const HackHeadLayout& hl = heads_[h];
+    HACK_CHECK(e.k_dim == hl.k_dim && e.v_dim == hl.v_dim && e.k_group == hl.k_group && e.v_group == hl.v_group &&
+                   e.offset == hl.offset && e.bytes == hl.bytes,
+               "HACK page: head {} is {}x{} (groups {}/{}) at {}, expected {}x{} (groups {}/{}) at {}", h, e.k_dim,
+               e.v_dim, e.k_group, e.v_group, e.offset, hl.k_dim, hl.v_dim, hl.k_group, hl.v_group, hl.offset);
+  }
+}
+
+int HackPageLayout::page_layer(const void* page) {
+  HackPageHeader hdr;
+  std::memcpy(&hdr, page, sizeof hdr);
+  return static_cast<int>(hdr.layer);
+}
+
+int64_t HackPageLayout::page_first_token(const void* page) {
+  HackPageHeader hdr;
+  std::memcpy(&hdr, page, sizeof hdr);
+  return static_cast<int64_t>(hdr.first_token);
+}
+
+void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k, size_t k_stride,
+                      const RoundingSpec& rounding, void* page) {
+  const HackHeadLayout& hl = layout.head(head);
+  const int T = layout.block_tokens(), bits = layout.bits(), max_code = (1 << bits) - 1;
+  uint8_t* codes = at<uint8_t>(page, hl.k_codes);
+  std::memset(codes, 0, static_cast<size_t>(T) * static_cast<size_t>(hl.k_dim) * static_cast<size_t>(bits) / 8);
+  uint16_t* mins = at<uint16_t>(page, hl.k_min);
+  uint16_t* scales = at<uint16_t>(page, hl.k_scale);
+  void* sums = at<uint8_t>(page, hl.k_sums);
+  const BlockRandom random(rounding, head, 0);
+  for (int c = 0; c < hl.k_dim; ++c) {
+    float lo = bf16_to_f32(k[c]), hi = lo;
+    for (int t = 1; t < T; ++t) {
+      const float x = bf16_to_f32(k[static_cast<size_t>(t) * k_stride + static_cast<size_t>(c)]);
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    make_quantizer(lo, hi, max_code, &mins[c], &scales[c]);
+  }
+  for (int t = 0; t < T; ++t) {
+    const uint16_t* row = k + static_cast<size_t>(t) * k_stride;
+    for (int p = 0; p < hl.k_partitions(); ++p) {
+      uint32_t sum = 0;
+      for (int c = p * hl.k_group; c < (p + 1) * hl.k_group; ++c) {
+        const Quantizer q{bf16_to_f32(mins[c]), bf16_to_f32(scales[c]), max_code};
+        const int code = quantize_one(q, bf16_to_f32(row[c]), rounding.mode,
+                                      random(static_cast<uint64_t>(t) * static_cast<uint64_t>(hl.k_dim) + c));
+        const cpu::HackCodePos pos = cpu::hack_k_code_pos(bits, hl.k_dim, t, c);
+        codes[pos.byte] = static_cast<uint8_t>(codes[pos.byte] | (code << pos.shift));
+        sum += static_cast<uint32_t>(code);
+      }
+      put_sum(sums, layout.k_sum_bytes(), static_cast<size_t>(p) * static_cast<size_t>(T) + static_cast<size_t>(t), sum);
+    }
+  }
+}
+
+void quantize_v_block(const HackPageLayout& layout, int head, const uint16_t* v, size_t v_stride,
+                      const RoundingSpec& rounding, void* page) {
+  const HackHeadLayout& hl = layout.head(head);
+  const int T = layout.block_tokens(), bits = layout.bits(), max_code = (1 << bits) - 1;
+  uint8_t* codes = at<uint8_t>(page, hl.v_codes);
+  std::memset(codes, 0, static_cast<size_t>(T) * static_cast<size_t>(hl.v_dim) * static_cast<size_t>(bits) / 8);
+  uint16_t* mins = at<uint16_t>(page, hl.v_min);
+  uint16_t* scales = at<uint16_t>(page, hl.v_scale);
+  void* sums = at<uint8_t>(page, hl.v_sums);
+  const BlockRandom random(rounding, head, 1);
+  std::memset(sums, 0, static_cast<size_t>(hl.v_dim) * static_cast<size_t>(layout.v_sum_bytes()));
+  for (int t = 0; t < T; ++t) {
+    const uint16_t* row = v + static_cast<size_t>(t) * v_stride;
+    for (int p = 0; p < hl.v_partitions(); ++p) {
+      const int c0 = p * hl.v_group;
+      float lo = bf16_to_f32(row[c0]), hi = lo;
+      for (int c = c0 + 1; c < c0 + hl.v_group; ++c) {
+        lo = std::min(lo, bf16_to_f32(row[c]));
+        hi = std::max(hi, bf16_to_f32(row[c]));
+      }
+      const size_t meta = static_cast<size_t>(p) * static_cast<size_t>(T) + static_cast<size_t>(t);
+      const Quantizer q = make_quantizer(lo, hi, max_code, &mins[meta], &scales[meta]);
+      for (int c = c0; c < c0 + hl.v_group; ++c) {
+        const int code = quantize_one(q, bf16_to_f32(row[c]), rounding.mode,
+                                      random(static_cast<uint64_t>(t) * hl.v_dim + c));
+        const cpu::HackCodePos pos = cpu::hack_v_code_pos(bits, T, t, c);
+        codes[pos.byte] = static_cast<uint8_t>(codes[pos.byte] | (code << pos.shift));
+        const size_t ci = static_cast<size_t>(c);
+        put_sum(sums, layout.v_sum_bytes(), ci, load_sum(sums, layout.v_sum_bytes(), ci) + static_cast<uint32_t>(code));
+      }
+    }
+  }
+}
+
+int k_code(const HackPageLayout& layout, int head, const void* page, int token, int channel) {
+  const HackHeadLayout& hl = layout.head(head);
+  const cpu::HackCodePos pos = cpu::hack_k_code_pos(layout.bits(), hl.k_dim, token, channel);
+  return (at<uint8_t>(page, hl.k_codes)[pos.byte] >> pos.shift) & ((1 << layout.bits()) - 1);
+}
+
+int v_code(const HackPageLayout& layout, int head, const void* page, int token, int channel) {
+  const HackHeadLayout& hl = layout.head(head);
+  const cpu::HackCodePos pos = cpu::hack_v_code_pos(layout.bits(), layout.block_tokens(), token, channel);
+  return (at<uint8_t>(page, hl.v_codes)[pos.byte] >> pos.shift) & ((1 << layout.bits()) - 1);
+}
+
+void dequantize_k_block(const HackPageLayout& layout, int head, const void* page, float* out) {
+  const HackHeadLayout& hl = layout.head(head);
+  const uint16_t* mins = at<uint16_t>(page, hl.k_min);
+  const uint16_t* scales = at<uint16_t>(page, hl.k_scale);
+  for (int t = 0; t < layout.block_tokens(); ++t)
+    for (int c = 0; c < hl.k_dim; ++c)
+      out[static_cast<size_t>(t) * hl.k_dim + c] =
+          bf16_to_f32(mins[c]) + bf16_to_f32(scales[c]) * static_cast<float>(k_code(layout, head, page, t, c));
+}
+
+void dequantize_v_block(const HackPageLayout& layout, int head, const void* page, float* out) {
+  const HackHeadLayout& hl = layout.head(head);
+  const uint16_t* mins = at<uint16_t>(page, hl.v_min);
+  const uint16_t* scales = at<uint16_t>(page, hl.v_scale);
+  const int T = layout.block_tokens();
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < hl.v_dim; ++c) {
+      const size_t meta = static_cast<size_t>(c / hl.v_group) * static_cast<size_t>(T) + static_cast<size_t>(t);
+      out[static_cast<size_t>(t) * hl.v_dim + c] =
+          bf16_to_f32(mins[meta]) + bf16_to_f32(scales[meta]) * static_cast<float>(v_code(layout, head, page, t, c));
+    }
+}
+
+}  // namespace hack

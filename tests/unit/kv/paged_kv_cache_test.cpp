@@ -1,0 +1,407 @@
+// The paged pool and PagedKvCache: paged equals contiguous (fp mode against FpKvCache),
+// shared prefixes and reference counts, byte accounting, page transfer, batched equals
+// single, concurrent use, and no allocation on the decode path.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "hack/core/error.h"
+#include "hack/core/thread_pool.h"
+#include "hack/kv/fp_kv_cache.h"
+#include "hack/kv/page_pool.h"
+#include "hack/kv/paged_kv_cache.h"
+#include "alloc_counter.h"
+#include "kv_test_util.h"
+
+using namespace hack;
+using hack::test::KvStream;
+
+namespace {
+
+KvCacheOptions fp_options(DType dtype, int block) {
+  KvCacheOptions o;
+  o.mode = KvMode::fp;
+  o.fp_dtype = dtype;
+  o.block_tokens = block;
+  return o;
+}
+
+KvCacheOptions hack_options(int bits, int block, int sinks = 4) {
+  KvCacheOptions o;
+  o.mode = KvMode::hack;
+  o.bits = bits;
+  o.block_tokens = block;
+  o.sinks = sinks;
+  return o;
+}
+
+// Feeds the same stream to both caches in chunks; after every chunk compares attention of
+// every (layer, head) row: |a − b| ≤ atol + rtol·|b|.
+void compare_caches(KvCache& a, KvCache& b, const KvStream& data, int layers, const std::vector<int>& chunks,
+                    double atol, double rtol) {
+  const int H = data.heads, G = data.group, d = data.dim;
+  a.add_sequence(7, data.tokens);
+  b.add_sequence(7, data.tokens);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  int pos = 0;
+  for (size_t ci = 0; pos < data.tokens; ++ci) {
+    const int n = std::min(chunks[ci % chunks.size()], data.tokens - pos);
+    const size_t row = static_cast<size_t>(H) * G * d;
+    std::vector<float> out_a(n * row), out_b(n * row);
+    std::vector<float> sa(a.attend_scratch_floats(n, pos + n)), sb(b.attend_scratch_floats(n, pos + n));
+    for (int l = 0; l < layers; ++l) {
+      a.append(l, 7, pos, n, data.k_at(pos), data.v_at(pos));
+      b.append(l, 7, pos, n, data.k_at(pos), data.v_at(pos));
+      for (int h = 0; h < H; ++h) {
+        const size_t off = static_cast<size_t>(h) * G * d;
+        a.attend(l, 7, h, pos, n, data.q_at(pos) + off, row, out_a.data() + off, row, scale, sa.data());
+        b.attend(l, 7, h, pos, n, data.q_at(pos) + off, row, out_b.data() + off, row, scale, sb.data());
+      }
+      for (size_t i = 0; i < out_a.size(); ++i)
+        if (std::fabs(out_a[i] - out_b[i]) > atol + rtol * std::fabs(out_b[i]))
+          FAIL("layer " << l << " tokens " << pos << "+" << n << " element " << i << ": " << out_a[i] << " vs "
+                        << out_b[i]);
+    }
+    pos += n;
+  }
+  REQUIRE(a.length(7, layers - 1) == data.tokens);
+}
+
+}  // namespace
+
+TEST_CASE("paged fp32 equals the contiguous fp32 cache", "[kv][paged]") {
+  // Same fp32 values, different summation order (canonical 16-lane dots, online softmax
+  // across pages): differences are fp32 rounding, ~1e-6 relative; 1e-4 leaves room for
+  // scores of magnitude ~30 while any indexing error shows up at O(0.1).
+  for (int block : {16, 64})
+    for (int group : {1, 4, 8})
+      for (int dim : {64, 128}) {
+        INFO("block " << block << " group " << group << " dim " << dim);
+        const KvStream data(3 * block + 7, 2, group, dim, static_cast<uint32_t>(block + group + dim));
+        FpKvCache contiguous(KvShape{2, 2, dim, group});
+        auto paged = make_paged_kv_cache(KvShape{2, 2, dim, group}, fp_options(DType::f32, block));
+        compare_caches(*paged, contiguous, data, 2, {1, 3, block + 1, 1, 2 * block}, 1e-4, 1e-4);
+      }
+}
+
+TEST_CASE("paged bf16 equals the contiguous cache on bf16-rounded K/V", "[kv][paged]") {
+  const int dim = 64, group = 4, block = 32;
+  KvStream data(2 * block + 5, 2, group, dim, 5);
+  KvStream rounded = data;
+  for (float& x : rounded.k) x = test::bf16_round(x);
+  for (float& x : rounded.v) x = test::bf16_round(x);
+  FpKvCache contiguous(KvShape{1, 2, dim, group});
+  auto paged = make_paged_kv_cache(KvShape{1, 2, dim, group}, fp_options(DType::bf16, block));
+  // The paged cache rounds the unrounded stream itself.
+  const float scale = 0.125f;
+  contiguous.add_sequence(1, data.tokens);
+  paged->add_sequence(1, data.tokens);
+  contiguous.append(0, 1, 0, data.tokens, rounded.k.data(), rounded.v.data());
+  paged->append(0, 1, 0, data.tokens, data.k.data(), data.v.data());
+  const size_t row = 2 * group * dim;
+  std::vector<float> a(data.tokens * row), b(data.tokens * row), scratch(paged->attend_scratch_floats(data.tokens, data.tokens) +
+                                                                          contiguous.attend_scratch_floats(data.tokens, data.tokens));
+  for (int h = 0; h < 2; ++h) {
+    const size_t off = static_cast<size_t>(h) * group * dim;
+    paged->attend(0, 1, h, 0, data.tokens, data.q.data() + off, row, a.data() + off, row, scale, scratch.data());
+    contiguous.attend(0, 1, h, 0, data.tokens, data.q.data() + off, row, b.data() + off, row, scale, scratch.data());
+  }
+  for (size_t i = 0; i < a.size(); ++i) REQUIRE(std::fabs(a[i] - b[i]) <= 1e-4 + 1e-4 * std::fabs(b[i]));
+}
+
+TEST_CASE("hack mode with every block exact equals bf16 attention", "[kv][paged]") {
+  // A single append of the whole stream leaves every block pending (exact): a prefill
+  // chunk attends to itself in bf16, so it must match the bf16 fp cache.
+  const int dim = 64, group = 4, block = 16;
+  const KvStream data(5 * block + 3, 2, group, dim, 9);
+  auto hack = make_paged_kv_cache(KvShape{1, 2, dim, group}, hack_options(2, block));
+  auto bf16 = make_paged_kv_cache(KvShape{1, 2, dim, group}, fp_options(DType::bf16, block));
+  compare_caches(*hack, *bf16, data, 1, {data.tokens}, 1e-5, 1e-5);
+}
+
+TEST_CASE("page pool reference counts and reuse", "[kv][paged]") {
+  PagePool pool(100, 3);
+  REQUIRE(pool.page_bytes() == 128);
+  const PageRef a = pool.allocate(), b = pool.allocate();
+  REQUIRE(reinterpret_cast<uintptr_t>(a.data) % 64 == 0);
+  REQUIRE(pool.pages_in_use() == 2);
+  pool.retain(a);
+  REQUIRE(pool.ref_count(a) == 2);
+  pool.release(a);
+  REQUIRE(pool.pages_in_use() == 2);
+  pool.release(a);
+  REQUIRE(pool.pages_in_use() == 1);
+  REQUIRE_THROWS_AS(pool.release(a), Error);
+  const PageRef c = pool.allocate();
+  REQUIRE(c.id == a.id);  // freed pages are reused before new slabs
+  std::vector<PageRef> many;
+  for (int i = 0; i < 10; ++i) many.push_back(pool.allocate());
+  REQUIRE(pool.pages_in_use() == 12);
+  REQUIRE(pool.bytes_reserved() == 12 * 128);
+  for (PageRef p : many) pool.release(p);
+  pool.release(b);
+  pool.release(c);
+  REQUIRE(pool.pages_in_use() == 0);
+}
+
+TEST_CASE("forked sequences share full pages", "[kv][paged]") {
+  for (KvMode mode : {KvMode::hack, KvMode::fp}) {
+    const int dim = 64, group = 2, block = 16;
+    const KvStream data(4 + 4 * block + 5, 2, group, dim, 21);
+    KvCacheOptions o = mode == KvMode::hack ? hack_options(2, block) : fp_options(DType::bf16, block);
+    auto cache = make_paged_kv_cache(KvShape{2, 2, dim, group}, o);
+    cache->add_sequence(1, 200);
+    for (int t = 0; t < data.tokens; ++t)
+      for (int l = 0; l < 2; ++l) cache->append(l, 1, t, 1, data.k_at(t), data.v_at(t));
+    const KvCacheStats before = cache->stats();
+    const int shared_tokens = mode == KvMode::hack ? data.tokens : 2 * block + 3;
+    cache->fork_sequence(1, 2, shared_tokens, 200);
+    REQUIRE(cache->length(2, 1) == shared_tokens);
+    const int full = mode == KvMode::hack ? 4 : 2;
+    for (int i = 0; i < full; ++i) REQUIRE(cache->page_ref_count(2, 0, i) == 2);
+    // Only the partly filled block (and nothing else) was copied.
+    const size_t copied = cache->stats().bytes_used - before.bytes_used;
+    const size_t exact_page = 2 * 2 * static_cast<size_t>(block) * dim * 2 * 2;  // two layers
+    REQUIRE(copied == exact_page);
+    // Both continue with different tokens; the fork attends like the original did.
+    const float scale = 0.125f;
+    const size_t row = 2 * group * dim;
+    std::vector<float> a(row), b(row), scratch(cache->attend_scratch_floats(1, 200));
+    const int t = shared_tokens;
+    for (int l = 0; l < 2; ++l) {
+      cache->append(l, 2, t, 1, data.k_at(t - 1), data.v_at(t - 1));
+      if (mode == KvMode::fp) cache->remove_sequence(99);  // no-op
+    }
+    auto reference = make_paged_kv_cache(KvShape{2, 2, dim, group}, o);
+    reference->add_sequence(3, 200);
+    for (int u = 0; u < shared_tokens; ++u)
+      for (int l = 0; l < 2; ++l) reference->append(l, 3, u, 1, data.k_at(u), data.v_at(u));
+    for (int l = 0; l < 2; ++l) reference->append(l, 3, t, 1, data.k_at(t - 1), data.v_at(t - 1));
+    for (int h = 0; h < 2; ++h) {
+      const size_t off = static_cast<size_t>(h) * group * dim;
+      cache->attend(1, 2, h, t, 1, data.q_at(t) + off, row, a.data() + off, row, scale, scratch.data());
+      reference->attend(1, 3, h, t, 1, data.q_at(t) + off, row, b.data() + off, row, scale, scratch.data());
+    }
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    cache->remove_sequence(1);
+    for (int i = 0; i < full; ++i) REQUIRE(cache->page_ref_count(2, 0, i) == 1);
+    cache->remove_sequence(2);
+    REQUIRE(cache->stats().bytes_used == 0);
+  }
+}
+
+TEST_CASE("fork refuses to cut into a quantized block", "[kv][paged]") {
+  const KvStream data(4 + 3 * 16, 1, 1, 16, 2);
+  auto cache = make_paged_kv_cache(KvShape{1, 1, 16, 1}, hack_options(2, 16));
+  cache->add_sequence(1, 100);
+  for (int t = 0; t < data.tokens; ++t) cache->append(0, 1, t, 1, data.k_at(t), data.v_at(t));
+  REQUIRE_THROWS_AS(cache->fork_sequence(1, 2, 4 + 16 + 3, 100), Error);
+  REQUIRE_FALSE(cache->has_sequence(2));
+  REQUIRE_NOTHROW(cache->fork_sequence(1, 2, 4 + 32, 100));
+}
+
+TEST_CASE("byte budget admits sequences by their worst case", "[kv][paged]") {
+  KvCacheOptions o = hack_options(2, 64);
+  const KvShape shape{4, 8, 128, 4};
+  o.capacity_bytes = 0;
+  auto probe = make_paged_kv_cache(shape, o);
+  probe->add_sequence(0, 1000);
+  // 1000 tokens: 15 HACK pages + open + sink page per layer.
+  const HackPageLayout& layout = probe->hack_layout();
+  const size_t per_layer = 15 * layout.page_bytes() + 2 * 8 * 64 * 128 * 2 + 2 * 8 * 4 * 128 * 2;
+  o.capacity_bytes = 2 * 4 * per_layer + 100;
+  auto cache = make_paged_kv_cache(shape, o);
+  cache->add_sequence(1, 1000);
+  cache->add_sequence(2, 1000);
+  REQUIRE_THROWS_WITH(cache->add_sequence(3, 1000), Catch::Contains("KV bytes"));
+  cache->remove_sequence(1);
+  REQUIRE_NOTHROW(cache->add_sequence(3, 1000));
+  REQUIRE(cache->stats().bytes_capacity == o.capacity_bytes);
+  REQUIRE(cache->stats().bytes_used == 0);  // nothing stored yet
+  REQUIRE(cache->stats().sequences == 2);
+}
+
+TEST_CASE("kv bytes per token", "[kv][paged]") {
+  const KvShape llama8b{32, 8, 128, 4};
+  const double bf16 = kv_bytes_per_token(llama8b, fp_options(DType::bf16, 64));
+  REQUIRE(bf16 == 32.0 * 4096);
+  REQUIRE(kv_bytes_per_token(llama8b, fp_options(DType::f32, 64)) == 2 * bf16);
+  const double h2 = kv_bytes_per_token(llama8b, hack_options(2, 64));
+  WARN("bytes/token vs bf16 (Llama-3-8B shape): 2-bit Π=64 " << h2 / bf16);
+  REQUIRE(h2 / bf16 <= 0.17);
+  for (int bits : {2, 4, 8})
+    for (int block : {32, 64, 128}) {
+      const double r = kv_bytes_per_token(llama8b, hack_options(bits, block)) / bf16;
+      WARN("  " << bits << "-bit Π=" << block << ": " << r * 100 << " % of bf16");
+      REQUIRE(r < bits / 16.0 + 0.1);
+    }
+}
+
+TEST_CASE("HACK pages travel as bytes and are validated on arrival", "[kv][paged]") {
+  const int dim = 64, group = 2, block = 16;
+  const KvStream data(4 + 3 * block + 5, 2, group, dim, 33);
+  const KvCacheOptions o = hack_options(4, block);
+  auto sender = make_paged_kv_cache(KvShape{2, 2, dim, group}, o);
+  auto receiver = make_paged_kv_cache(KvShape{2, 2, dim, group}, o);
+  sender->add_sequence(1, 100);
+  for (int l = 0; l < 2; ++l) sender->append(l, 1, 0, data.tokens, data.k_at(0), data.v_at(0));
+  REQUIRE(sender->hack_page_count(1, 0) == 0);  // one prefill append: its blocks are still pending
+  sender->close_pending_blocks(1);
+  REQUIRE(sender->hack_page_count(1, 0) == 3);
+  REQUIRE(sender->hack_page_count(1, 1) == 3);
+  receiver->add_sequence(5, 100);
+  for (int l = 0; l < 2; ++l) {
+    receiver->append(l, 5, 0, 4, data.k_at(0), data.v_at(0));  // sinks
+    const auto page0 = sender->hack_page(1, l, 0);
+    std::vector<std::byte> bad(page0.begin(), page0.end());
+    REQUIRE_THROWS_AS(receiver->append_hack_page(l, 5, bad.data(), bad.size() - 1), Error);  // size
+    REQUIRE_THROWS_AS(receiver->append_hack_page(1 - l, 5, bad.data(), bad.size()), Error);   // layer
+    const auto page1 = sender->hack_page(1, l, 1);
+    REQUIRE_THROWS_AS(receiver->append_hack_page(l, 5, page1.data(), page1.size()), Error);   // position
+    for (int i = 0; i < 3; ++i) {
+      const auto p = sender->hack_page(1, l, i);
+      receiver->append_hack_page(l, 5, p.data(), p.size());
+    }
+    const int first_open = 4 + 3 * block;
+    receiver->append(l, 5, first_open, data.tokens - first_open, data.k_at(first_open), data.v_at(first_open));
+  }
+  const size_t row = 2 * group * dim;
+  std::vector<float> a(row), b(row), scratch(sender->attend_scratch_floats(1, 100));
+  const int pos = data.tokens - 1;
+  for (int h = 0; h < 2; ++h) {
+    const size_t off = static_cast<size_t>(h) * group * dim;
+    sender->attend(1, 1, h, pos, 1, data.q_at(pos) + off, row, a.data() + off, row, 0.1f, scratch.data());
+    receiver->attend(1, 5, h, pos, 1, data.q_at(pos) + off, row, b.data() + off, row, 0.1f, scratch.data());
+  }
+  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("batched decode equals per-head attend", "[kv][paged]") {
+  for (KvMode mode : {KvMode::hack, KvMode::fp}) {
+    const int dim = 128, group = 4, block = 32, H = 2;
+    const KvShape shape{1, H, dim, group};
+    auto cache = make_paged_kv_cache(shape, mode == KvMode::hack ? hack_options(2, block) : fp_options(DType::f32, block));
+    std::vector<KvStream> streams;
+    const std::vector<int> lengths = {1, 33, 700, 4 + 32 * 9};
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      streams.emplace_back(lengths[i], H, group, dim, static_cast<uint32_t>(40 + i));
+      cache->add_sequence(static_cast<int>(i), lengths[i]);
+      cache->append(0, static_cast<int>(i), 0, lengths[i] - 1, streams[i].k_at(0), streams[i].v_at(0));
+      cache->append(0, static_cast<int>(i), lengths[i] - 1, 1, streams[i].k_at(lengths[i] - 1), streams[i].v_at(lengths[i] - 1));
+    }
+    const size_t row = static_cast<size_t>(H) * group * dim;
+    std::vector<std::vector<float>> single(lengths.size(), std::vector<float>(row));
+    std::vector<float> scratch(cache->attend_scratch_floats(1, 1000));
+    const float scale = 1.0f / std::sqrt(128.0f);
+    for (size_t i = 0; i < lengths.size(); ++i)
+      for (int h = 0; h < H; ++h) {
+        const size_t off = static_cast<size_t>(h) * group * dim;
+        const int pos = lengths[i] - 1;
+        cache->attend(0, static_cast<int>(i), h, pos, 1, streams[i].q_at(pos) + off, row, single[i].data() + off, row, scale,
+                      scratch.data());
+      }
+    for (int threads : {1, 2, 5}) {
+      ThreadPool pool(threads);
+      std::vector<std::vector<float>> batched(lengths.size(), std::vector<float>(row));
+      std::vector<DecodeQuery> queries;
+      for (size_t i = 0; i < lengths.size(); ++i)
+        queries.push_back({static_cast<int>(i), streams[i].q_at(lengths[i] - 1), batched[i].data()});
+      DecodeWorkspace ws;
+      cache->attend_decode(pool, 0, queries, scale, ws);
+      // One split per head (1 thread, few tasks) is the same computation; splitting a head
+      // across threads merges partial softmax states: fp32 rounding, 1e-5.
+      for (size_t i = 0; i < lengths.size(); ++i)
+        for (size_t c = 0; c < row; ++c) {
+          INFO("mode " << kv_mode_name(mode) << " threads " << threads << " sequence " << i << " element " << c);
+          if (threads == 1) REQUIRE(batched[i][c] == single[i][c]);
+          else REQUIRE(std::fabs(batched[i][c] - single[i][c]) <= 1e-5 + 1e-5 * std::fabs(single[i][c]));
+        }
+    }
+  }
+}
+
+TEST_CASE("concurrent appends and attends of different sequences", "[kv][paged]") {
+  const int dim = 64, group = 2, block = 16, H = 2, n_seq = 6, L = 4 + 5 * block + 3;
+  const KvShape shape{2, H, dim, group};
+  auto serial = make_paged_kv_cache(shape, hack_options(2, block));
+  auto parallel = make_paged_kv_cache(shape, hack_options(2, block));
+  std::vector<KvStream> streams;
+  for (int s = 0; s < n_seq; ++s) {
+    streams.emplace_back(L, H, group, dim, static_cast<uint32_t>(70 + s));
+    serial->add_sequence(s, L);
+    parallel->add_sequence(s, L);
+  }
+  const size_t row = static_cast<size_t>(H) * group * dim;
+  auto run = [&](PagedKvCache& cache, int s, std::vector<float>& out) {
+    std::vector<float> scratch(cache.attend_scratch_floats(1, L));
+    for (int t = 0; t < L; ++t)
+      for (int l = 0; l < 2; ++l) {
+        cache.append(l, s, t, 1, streams[static_cast<size_t>(s)].k_at(t), streams[static_cast<size_t>(s)].v_at(t));
+        for (int h = 0; h < H; ++h) {
+          const size_t off = static_cast<size_t>(h) * group * dim;
+          cache.attend(l, s, h, t, 1, streams[static_cast<size_t>(s)].q_at(t) + off, row,
+                       out.data() + static_cast<size_t>(t) * row + off, row, 0.125f, scratch.data());
+        }
+      }
+  };
+  std::vector<std::vector<float>> expect(n_seq, std::vector<float>(L * row)), got(n_seq, std::vector<float>(L * row));
+  for (int s = 0; s < n_seq; ++s) run(*serial, s, expect[static_cast<size_t>(s)]);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < n_seq; ++s) threads.emplace_back([&, s] { run(*parallel, s, got[static_cast<size_t>(s)]); });
+  for (auto& t : threads) t.join();
+  for (int s = 0; s < n_seq; ++s) REQUIRE(got[static_cast<size_t>(s)] == expect[static_cast<size_t>(s)]);
+}
+
+TEST_CASE("a decode step allocates nothing", "[kv][paged]") {
+  const int dim = 128, group = 4, block = 16, H = 2;
+  auto cache = make_paged_kv_cache(KvShape{1, H, dim, group}, hack_options(2, block));
+  const KvStream data(300, H, group, dim, 8);
+  cache->add_sequence(0, 300);
+  cache->append(0, 0, 0, 100, data.k_at(0), data.v_at(0));
+  ThreadPool pool(2);
+  DecodeWorkspace ws;
+  std::vector<float> out(static_cast<size_t>(H) * group * dim), scratch(cache->attend_scratch_floats(1, 300));
+  std::vector<DecodeQuery> queries{{0, data.q_at(100), out.data()}};
+  cache->attend_decode(pool, 0, queries, 0.1f, ws);  // sizes the workspace
+  cache->append(0, 0, 100, 1, data.k_at(100), data.v_at(100));  // the pool's first slab of HACK pages
+  long allocations = 0;
+  for (int t = 101; t < 200; ++t) {  // crosses several block boundaries
+    const long before = test::thread_allocations();
+    cache->append(0, 0, t, 1, data.k_at(t), data.v_at(t));
+    for (int h = 0; h < H; ++h)
+      cache->attend(0, 0, h, t, 1, data.q_at(t) + h * group * dim, 0, out.data() + h * group * dim, 0, 0.1f,
+                    scratch.data());
+    queries[0].q = data.q_at(t);
+    cache->attend_decode(pool, 0, queries, 0.1f, ws);
+    allocations += test::thread_allocations() - before;
+  }
+  REQUIRE(allocations == 0);
+}
+
+TEST_CASE("misuse is reported", "[kv][paged]") {
+  auto cache = make_paged_kv_cache(KvShape{1, 1, 16, 1}, hack_options(2, 16));
+  const KvStream data(40, 1, 1, 16, 1);
+  cache->add_sequence(1, 20);
+  REQUIRE_THROWS_AS(cache->add_sequence(1, 20), Error);
+  REQUIRE_THROWS_AS(cache->append(0, 1, 3, 1, data.k_at(0), data.v_at(0)), Error);
+  REQUIRE_THROWS_AS(cache->append(0, 1, 0, 21, data.k_at(0), data.v_at(0)), Error);
+  REQUIRE_THROWS_AS(cache->append(0, 2, 0, 1, data.k_at(0), data.v_at(0)), Error);
+  cache->append(0, 1, 0, 5, data.k_at(0), data.v_at(0));
+  std::vector<float> out(16), scratch(cache->attend_scratch_floats(1, 20));
+  REQUIRE_THROWS_AS(cache->attend(0, 1, 0, 5, 1, data.q_at(5), 16, out.data(), 16, 1.0f, scratch.data()), Error);
+  REQUIRE_THROWS_AS(make_paged_kv_cache(KvShape{1, 1, 24, 1}, hack_options(2, 16)), Error);  // head_dim % 16
+  REQUIRE_THROWS_AS(make_paged_kv_cache(KvShape{1, 1, 16, 1}, hack_options(3, 16)), Error);
+  REQUIRE_THROWS_AS(make_paged_kv_cache(KvShape{1, 1, 16, 1}, hack_options(2, 24)), Error);
+  REQUIRE(parse_kv_mode("hack") == KvMode::hack);
+  REQUIRE(parse_rounding("stochastic") == Rounding::stochastic);
+  REQUIRE_THROWS_AS(parse_kv_mode("int4"), Error);
+  REQUIRE(cache->name() == "hack-2bit");
+  REQUIRE(describe(hack_options(4, 32)) == "hack b=4 block=32 sinks=4 nearest");
+  REQUIRE(describe(fp_options(DType::f32, 64)) == "fp f32 block=64");
+}
