@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     }
   }
   if (dirs.empty()) {
-    dirs = {repo + "/../shared/fixtures/tokenizers/qwen3", repo + "/../shared/fixtures/tokenizers/mistral",
+    dirs = {repo + "/tests/fixtures/shared/tokenizers/qwen3", repo + "/tests/fixtures/shared/tokenizers/mistral",
             repo + "/tests/fixtures/tokenizers/kjv-bpe"};
   }
   try {

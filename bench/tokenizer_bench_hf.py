@@ -77,8 +77,8 @@ def main() -> None:
     ap.add_argument("--chunk-bytes", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    dirs = args.tokenizer or [str(REPO.parent / "shared/fixtures/tokenizers/qwen3"),
-                              str(REPO.parent / "shared/fixtures/tokenizers/mistral"),
+    dirs = args.tokenizer or [str(REPO / "tests/fixtures/shared/tokenizers/qwen3"),
+                              str(REPO / "tests/fixtures/shared/tokenizers/mistral"),
                               str(REPO / "tests/fixtures/tokenizers/kjv-bpe")]
     corpus = args.corpus.read_bytes() if args.corpus else build_corpus()
     # The C++ bench cuts at byte offsets; both cut after '\n', so documents are valid UTF-8.

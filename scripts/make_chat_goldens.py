@@ -34,7 +34,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "fixtures" / "tokenizers"
+SHARED = ROOT / "tests" / "fixtures" / "shared" / "tokenizers"
 TEMPLATES = ROOT / "tests" / "fixtures" / "chat" / "templates"
 OUT = ROOT / "tests" / "fixtures" / "chat" / "goldens.json"
 

@@ -3,7 +3,7 @@
 
     python3 scripts/make_tokenizer_goldens.py [--count N] [--seed S] [--out DIR] NAME=SOURCE ...
 
-SOURCE is `shared:<path>` (under ../shared/fixtures beside the repository) or
+SOURCE is `shared:<path>` (under tests/fixtures/shared, the in-repository copy of ../shared/fixtures) or
 `repo:<path>` (inside the repository), a directory with tokenizer.json and
 tokenizer_config.json. With no NAME=SOURCE arguments the default set is written:
 
@@ -51,7 +51,7 @@ from tokenizers import Tokenizer, __version__ as tokenizers_version
 from tokenizers import processors
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "fixtures"
+SHARED = REPO / "tests" / "fixtures" / "shared"
 
 
 def resolve(source: str) -> Path:

@@ -14,8 +14,9 @@ inline std::filesystem::path source_dir() { return HACK_SOURCE_DIR; }
 inline std::filesystem::path binary_dir() { return HACK_BINARY_DIR; }
 /// tests/fixtures inside the repository.
 inline std::filesystem::path fixtures_dir() { return source_dir() / "tests" / "fixtures"; }
-/// ../shared/fixtures beside the repository (real tokenizer files).
-inline std::filesystem::path shared_fixtures_dir() { return source_dir().parent_path() / "shared" / "fixtures"; }
+/// The shared fixtures (real tokenizer files), copied into the repository from
+/// ../shared/fixtures so a clean clone needs nothing beside it.
+inline std::filesystem::path shared_fixtures_dir() { return source_dir() / "tests" / "fixtures" / "shared"; }
 
 /// |a - b| <= atol + rtol * |b|
 inline bool close(double a, double b, double atol, double rtol) {

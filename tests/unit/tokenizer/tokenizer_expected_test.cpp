@@ -1,5 +1,5 @@
 // Goldens written by others, independently of scripts/make_tokenizer_goldens.py:
-// ../shared/fixtures/tokenizers/{qwen3,mistral}/expected.json and the kjv-bpe fixture's
+// tests/fixtures/shared/tokenizers/{qwen3,mistral}/expected.json (copies of ../shared) and the kjv-bpe fixture's
 // tokenizer_goldens.json (scripts/make_fixtures.py).
 #include <catch2/catch.hpp>
 
