@@ -16,6 +16,7 @@
 #include "hack/backend/backend.h"
 #include "hack/backend/engine.h"
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 #include "hack/core/flags.h"
 #include "hack/kv/fp_kv_cache.h"
 #include "hack/kv/paged_kv_cache.h"
@@ -91,11 +92,7 @@ int main(int argc, char** argv) {
     HACK_CHECK(!model_dir.empty() && !text_path.empty(), "--model and --text are required");
     hack::Model model = hack::Model::load(model_dir);
     hack::Tokenizer tok = hack::Tokenizer::load(model_dir);
-    std::ifstream in(text_path);
-    HACK_CHECK(in.good(), "cannot read {}", text_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::vector<int> all = tok.encode(ss.str(), false);
+    const std::vector<int> all = tok.encode(hack::read_file(text_path, "text"), false);
     const hack::ModelConfig& cfg = model.config;
     std::vector<std::vector<int>> wins;
     for (int w = 0; w < windows; ++w) {

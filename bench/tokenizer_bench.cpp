@@ -22,17 +22,10 @@
 #include <vector>
 
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 #include "hack/tokenizer/tokenizer.h"
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HACK_CHECK(in.good(), "cannot open {}", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string run_command(const char* command) {
   std::string out;
@@ -49,11 +42,11 @@ std::string build_corpus(const std::string& repo) {
   std::string corpus = run_command("bible -f 'Gen1:1-Rev22:21' 2>/dev/null");
   if (corpus.size() < 1000000) {
     std::fprintf(stderr, "tokenizer_bench: `bible` not available; using kjv-bpe/heldout.txt\n");
-    corpus = read_file(repo + "/tests/fixtures/tokenizers/kjv-bpe/heldout.txt");
+    corpus = hack::read_file(repo + "/tests/fixtures/tokenizers/kjv-bpe/heldout.txt");
   }
   for (const char* name : {"qwen3", "mistral", "kjv-bpe"}) {
     const std::string path = repo + "/tests/fixtures/tokenizers/goldens/" + name + ".json";
-    const nlohmann::json golden = nlohmann::json::parse(read_file(path));
+    const nlohmann::json golden = nlohmann::json::parse(hack::read_file(path));
     for (const auto& c : golden["encode"]) {
       corpus += c["text"].get<std::string>();
       corpus += '\n';
@@ -127,7 +120,7 @@ int main(int argc, char** argv) {
             repo + "/tests/fixtures/tokenizers/kjv-bpe"};
   }
   try {
-    const std::string corpus = corpus_path.empty() ? build_corpus(repo) : read_file(corpus_path);
+    const std::string corpus = corpus_path.empty() ? build_corpus(repo) : hack::read_file(corpus_path);
     if (!corpus_out.empty()) std::ofstream(corpus_out, std::ios::binary) << corpus;
     const std::vector<std::string> docs = split_documents(corpus, chunk_bytes);
     std::printf("cpu: %s (1 thread)\ncorpus: %.2f MB, %zu documents of ~%zu bytes, fnv1a %016llx\n",

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 
 namespace hack {
 
@@ -374,12 +375,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
 
 ModelConfig load_model_config(const std::filesystem::path& path) {
   const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
-  std::ifstream in(file, std::ios::binary);
-  HACK_CHECK(in.good(), "cannot read model config {}", file.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  HACK_CHECK(!in.bad(), "cannot read model config {}", file.string());
-  return parse_model_config(text.str(), file.string());
+  return parse_model_config(read_file(file, "model config"), file.string());
 }
 
 int64_t ModelConfig::parameter_count() const {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 
 namespace hack {
 
@@ -13,12 +14,10 @@ GenerationConfig load_generation_config(const std::filesystem::path& dir) {
   GenerationConfig g;
   const auto path = dir / "generation_config.json";
   if (!std::filesystem::exists(path)) return g;
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_file(path, "generation config");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: malformed JSON: {}", path.string(), e.what());
   }

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 
 namespace hack {
 
@@ -227,12 +228,9 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::filesystem::path& p
   ck.looked_in_ = index.string() + " weight_map";
   json root;
   {
-    std::ifstream in(index, std::ios::binary);
-    HACK_CHECK(in.good(), "cannot read {}", index.string());
-    std::ostringstream text;
-    text << in.rdbuf();
+    const std::string text = read_file(index, "safetensors index");
     try {
-      root = json::parse(text.str());
+      root = json::parse(text);
     } catch (const json::exception& e) {
       fail("{}: invalid JSON: {}", index.string(), e.what());
     }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 
 namespace hack {
 namespace {
@@ -37,14 +38,6 @@ jinja::Value message_value(const ordered_json& message) {
 
 jinja::Value optional_string(const std::optional<std::string>& s) {
   return s ? jinja::Value::string(*s) : jinja::Value::undefined("");
-}
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  HACK_CHECK(in.good(), "cannot open {}", path.string());
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
 }
 
 }  // namespace
@@ -119,13 +112,13 @@ std::string chat_template_from_config(const nlohmann::json& tokenizer_config, bo
 
 std::optional<std::string> find_chat_template(const std::filesystem::path& model_dir, bool has_tools) {
   const auto jinja_file = model_dir / "chat_template.jinja";
-  if (std::filesystem::exists(jinja_file)) return read_file(jinja_file);
+  if (std::filesystem::exists(jinja_file)) return read_file(jinja_file, "chat template");
   for (const char* name : {"chat_template.json", "tokenizer_config.json"}) {
     const auto path = model_dir / name;
     if (!std::filesystem::exists(path)) continue;
     nlohmann::json config;
     try {
-      config = nlohmann::json::parse(read_file(path));
+      config = nlohmann::json::parse(read_file(path, "tokenizer config"));
     } catch (const nlohmann::json::exception& e) {
       fail("{}: invalid JSON: {}", path.string(), e.what());
     }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 #include "src/tokenizer/json_util.h"
 #include "src/tokenizer/tokenizer_impl.h"
 #include "src/tokenizer/utf8.h"
@@ -43,15 +44,6 @@ void ScratchPool::release(std::unique_ptr<Scratch> s) {
 // ---- loading -----------------------------------------------------------------
 
 namespace {
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  HACK_CHECK(in.good(), "cannot open {}", path.string());
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  HACK_CHECK(!in.bad(), "cannot read {}", path.string());
-  return buffer.str();
-}
 
 json parse_json(std::string_view text, const std::string& name) {
   try {
@@ -173,7 +165,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
     const std::filesystem::path path = dir / name;
     return std::filesystem::is_regular_file(path) ? read_file(path) : std::string();
   };
-  Tokenizer t = build(read_file(tokenizer_path), optional_file("tokenizer_config.json"),
+  Tokenizer t = build(read_file(tokenizer_path, "tokenizer"), optional_file("tokenizer_config.json"),
                       optional_file("special_tokens_map.json"), dir.string());
   const std::string jinja = optional_file("chat_template.jinja");
   if (!jinja.empty()) {

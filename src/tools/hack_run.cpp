@@ -11,6 +11,7 @@
 #include "hack/backend/engine.h"
 #include "hack/core/cpu_features.h"
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 #include "hack/core/flags.h"
 #include "hack/core/logging.h"
 #include "hack/kv/paged_kv_cache.h"
@@ -55,14 +56,6 @@ struct RunConfig {
   bool no_special = false;
   std::string log_level = "warn";
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HACK_CHECK(in.good(), "cannot read {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<int> parse_ids(const std::string& text) {
   std::vector<int> ids;
@@ -158,7 +151,7 @@ int run(int argc, char** argv) {
     if (!c.chat_file.empty()) {
       nlohmann::ordered_json messages;
       try {
-        messages = nlohmann::ordered_json::parse(read_file(c.chat_file));
+        messages = nlohmann::ordered_json::parse(hack::read_file(c.chat_file, "chat file"));
       } catch (const nlohmann::json::parse_error& e) {
         hack::fail("{}: malformed JSON: {}", c.chat_file, e.what());
       }
@@ -166,7 +159,7 @@ int run(int argc, char** argv) {
                  c.chat_file);
       std::optional<std::string> source;
       if (!c.chat_template.empty()) {
-        source = read_file(c.chat_template);
+        source = hack::read_file(c.chat_template, "chat template");
       } else {
         source = hack::find_chat_template(c.model, /*has_tools=*/false);
       }
@@ -180,7 +173,7 @@ int run(int argc, char** argv) {
       text = tmpl.render(messages, ro);
       add_special = false;  // like apply_chat_template: the template writes BOS itself
     } else {
-      text = c.prompt_file.empty() ? c.prompt : read_file(c.prompt_file);
+      text = c.prompt_file.empty() ? c.prompt : hack::read_file(c.prompt_file, "prompt file");
     }
     prompt = tokenizer->encode(text, add_special);
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 #include "hack/core/flags.h"
 #include "hack/tokenizer/tokenizer.h"
 #if __has_include("hack/tokenizer/chat_template.h")
@@ -39,14 +40,6 @@ class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HACK_CHECK(in.good(), "cannot open {}", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Ids as a JSON array or separated by whitespace / commas.
 std::vector<int> parse_ids(const std::string& text) {
@@ -148,7 +141,7 @@ int run(int argc, char** argv) {
   if (c.skip_special_tokens && !c.decode) throw UsageError("--skip-special-tokens needs --decode");
 
   const hack::Tokenizer tokenizer = hack::Tokenizer::load(c.tokenizer);
-  const std::string input = !c.text_file.empty() ? read_file(c.text_file) : c.text;
+  const std::string input = !c.text_file.empty() ? hack::read_file(c.text_file, "text file") : c.text;
   auto input_or_stdin = [&] {
     return has_input ? input
                      : std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -182,7 +175,7 @@ int run(int argc, char** argv) {
     // The file holds a list of messages, or {"messages": [...], "tools": [...]}.
     nlohmann::ordered_json chat;
     try {
-      chat = nlohmann::ordered_json::parse(read_file(c.chat_file));
+      chat = nlohmann::ordered_json::parse(hack::read_file(c.chat_file, "chat file"));
     } catch (const nlohmann::json::exception& e) {
       hack::fail("{}: malformed JSON: {}", c.chat_file, e.what());
     }
@@ -196,7 +189,7 @@ int run(int argc, char** argv) {
     const bool has_tools = options.tools.is_array() && !options.tools.empty();
     std::string source;
     if (!c.chat_template.empty()) {
-      source = read_file(c.chat_template);
+      source = hack::read_file(c.chat_template, "chat template");
     } else {
       const auto found = hack::find_chat_template(c.tokenizer, has_tools);
       HACK_CHECK(found.has_value(), "{} has no chat template: pass --chat-template FILE", c.tokenizer);

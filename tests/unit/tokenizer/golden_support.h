@@ -9,17 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "hack/core/read_file.h"
 #include "hack/tokenizer/tokenizer.h"
 #include "support/test_support.h"
 
 namespace hack::test {
 
-inline std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+inline std::string read_text(const std::filesystem::path& path) { return read_file(path, "golden"); }
 
 inline std::filesystem::path golden_dir() { return fixtures_dir() / "tokenizers" / "goldens"; }
 
