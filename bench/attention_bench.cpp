@@ -1,9 +1,9 @@
 // attention_bench: one decode step of attention at the Llama-3-8B shape (32 query heads,
 // 8 KV heads, head_dim 128) over the paged KV cache, for fp32 and bf16 pages and HACK
 // 2/4/8-bit, contexts 1K..64K, batch 1 and 8. Prints time per step, KV bytes read,
-// achieved GB/s and that as a share of this machine's measured read bandwidth (a
-// multi-threaded sum over a 1 GiB array, measured here; compare with bench/membw). Times
-// are the best of 7 trials, as is the bandwidth, so a shared machine disturbs both alike.
+// achieved GB/s and that as a share of this machine's read bandwidth, measured here the
+// way bench/membw measures it (hack::measure_read_bandwidth_gbs). Times are the best of 7
+// trials and the bandwidth the best of its passes, so a shared machine disturbs both alike.
 //
 // Decode reads every layer's KV once per step, so the bench cycles through enough layers
 // that their KV exceeds the last-level cache (at most 32, like the model): small contexts
@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hack/core/cpu_features.h"
+#include "hack/core/membw.h"
 #include "hack/core/dtype.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/hack_page.h"
@@ -119,36 +120,6 @@ size_t llc_bytes() {
   return size_t{32} << 20;
 }
 
-// Best-of-7 read bandwidth (GB/s) of all pool threads summing their slice of a 1 GiB array.
-double measure_bandwidth_gbs(ThreadPool& pool) {
-  const size_t bytes = size_t{1} << 30, n = bytes / sizeof(float);
-  std::unique_ptr<float[]> data(new float[n]);
-  pool.parallel_for(n, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) data[i] = static_cast<float>(i & 7);
-  });
-  double best = 0;
-  std::vector<double> sink(static_cast<size_t>(pool.size()));
-  for (int rep = 0; rep < 7; ++rep) {
-    const auto t0 = Clock::now();
-    pool.run([&](int t, int parts) {
-      size_t b, e;
-      split_range(n / 32, t, parts, &b, &e);
-      __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-      for (size_t i = b * 32; i < e * 32; i += 32) {
-        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(&data[i]));
-        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(&data[i + 8]));
-        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(&data[i + 16]));
-        s3 = _mm256_add_ps(s3, _mm256_loadu_ps(&data[i + 24]));
-      }
-      alignas(32) float f[8];
-      _mm256_store_ps(f, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-      sink[static_cast<size_t>(t)] = f[0] + f[7];
-    });
-    best = std::max(best, static_cast<double>(bytes) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
-  }
-  if (sink[0] == -1.0) std::printf("#");
-  return best;
-}
 
 struct Mode {
   std::string name;
@@ -288,14 +259,14 @@ int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
   ThreadPool pool(args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const size_t llc = llc_bytes();
-  const double bw = measure_bandwidth_gbs(pool);
+  const double bw = hack::measure_read_bandwidth_gbs(pool, size_t{1} << 30, 5);
   const KvShape one{1, 8, 128, 4};
   const double bf16_per_token = kv_bytes_per_token(one, make_mode("bf16", args.block).options);
   if (!args.json) {
     std::printf("attention_bench: decode attention, 32 q heads / 8 KV heads / head_dim 128, block %d\n", args.block);
     std::printf("cpu: %s; kernels: %s; threads %d; LLC %.0f MiB\n", cpu_features().describe().c_str(),
                 cpu_isa_name(cpu_isa()), pool.size(), static_cast<double>(llc) / (1 << 20));
-    std::printf("measured read bandwidth (%d threads, 1 GiB sum, best of 7): %.1f GB/s\n", pool.size(), bw);
+    std::printf("measured read bandwidth (%d threads, 1 GiB, best of 1/4/8/16 streams x 5, as bench/membw): %.1f GB/s\n", pool.size(), bw);
     std::printf("KV bytes per token per layer:");
     for (const auto& m : args.modes) {
       const double b = kv_bytes_per_token(one, make_mode(m, args.block).options);
