@@ -8,6 +8,9 @@
 #include <sstream>
 
 #include "hack/backend/backend.h"
+#ifdef HACK_HAVE_CUDA
+#include "hack/backend/cuda_backend.h"
+#endif
 #include "hack/backend/engine.h"
 #include "hack/core/cpu_features.h"
 #include "hack/core/error.h"
@@ -107,13 +110,15 @@ int run(int argc, char** argv) {
   flags.add_int("logprobs", &c.logprobs, "with --json: report logprobs of this many top tokens (-1 = none)");
   flags.add_bool("ignore-eos", &c.ignore_eos, "keep generating after EOS");
   flags.add_int("threads", &c.threads, "worker threads; 0 = all cores");
-  flags.add_string("device", &c.device, "cpu or cuda");
+  flags.add_string("device", &c.device,
+                   "cpu or cuda (cuda: bf16 weights and a bf16 paged KV pool on GPU 0, --kv fp only, pages of "
+                   "--hack-block tokens)");
   flags.add_string("kv", &c.kv, "KV cache: fp (uncompressed) or hack (quantized)");
   flags.add_int("hack-bits", &c.hack_bits, "HACK code bits: 2, 4 or 8");
   flags.add_int("hack-block", &c.hack_block, "HACK block (page) tokens, a multiple of 16");
   flags.add_int("hack-sinks", &c.hack_sinks, "leading tokens kept in bf16");
   flags.add_string("hack-rounding", &c.hack_rounding, "HACK rounding: nearest or stochastic");
-  flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages: f32 or bf16");
+  flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages on --device cpu: f32 or bf16 (cuda: always bf16)");
   flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
   flags.add_bool("json", &c.json, "print one JSON object (ids, text, timing) instead of streaming text");
   flags.add_bool("no-special-tokens", &c.no_special, "do not add BOS/EOS when encoding a plain prompt");
@@ -124,8 +129,17 @@ int run(int argc, char** argv) {
   HACK_CHECK(c.model.empty() != c.synthetic.empty(), "give exactly one of --model DIR or --synthetic NAME");
   const int n_prompt_sources = !c.prompt.empty() + !c.prompt_file.empty() + !c.prompt_ids.empty() + !c.chat_file.empty();
   HACK_CHECK(n_prompt_sources == 1, "give exactly one of --prompt, --prompt-file, --prompt-ids, --chat-file");
-  HACK_CHECK(hack::parse_device(c.device) == hack::DeviceKind::cpu,
-             "--device {}: the CUDA backend is not built into this hack-run yet", c.device);
+  const hack::DeviceKind device = hack::parse_device(c.device);
+#ifndef HACK_HAVE_CUDA
+  HACK_CHECK(device == hack::DeviceKind::cpu,
+             "--device cuda: this hack-run was built without CUDA (configure on a machine with nvcc, HACK_CUDA=AUTO|ON)");
+#else
+  if (device == hack::DeviceKind::cuda) {
+    HACK_CHECK(hack::cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
+    HACK_CHECK(c.kv == "fp", "--device cuda --kv {}: not yet (the CUDA HACK kernels are not wired in); use --kv fp",
+               c.kv);
+  }
+#endif
   hack::KvCacheOptions kv_options;
   kv_options.mode = hack::parse_kv_mode(c.kv);
   kv_options.bits = c.hack_bits;
@@ -185,10 +199,26 @@ int run(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
   hack::ThreadPool pool(c.threads);
-  auto backend = hack::make_cpu_backend(model, pool);
   const hack::ModelConfig& cfg = model.config;
-  auto kv = hack::make_paged_kv_cache(hack::KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()},
-                                     kv_options);
+  std::unique_ptr<hack::Backend> backend;
+  std::unique_ptr<hack::KvCache> kv;
+  if (device == hack::DeviceKind::cpu) {
+    backend = hack::make_cpu_backend(model, pool);
+    kv = hack::make_paged_kv_cache(hack::KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()},
+                                   kv_options);
+  } else {
+#ifdef HACK_HAVE_CUDA
+    HACK_CHECK(c.prefill_chunk > 0, "--prefill-chunk must be positive");
+    hack::CudaBackendOptions bo;
+    bo.max_batch_tokens = c.prefill_chunk;
+    bo.max_sequences = 1;
+    backend = hack::make_cuda_backend(model, bo);
+    hack::CudaKvOptions ko;
+    ko.page_tokens = c.hack_block;
+    ko.num_pages = hack::CudaPagedKvCache::pages_for(static_cast<int>(prompt.size()) + c.max_tokens, c.hack_block);
+    kv = hack::make_cuda_kv_cache(cfg, ko);
+#endif
+  }
   hack::Engine engine(*backend, *kv, hack::EngineOptions{c.prefill_chunk});
 
   hack::SamplingParams sp;
@@ -257,9 +287,9 @@ int run(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "[hack-run] %d prompt tokens, %d generated (%s) | load %.2f s | prefill %.1f tok/s | TTFT %.1f ms | "
-               "decode %.1f tok/s | %d threads, %s, kv %s\n",
+               "decode %.1f tok/s | %s, %d threads, %s, kv %s\n",
                st.prompt_tokens, st.generated_tokens, r.finish_reason == hack::FinishReason::stop ? "stop" : "length",
-               load_s, prefill_tps, st.first_token_s * 1e3, decode_tps, pool.size(), hack::cpu_isa_name(hack::cpu_isa()), kv->name().c_str());
+               load_s, prefill_tps, st.first_token_s * 1e3, decode_tps, backend->name().c_str(), pool.size(), hack::cpu_isa_name(hack::cpu_isa()), kv->name().c_str());
   return 0;
 }
 

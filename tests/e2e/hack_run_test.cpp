@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "hack/core/tensor.h"
 #include "support/test_support.h"
 
 using namespace hack;
@@ -102,6 +103,28 @@ TEST_CASE("hack-run rejects bad input with a clear message", "[e2e][hack-run]") 
   r = run_hack_run("--help");
   REQUIRE(r.exit_code == 0);
   REQUIRE(r.out.find("HACK_RUN_MAX_TOKENS") != std::string::npos);
+}
+
+TEST_CASE("hack-run --device cuda runs where it can and says why where it cannot", "[e2e][hack-run][cuda]") {
+  const auto tiny = (test::fixtures_dir() / "models" / "tiny-llama").string();
+  const std::string common = "--model " + tiny + " --prompt-ids 1,2,3 --max-tokens 4 --temperature 0 --device cuda";
+  if (!cuda_device_available()) {
+    // Built without CUDA ("built without CUDA") or no device ("no CUDA device").
+    const Result r = run_hack_run(common);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.find("CUDA") != std::string::npos);
+    return;
+  }
+  Result r = run_hack_run(common + " --kv hack");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("not yet") != std::string::npos);
+  r = run_hack_run(common + " --kv fp --json");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(nlohmann::json::parse(r.out)["ids"].size() == 4);
+  REQUIRE(r.err.find("bf16-paged-cuda") != std::string::npos);
 }
 
 TEST_CASE("hack-run --kv hack generates from hack-tiny over closed HACK blocks", "[e2e][hack-run][hack]") {

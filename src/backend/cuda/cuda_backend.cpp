@@ -1,0 +1,543 @@
+// The CUDA backend of the fp path. Plan on the host, run on the device: forward() validates
+// the batch and packs every index the kernels need (tokens, positions, KV slots, page
+// tables, logits rows) into one pinned int array, uploads it with one copy, then enqueues
+// the whole model on one stream and waits once, for the logits.
+//
+// Per layer (T token rows, fp32 unless marked):
+//   xn(bf16) = rmsnorm(x)                 q, k, v = xn · Wq/Wk/Wv^T  (cuBLAS, fp32 out)
+//   (+ biases, q/k norm)  rope(q, k)      kv_append(k, v) -> bf16 pages
+//   attn(bf16) = decode_attention | prefill_attention
+//   x += attn · Wo^T (+ bo)               xn = rmsnorm(x)
+//   act(bf16) = silu(xn·Wg^T) · (xn·Wu^T) x += act · Wd^T
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "hack/backend/cuda_backend.h"
+#include "hack/backend/cuda_check.h"
+#include "hack/core/error.h"
+#include "hack/kernels/cpu_ops.h"
+#include "hack/kernels/cuda_ops.h"
+
+namespace hack {
+
+namespace {
+
+using cuda::bf16;
+
+// Decode attention splits a sequence's pages over at most this many blocks.
+constexpr int kMaxDecodeSplits = 32;
+
+class CudaStream {
+ public:
+  // A blocking stream: it orders after the synchronous uploads and memsets made on the
+  // legacy default stream (weights, KV pool), so no extra synchronisation is needed.
+  CudaStream() { HACK_CUDA_CHECK(cudaStreamCreate(&stream_)); }
+  ~CudaStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class CublasHandle {
+ public:
+  explicit CublasHandle(cudaStream_t stream) {
+    const cublasStatus_t created = cublasCreate(&handle_);
+    HACK_CHECK(created == CUBLAS_STATUS_SUCCESS, "cublasCreate failed: {}", cublasGetStatusString(created));
+    const cublasStatus_t s = cublasSetStream(handle_, stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(handle_);
+      fail("cublasSetStream failed: {}", cublasGetStatusString(s));
+    }
+  }
+  ~CublasHandle() {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+// A weight matrix on the device: HF layout [out][in] bf16. `data` points into `buffer`, or
+// into another matrix's buffer when shared (tied lm_head).
+struct DeviceMatrix {
+  Buffer buffer;
+  const bf16* data = nullptr;
+  int out = 0;
+  int in = 0;
+};
+
+struct DeviceLayer {
+  DeviceMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  Buffer attn_norm, ffn_norm, bq, bk, bv, bo, q_norm, k_norm;  // f32; empty when absent
+};
+
+const float* f32_ptr(const Buffer& b) { return b.data() ? static_cast<const float*>(b.data()) : nullptr; }
+
+DeviceMatrix upload_matrix(const Tensor& t, int out, int in, int device, const char* what) {
+  HACK_CHECK(t.defined() && t.ndim() == 2 && t.dim(0) == out && t.dim(1) == in,
+             "CUDA backend: weight {} is {}, expected [{}, {}]", what, t.defined() ? t.describe() : "missing", out, in);
+  const size_t n = static_cast<size_t>(out) * static_cast<size_t>(in);
+  DeviceMatrix m;
+  m.buffer = Buffer::allocate(MemoryKind::device, n * sizeof(uint16_t), device);
+  m.data = static_cast<const bf16*>(m.buffer.data());
+  m.out = out;
+  m.in = in;
+  if (t.dtype() == DType::bf16) {
+    HACK_CUDA_CHECK(cudaMemcpy(m.buffer.data(), t.raw(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    return m;
+  }
+  // Other dtypes: convert to bf16 (round to nearest even) a slab at a time.
+  constexpr size_t kSlab = size_t{1} << 20;
+  std::vector<float> f(std::min(n, kSlab));
+  std::vector<uint16_t> h(f.size());
+  const size_t elem = dtype_size(t.dtype());
+  for (size_t off = 0; off < n; off += kSlab) {
+    const size_t count = std::min(kSlab, n - off);
+    convert_to_f32(t.dtype(), static_cast<const char*>(t.raw()) + off * elem, f.data(), count);
+    for (size_t i = 0; i < count; ++i) h[i] = f32_to_bf16(f[i]);
+    HACK_CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(m.buffer.data()) + off, h.data(), count * sizeof(uint16_t),
+                               cudaMemcpyHostToDevice));
+  }
+  return m;
+}
+
+Buffer upload_vector(const Tensor& t, int n, int device, const char* what) {
+  if (!t.defined()) return Buffer();
+  HACK_CHECK(t.dtype() == DType::f32 && t.numel() == n, "CUDA backend: vector {} is {}, expected [{}] f32", what,
+             t.describe(), n);
+  Buffer b = Buffer::allocate(MemoryKind::device, static_cast<size_t>(n) * sizeof(float), device);
+  HACK_CUDA_CHECK(cudaMemcpy(b.data(), t.raw(), static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
+  return b;
+}
+
+Buffer upload_floats(const std::vector<float>& v, int device) {
+  Buffer b = Buffer::allocate(MemoryKind::device, v.size() * sizeof(float), device);
+  HACK_CUDA_CHECK(cudaMemcpy(b.data(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return b;
+}
+
+template <class T>
+T* ptr(const Buffer& b) {
+  return static_cast<T*>(b.data());
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Model& model, const CudaBackendOptions& options)
+      : cfg_(model.config), options_(options), cublas_(stream_.get()) {
+    HACK_CHECK(options.max_batch_tokens > 0 && options.max_sequences > 0 && options.max_logit_rows > 0,
+               "CUDA backend: max_batch_tokens, max_sequences and max_logit_rows must be positive");
+    HACK_CHECK(cfg_.head_dim % 2 == 0, "CUDA backend: head_dim {} must be even (RoPE pairs)", cfg_.head_dim);
+    HACK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, options.device));
+    int smem_optin = 0;
+    HACK_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, options.device));
+    max_smem_bytes_ = static_cast<size_t>(smem_optin);
+    HACK_CHECK(cuda::prefill_attention_smem_bytes(cfg_.head_dim) <= max_smem_bytes_,
+               "CUDA backend: head_dim {} needs {} bytes of shared memory in prefill attention, the device has {}",
+               cfg_.head_dim, cuda::prefill_attention_smem_bytes(cfg_.head_dim), max_smem_bytes_);
+    upload_weights(model);
+    allocate_workspace();
+    dec_.reserve(static_cast<size_t>(options.max_sequences));
+    pre_.reserve(static_cast<size_t>(options.max_sequences));
+    seq_ids_.reserve(static_cast<size_t>(options.max_sequences));
+  }
+
+  std::string name() const override { return "cuda"; }
+  const ModelConfig& config() const override { return cfg_; }
+
+  size_t forward(std::span<const SequenceChunk> batch, KvCache& kv_base, std::vector<float>& logits) override {
+    auto* kv = dynamic_cast<CudaPagedKvCache*>(&kv_base);
+    HACK_CHECK(kv != nullptr,
+               "CUDA backend: the KV cache '{}' lives on the host; the CUDA backend needs a CudaPagedKvCache "
+               "(make_cuda_kv_cache)",
+               kv_base.name());
+    HACK_CHECK(kv->device() == options_.device, "CUDA backend on device {} got a KV cache on device {}",
+               options_.device, kv->device());
+    const KvShape& ks = kv->shape();
+    HACK_CHECK(ks.num_layers == cfg_.num_layers && ks.num_kv_heads == cfg_.num_kv_heads &&
+                   ks.head_dim == cfg_.head_dim && ks.group_size == cfg_.group_size(),
+               "CUDA backend: KV cache shape (layers {}, kv heads {}, head_dim {}) does not match the model", ks.num_layers,
+               ks.num_kv_heads, ks.head_dim);
+    const size_t T = plan(batch, *kv);
+    if (T == 0) return 0;
+    const cudaStream_t s = stream_.get();
+    const int Ti = static_cast<int>(T);
+    const int H = cfg_.hidden_size, hd = cfg_.head_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+    const int I = cfg_.intermediate_size, V = cfg_.vocab_size;
+    const float eps = cfg_.rms_norm_eps;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const int* plan_d = ptr<int>(plan_dev_);
+
+    float* x = ptr<float>(x_);
+    bf16* xn = ptr<bf16>(xn_);
+    float* q = ptr<float>(q_);
+    float* k = ptr<float>(k_);
+    float* v = ptr<float>(v_);
+    bf16* attn = ptr<bf16>(attn_);
+    float* tmp = ptr<float>(tmp_);
+    float* gate = ptr<float>(gate_);
+    float* up = ptr<float>(up_);
+    bf16* act = ptr<bf16>(act_);
+
+    cuda::embedding_gather(embed_.data, plan_d + off_.tokens, Ti, H, x, s);
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      const DeviceLayer& w = layers_[static_cast<size_t>(l)];
+      cuda::rmsnorm_to_bf16(x, nullptr, f32_ptr(w.attn_norm), xn, Ti, H, eps, s);
+      gemm(w.wq, xn, Ti, q);
+      gemm(w.wk, xn, Ti, k);
+      gemm(w.wv, xn, Ti, v);
+      if (cfg_.attention_bias) {
+        cuda::add_bias(q, f32_ptr(w.bq), Ti, qd, s);
+        cuda::add_bias(k, f32_ptr(w.bk), Ti, kvd, s);
+        cuda::add_bias(v, f32_ptr(w.bv), Ti, kvd, s);
+      }
+      if (cfg_.qk_norm) {
+        cuda::rmsnorm_inplace(q, f32_ptr(w.q_norm), Ti * cfg_.num_heads, hd, eps, s);
+        cuda::rmsnorm_inplace(k, f32_ptr(w.k_norm), Ti * cfg_.num_kv_heads, hd, eps, s);
+      }
+      cuda::rope_inplace(q, plan_d + off_.positions, ptr<float>(inv_freq_), Ti, cfg_.num_heads, hd, s);
+      cuda::rope_inplace(k, plan_d + off_.positions, ptr<float>(inv_freq_), Ti, cfg_.num_kv_heads, hd, s);
+
+      const cuda::PagedKvLayer kv_layer = kv->layer(l);
+      cuda::kv_append(kv_layer, k, v, plan_d + off_.slots, Ti, s);
+      for (const SequenceChunk& c : batch)
+        kv->commit_append(l, c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()));
+      attention(kv_layer, q, attn, scale);
+
+      gemm(w.wo, attn, Ti, tmp);
+      cuda::add_residual(x, tmp, f32_ptr(w.bo), Ti, H, s);
+      cuda::rmsnorm_to_bf16(x, nullptr, f32_ptr(w.ffn_norm), xn, Ti, H, eps, s);
+      gemm(w.w_gate, xn, Ti, gate);
+      gemm(w.w_up, xn, Ti, up);
+      cuda::swiglu_to_bf16(gate, up, act, static_cast<long long>(T) * I, s);
+      gemm(w.w_down, act, Ti, tmp);
+      cuda::add_residual(x, tmp, nullptr, Ti, H, s);
+    }
+
+    // Rows that need logits: final norm (gathering them), lm_head in passes, copy out.
+    const int L = n_logit_rows_;
+    cuda::rmsnorm_to_bf16(x, plan_d + off_.logit_rows, ptr<float>(final_norm_), xn, L, H, eps, s);
+    logits.resize(static_cast<size_t>(L) * static_cast<size_t>(V));
+    for (int r0 = 0; r0 < L; r0 += options_.max_logit_rows) {
+      const int n = std::min(options_.max_logit_rows, L - r0);
+      gemm(lm_head_, xn + static_cast<size_t>(r0) * static_cast<size_t>(H), n, ptr<float>(logits_));
+      HACK_CUDA_CHECK(cudaMemcpyAsync(logits.data() + static_cast<size_t>(r0) * static_cast<size_t>(V),
+                                      logits_.data(), static_cast<size_t>(n) * static_cast<size_t>(V) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, s));
+    }
+    HACK_CUDA_CHECK(cudaStreamSynchronize(s));
+    return static_cast<size_t>(L);
+  }
+
+ private:
+  // Offsets (in ints) of the plan's arrays.
+  struct PlanOffsets {
+    size_t tokens = 0, positions = 0, slots = 0, logit_rows = 0;
+    size_t dec_rows = 0, dec_lengths = 0, dec_tables = 0;
+    size_t pre_rows = 0, pre_tokens = 0, pre_start = 0, pre_tables = 0;
+    size_t page_tables = 0, total = 0;
+  };
+  // One decode query (a chunk of one token) or one prefill chunk, as the plan records it.
+  struct DecodeEntry {
+    int row, length, table_offset;
+  };
+  struct PrefillEntry {
+    int row, n_tokens, start_pos, table_offset;
+  };
+
+  void upload_weights(const Model& model) {
+    const int dev = options_.device;
+    const int H = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), I = cfg_.intermediate_size;
+    const ModelWeights& mw = model.weights;
+    embed_ = upload_matrix(mw.embed, cfg_.vocab_size, H, dev, "embed_tokens");
+    if (mw.lm_head.defined() && mw.lm_head.raw() == mw.embed.raw() && mw.lm_head.dtype() == mw.embed.dtype()) {
+      lm_head_.data = embed_.data;  // tied: one copy on the device
+      lm_head_.out = embed_.out;
+      lm_head_.in = embed_.in;
+    } else {
+      lm_head_ = upload_matrix(mw.lm_head, cfg_.vocab_size, H, dev, "lm_head");
+    }
+    final_norm_ = upload_vector(mw.final_norm, H, dev, "norm");
+    HACK_CHECK(static_cast<int>(mw.layers.size()) == cfg_.num_layers, "CUDA backend: {} layers of weights for {} layers",
+               mw.layers.size(), cfg_.num_layers);
+    layers_.resize(mw.layers.size());
+    for (size_t l = 0; l < mw.layers.size(); ++l) {
+      const LayerWeights& w = mw.layers[l];
+      DeviceLayer& d = layers_[l];
+      d.wq = upload_matrix(w.wq, qd, H, dev, "q_proj");
+      d.wk = upload_matrix(w.wk, kvd, H, dev, "k_proj");
+      d.wv = upload_matrix(w.wv, kvd, H, dev, "v_proj");
+      d.wo = upload_matrix(w.wo, H, qd, dev, "o_proj");
+      d.w_gate = upload_matrix(w.w_gate, I, H, dev, "gate_proj");
+      d.w_up = upload_matrix(w.w_up, I, H, dev, "up_proj");
+      d.w_down = upload_matrix(w.w_down, H, I, dev, "down_proj");
+      d.attn_norm = upload_vector(w.attn_norm, H, dev, "input_layernorm");
+      d.ffn_norm = upload_vector(w.ffn_norm, H, dev, "post_attention_layernorm");
+      if (cfg_.attention_bias) {
+        d.bq = upload_vector(w.bq, qd, dev, "q_proj.bias");
+        d.bk = upload_vector(w.bk, kvd, dev, "k_proj.bias");
+        d.bv = upload_vector(w.bv, kvd, dev, "v_proj.bias");
+        HACK_CHECK(d.bq.data() && d.bk.data() && d.bv.data(), "CUDA backend: layer {} lacks q/k/v biases", l);
+      }
+      d.bo = upload_vector(w.bo, H, dev, "o_proj.bias");
+      if (cfg_.qk_norm) {
+        d.q_norm = upload_vector(w.q_norm, cfg_.head_dim, dev, "q_norm");
+        d.k_norm = upload_vector(w.k_norm, cfg_.head_dim, dev, "k_norm");
+        HACK_CHECK(d.q_norm.data() && d.k_norm.data(), "CUDA backend: layer {} lacks q/k norms", l);
+      }
+      HACK_CHECK(d.attn_norm.data() && d.ffn_norm.data(), "CUDA backend: layer {} lacks its norms", l);
+    }
+    HACK_CHECK(final_norm_.data() != nullptr, "CUDA backend: the model lacks its final norm");
+    inv_freq_ = upload_floats(cpu::rope_inv_freq(cfg_), dev);
+  }
+
+  void allocate_workspace() {
+    const int dev = options_.device;
+    const size_t T = static_cast<size_t>(options_.max_batch_tokens);
+    const size_t H = static_cast<size_t>(cfg_.hidden_size), qd = static_cast<size_t>(cfg_.q_dim());
+    const size_t kvd = static_cast<size_t>(cfg_.kv_dim()), I = static_cast<size_t>(cfg_.intermediate_size);
+    auto alloc = [&](size_t bytes) { return Buffer::allocate(MemoryKind::device, bytes, dev); };
+    x_ = alloc(T * H * sizeof(float));
+    xn_ = alloc(T * H * sizeof(bf16));
+    tmp_ = alloc(T * H * sizeof(float));
+    q_ = alloc(T * qd * sizeof(float));
+    k_ = alloc(T * kvd * sizeof(float));
+    v_ = alloc(T * kvd * sizeof(float));
+    attn_ = alloc(T * qd * sizeof(bf16));
+    gate_ = alloc(T * I * sizeof(float));
+    up_ = alloc(T * I * sizeof(float));
+    act_ = alloc(T * I * sizeof(bf16));
+    const size_t logit_rows = std::min(T, static_cast<size_t>(options_.max_logit_rows));
+    logits_ = alloc(logit_rows * static_cast<size_t>(cfg_.vocab_size) * sizeof(float));
+    partial_ = alloc(static_cast<size_t>(cuda::decode_attention_workspace_floats(
+                         options_.max_sequences, cfg_.num_heads, kMaxDecodeSplits, cfg_.head_dim)) *
+                     sizeof(float));
+    // The plan: tokens, positions, slots, logits rows (≤ T each), 7 ints per chunk, and
+    // page tables, which grow with context (reserve_plan grows it when a batch needs more).
+    reserve_plan(4 * T + 7 * static_cast<size_t>(options_.max_sequences) + 4096);
+  }
+
+  // Grows the pinned and device plan arrays to at least `ints` (only when a batch needs more
+  // page-table entries than any before; a steady decode loop allocates nothing).
+  void reserve_plan(size_t ints) {
+    if (ints <= plan_capacity_) return;
+    const size_t cap = std::max(ints, plan_capacity_ * 2);
+    HACK_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    plan_host_ = Buffer::allocate(MemoryKind::pinned, cap * sizeof(int));
+    plan_dev_ = Buffer::allocate(MemoryKind::device, cap * sizeof(int), options_.device);
+    plan_capacity_ = cap;
+  }
+
+  // Validates the batch against the cache and writes the plan; returns the token rows.
+  size_t plan(std::span<const SequenceChunk> batch, const CudaPagedKvCache& kv) {
+    HACK_CHECK(batch.size() <= static_cast<size_t>(options_.max_sequences),
+               "CUDA backend: {} chunks in one forward, at most {} (max_sequences)", batch.size(), options_.max_sequences);
+    const int P = kv.page_tokens();
+    size_t T = 0, L = 0, pages = 0;
+    seq_ids_.clear();
+    for (const SequenceChunk& c : batch) {
+      HACK_CHECK(!c.tokens.empty(), "sequence {}: empty chunk", c.seq_id);
+      HACK_CHECK(std::find(seq_ids_.begin(), seq_ids_.end(), c.seq_id) == seq_ids_.end(),
+                 "CUDA backend: sequence {} appears twice in one forward", c.seq_id);
+      seq_ids_.push_back(c.seq_id);
+      HACK_CHECK(kv.has_sequence(c.seq_id), "CUDA backend: sequence {} is not in the KV cache", c.seq_id);
+      const int n = static_cast<int>(c.tokens.size());
+      HACK_CHECK(c.start_pos == kv.length(c.seq_id, 0), "sequence {}: chunk starts at {} but {} tokens are stored",
+                 c.seq_id, c.start_pos, kv.length(c.seq_id, 0));
+      HACK_CHECK(c.start_pos + n <= kv.max_tokens(c.seq_id),
+                 "sequence {}: {} + {} tokens exceed the {} reserved in the KV cache", c.seq_id, c.start_pos, n,
+                 kv.max_tokens(c.seq_id));
+      T += static_cast<size_t>(n);
+      L += c.all_logits ? static_cast<size_t>(n) : 1;
+      pages += static_cast<size_t>(CudaPagedKvCache::pages_for(c.start_pos + n, P));
+    }
+    if (T == 0) return 0;
+    HACK_CHECK(T <= static_cast<size_t>(options_.max_batch_tokens),
+               "CUDA backend: {} tokens in one forward, at most {} (max_batch_tokens)", T, options_.max_batch_tokens);
+
+    dec_.clear();
+    pre_.clear();
+    PlanOffsets o;
+    o.tokens = 0;
+    o.positions = o.tokens + T;
+    o.slots = o.positions + T;
+    o.logit_rows = o.slots + T;
+    const size_t n_chunks = batch.size();
+    o.dec_rows = o.logit_rows + L;
+    // Decode and prefill arrays are sized for every chunk; only the first D / C are used.
+    o.dec_lengths = o.dec_rows + n_chunks;
+    o.dec_tables = o.dec_lengths + n_chunks;
+    o.pre_rows = o.dec_tables + n_chunks;
+    o.pre_tokens = o.pre_rows + n_chunks;
+    o.pre_start = o.pre_tokens + n_chunks;
+    o.pre_tables = o.pre_start + n_chunks;
+    o.page_tables = o.pre_tables + n_chunks;
+    o.total = o.page_tables + pages;
+    reserve_plan(o.total);
+    int* h = ptr<int>(plan_host_);
+
+    int row = 0, n_logits = 0, table_at = 0;
+    max_decode_pages_ = 0;
+    max_prefill_tokens_ = 0;
+    for (const SequenceChunk& c : batch) {
+      const int n = static_cast<int>(c.tokens.size());
+      const std::span<const int> table = kv.page_table(c.seq_id);
+      const int used_pages = CudaPagedKvCache::pages_for(c.start_pos + n, P);
+      std::copy(table.begin(), table.begin() + used_pages, h + o.page_tables + static_cast<size_t>(table_at));
+      for (int i = 0; i < n; ++i) {
+        const int token = c.tokens[static_cast<size_t>(i)];
+        HACK_CHECK(token >= 0 && token < cfg_.vocab_size, "sequence {}: token id {} out of range [0, {})", c.seq_id,
+                   token, cfg_.vocab_size);
+        const int pos = c.start_pos + i;
+        const size_t r = static_cast<size_t>(row + i);
+        h[o.tokens + r] = token;
+        h[o.positions + r] = pos;
+        h[o.slots + r] = table[static_cast<size_t>(pos / P)] * P + pos % P;
+      }
+      if (c.all_logits) {
+        for (int i = 0; i < n; ++i) h[o.logit_rows + static_cast<size_t>(n_logits++)] = row + i;
+      } else {
+        h[o.logit_rows + static_cast<size_t>(n_logits++)] = row + n - 1;
+      }
+      if (n == 1) {
+        dec_.push_back({row, c.start_pos + 1, table_at});
+        max_decode_pages_ = std::max(max_decode_pages_, used_pages);
+      } else {
+        pre_.push_back({row, n, c.start_pos, table_at});
+        max_prefill_tokens_ = std::max(max_prefill_tokens_, n);
+      }
+      row += n;
+      table_at += used_pages;
+    }
+    for (size_t i = 0; i < dec_.size(); ++i) {
+      h[o.dec_rows + i] = dec_[i].row;
+      h[o.dec_lengths + i] = dec_[i].length;
+      h[o.dec_tables + i] = dec_[i].table_offset;
+    }
+    for (size_t i = 0; i < pre_.size(); ++i) {
+      h[o.pre_rows + i] = pre_[i].row;
+      h[o.pre_tokens + i] = pre_[i].n_tokens;
+      h[o.pre_start + i] = pre_[i].start_pos;
+      h[o.pre_tables + i] = pre_[i].table_offset;
+    }
+    if (!dec_.empty()) {
+      const size_t smem = cuda::decode_attention_smem_bytes(cfg_.group_size(), cfg_.head_dim, P);
+      HACK_CHECK(smem <= max_smem_bytes_,
+                 "CUDA backend: decode attention with {} tokens per page needs {} bytes of shared memory, the device "
+                 "has {}; use smaller pages",
+                 P, smem, max_smem_bytes_);
+    }
+    HACK_CUDA_CHECK(cudaMemcpyAsync(plan_dev_.data(), plan_host_.data(), o.total * sizeof(int), cudaMemcpyHostToDevice,
+                                    stream_.get()));
+    off_ = o;
+    n_logit_rows_ = static_cast<int>(L);
+    return T;
+  }
+
+  void attention(const cuda::PagedKvLayer& kv_layer, const float* q, bf16* out, float scale) {
+    const int* plan_d = ptr<int>(plan_dev_);
+    if (!dec_.empty()) {
+      cuda::DecodeAttentionArgs a;
+      a.kv = kv_layer;
+      a.q = q;
+      a.out = out;
+      a.q_row_stride = cfg_.q_dim();
+      a.rows = plan_d + off_.dec_rows;
+      a.kv_lengths = plan_d + off_.dec_lengths;
+      a.page_tables = plan_d + off_.page_tables;
+      a.page_table_offsets = plan_d + off_.dec_tables;
+      a.n_seqs = static_cast<int>(dec_.size());
+      a.group_size = cfg_.group_size();
+      a.scale = scale;
+      // Enough blocks to fill the device twice over, whole pages per split.
+      const int blocks_per_split = a.n_seqs * cfg_.num_kv_heads;
+      int splits = std::clamp((2 * sm_count_ + blocks_per_split - 1) / blocks_per_split, 1,
+                              std::min(kMaxDecodeSplits, max_decode_pages_));
+      a.pages_per_split = (max_decode_pages_ + splits - 1) / splits;
+      a.n_splits = (max_decode_pages_ + a.pages_per_split - 1) / a.pages_per_split;
+      a.partial = ptr<float>(partial_);
+      cuda::decode_attention(a, stream_.get());
+    }
+    if (!pre_.empty()) {
+      cuda::PrefillAttentionArgs a;
+      a.kv = kv_layer;
+      a.q = q;
+      a.out = out;
+      a.q_row_stride = cfg_.q_dim();
+      a.first_rows = plan_d + off_.pre_rows;
+      a.n_tokens = plan_d + off_.pre_tokens;
+      a.start_pos = plan_d + off_.pre_start;
+      a.page_tables = plan_d + off_.page_tables;
+      a.page_table_offsets = plan_d + off_.pre_tables;
+      a.n_chunks = static_cast<int>(pre_.size());
+      a.max_tokens = max_prefill_tokens_;
+      a.q_heads = cfg_.num_heads;
+      a.group_size = cfg_.group_size();
+      a.scale = scale;
+      cuda::prefill_attention(a, stream_.get());
+    }
+  }
+
+  // y[rows][w.out] = x[rows][w.in] · w^T
+  void gemm(const DeviceMatrix& w, const bf16* x, int rows, float* y) {
+    cuda::gemm_bf16(cublas_.get(), w.data, w.out, w.in, x, rows, y);
+  }
+
+  ModelConfig cfg_;
+  CudaBackendOptions options_;
+  CudaStream stream_;
+  CublasHandle cublas_;
+  int sm_count_ = 1;
+  size_t max_smem_bytes_ = 0;
+
+  DeviceMatrix embed_, lm_head_;
+  Buffer final_norm_, inv_freq_;
+  std::vector<DeviceLayer> layers_;
+
+  // Workspace for max_batch_tokens rows.
+  Buffer x_, xn_, tmp_, q_, k_, v_, attn_, gate_, up_, act_, logits_, partial_;
+  Buffer plan_host_, plan_dev_;
+  size_t plan_capacity_ = 0;
+
+  // The current forward's plan.
+  PlanOffsets off_;
+  std::vector<DecodeEntry> dec_;
+  std::vector<PrefillEntry> pre_;
+  std::vector<int> seq_ids_;
+  int n_logit_rows_ = 0;
+  int max_decode_pages_ = 0;
+  int max_prefill_tokens_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaBackendOptions& options) {
+  HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
+  int n_devices = 0;
+  HACK_CUDA_CHECK(cudaGetDeviceCount(&n_devices));
+  HACK_CHECK(options.device >= 0 && options.device < n_devices, "CUDA device {} does not exist ({} present)",
+             options.device, n_devices);
+  HACK_CUDA_CHECK(cudaSetDevice(options.device));
+  return std::make_unique<CudaBackend>(model, options);
+}
+
+std::unique_ptr<CudaPagedKvCache> make_cuda_kv_cache(const ModelConfig& config, const CudaKvOptions& options) {
+  HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
+  return std::make_unique<CudaPagedKvCache>(
+      KvShape{config.num_layers, config.num_kv_heads, config.head_dim, config.group_size()}, options);
+}
+
+}  // namespace hack

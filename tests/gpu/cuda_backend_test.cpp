@@ -1,0 +1,279 @@
+// The CUDA backend against the CPU reference backend, whole model, on every fixture model
+// (tests/fixtures/models/*: Llama with llama3 and linear RoPE scaling, Mistral, Qwen2
+// biases, Qwen3 q/k norms) and models/hack-tiny.
+//
+// The reference is the CPU backend on the same weights rounded to bf16 (what the GPU
+// holds) with a bf16 paged KV cache (what the GPU pool holds), so the remaining difference
+// is that the GPU rounds GEMM inputs (normed activations, attention output, SwiGLU output)
+// to bf16 and sums in another order.
+//
+// Logits tolerance: max |Δ| ≤ 2e-2 · max |logit| per row. Each bf16 rounding of a GEMM
+// input is ≤ 2^-9 relative per element, mostly cancelling over a dot product; through
+// 2–6 layers of 4 rounded GEMM inputs this moves logits by a few 1e-3 relative. A wrong
+// formula (RoPE, norm, bias, mask, page lookup) moves them by O(1) relative.
+// Greedy: 32 tokens, each side feeding its own choice, must be identical; the one
+// exemption is a divergence where the reference's own top-2 are closer than that logits
+// tolerance (a near tie, which bf16 inputs may legitimately flip). It is reported as a
+// warning and ends the comparison for that prompt.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hack/backend/cuda_backend.h"
+#include "hack/backend/engine.h"
+#include "hack/core/error.h"
+#include "hack/kv/paged_kv_cache.h"
+#include "hack/model/weights.h"
+#include "support/test_support.h"
+
+using namespace hack;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kLogitsRelTol = 2e-2;
+constexpr int kPageTokens = 16;
+
+std::vector<fs::path> model_dirs() {
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(test::fixtures_dir() / "models"))
+    if (fs::exists(e.path() / "config.json")) dirs.push_back(e.path());
+  std::sort(dirs.begin(), dirs.end());
+  const fs::path tiny = test::source_dir() / "models" / "hack-tiny";
+  if (fs::exists(tiny / "config.json")) dirs.push_back(tiny);
+  return dirs;
+}
+
+Tensor rounded_to_bf16(const Tensor& t) {
+  if (!t.defined() || t.dtype() == DType::bf16) return t;
+  const size_t n = static_cast<size_t>(t.numel());
+  std::vector<float> f(n);
+  convert_to_f32(t.dtype(), t.raw(), f.data(), n);
+  Tensor r = Tensor::empty(DType::bf16, t.shape(), t.ndim());
+  auto* dst = r.data<uint16_t>();
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(f[i]);
+  return r;
+}
+
+// The model with every matrix (and the embedding) rounded to bf16; norms and biases stay f32.
+Model bf16_weights(const Model& m) {
+  Model r = m;
+  const bool tied = m.weights.lm_head.defined() && m.weights.lm_head.raw() == m.weights.embed.raw();
+  r.weights.embed = rounded_to_bf16(m.weights.embed);
+  r.weights.lm_head = tied ? r.weights.embed : rounded_to_bf16(m.weights.lm_head);
+  for (LayerWeights& w : r.weights.layers) {
+    for (Tensor* t : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) *t = rounded_to_bf16(*t);
+  }
+  return r;
+}
+
+struct CpuRef {
+  explicit CpuRef(const Model& model, int chunk = 512)
+      : model(bf16_weights(model)),
+        pool(2),
+        backend(make_cpu_backend(this->model, pool)),
+        kv(make_paged_kv_cache(KvShape{this->model.config.num_layers, this->model.config.num_kv_heads,
+                                       this->model.config.head_dim, this->model.config.group_size()},
+                               options())),
+        engine(*backend, *kv, EngineOptions{chunk}) {}
+  static KvCacheOptions options() {
+    KvCacheOptions o;
+    o.mode = KvMode::fp;
+    o.fp_dtype = DType::bf16;
+    o.block_tokens = kPageTokens;
+    return o;
+  }
+  Model model;
+  ThreadPool pool;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<PagedKvCache> kv;
+  Engine engine;
+};
+
+struct GpuRun {
+  explicit GpuRun(const Model& model, int chunk = 512, int pages = 256)
+      : backend(make_cuda_backend(model, backend_options(chunk))),
+        kv(make_cuda_kv_cache(model.config, kv_options(pages))),
+        engine(*backend, *kv, EngineOptions{chunk}) {}
+  static CudaBackendOptions backend_options(int chunk) {
+    CudaBackendOptions o;
+    o.max_batch_tokens = std::max(chunk, 64);
+    o.max_sequences = 8;
+    o.max_logit_rows = 24;  // smaller than a prompt: several lm_head passes
+    return o;
+  }
+  static CudaKvOptions kv_options(int pages) {
+    CudaKvOptions o;
+    o.page_tokens = kPageTokens;
+    o.num_pages = pages;
+    return o;
+  }
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<CudaPagedKvCache> kv;
+  Engine engine;
+};
+
+// max |a − b| and max |b| over one row.
+std::pair<float, float> row_diff(const float* a, const float* b, size_t n) {
+  float diff = 0, mag = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    mag = std::max(mag, std::fabs(b[i]));
+  }
+  return {diff, mag};
+}
+
+int argmax(const float* x, size_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+
+std::vector<std::vector<int>> prompts_for(const fs::path& dir, int vocab) {
+  std::vector<std::vector<int>> prompts;
+  if (fs::exists(dir / "goldens.json")) {
+    std::ifstream in(dir / "goldens.json");
+    const nlohmann::json g = nlohmann::json::parse(in);
+    for (const auto& p : g["prompts"]) prompts.push_back(p["ids"].get<std::vector<int>>());
+  }
+  std::vector<int> synthetic;  // crosses several pages: 1, Π−1, Π, Π+1 are all visited by decode after it
+  for (int i = 0; i < 3 * kPageTokens + 5; ++i) synthetic.push_back((i * 97 + 13) % vocab);
+  prompts.push_back(synthetic);
+  return prompts;
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend logits and greedy tokens match the cpu backend on every fixture model",
+          "[gpu][backend]") {
+  const auto dirs = model_dirs();
+  REQUIRE(dirs.size() >= 6);
+  for (const fs::path& dir : dirs) {
+    INFO("model " << dir.string());
+    const Model model = Model::load(dir);
+    const size_t vocab = static_cast<size_t>(model.config.vocab_size);
+    CpuRef cpu(model);
+    GpuRun gpu(model);
+    const auto prompts = prompts_for(dir, model.config.vocab_size);
+    int seq = 0;
+    for (const std::vector<int>& ids : prompts) {
+      INFO("prompt of " << ids.size() << " tokens");
+      // Prefill, logits of every position.
+      std::vector<float> a, b;
+      cpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
+      gpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
+      cpu.engine.prefill(seq, ids, a, /*all_logits=*/true);
+      gpu.engine.prefill(seq, ids, b, /*all_logits=*/true);
+      REQUIRE(a.size() == b.size());
+      for (size_t r = 0; r < ids.size(); ++r) {
+        const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
+        INFO("position " << r << " max|Δ| " << diff << " max|logit| " << mag);
+        REQUIRE(diff <= kLogitsRelTol * mag);
+      }
+
+      // Greedy decode, 32 tokens, each side on its own choices.
+      std::vector<float> la(a.end() - static_cast<std::ptrdiff_t>(vocab), a.end());
+      std::vector<float> lb(b.end() - static_cast<std::ptrdiff_t>(vocab), b.end());
+      for (int step = 0; step < 32; ++step) {
+        const int ta = argmax(la.data(), vocab), tb = argmax(lb.data(), vocab);
+        if (ta != tb) {
+          const auto [diff, mag] = row_diff(lb.data(), la.data(), vocab);
+          const float margin = la[static_cast<size_t>(ta)] - la[static_cast<size_t>(tb)];
+          INFO("step " << step << ": cpu " << ta << ", gpu " << tb << ", cpu margin " << margin << ", max|Δ| " << diff);
+          REQUIRE(margin <= kLogitsRelTol * mag);
+          WARN("near tie at greedy step " << step << " (margin " << margin << "): comparison stops there");
+          break;
+        }
+        const auto [diff, mag] = row_diff(lb.data(), la.data(), vocab);
+        INFO("step " << step << " max|Δ| " << diff << " max|logit| " << mag);
+        REQUIRE(diff <= kLogitsRelTol * mag);
+        if (step + 1 == 32) break;
+        cpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&ta, 1), la);
+        gpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&tb, 1), lb);
+      }
+      cpu.engine.remove_sequence(seq);
+      gpu.engine.remove_sequence(seq);
+      ++seq;
+    }
+  }
+}
+
+TEST_CASE("cuda backend: chunked prefill equals whole prefill, mixed batches equal single runs", "[gpu][backend]") {
+  const fs::path dir = test::fixtures_dir() / "models" / "tiny-qwen3";
+  const Model model = Model::load(dir);
+  const size_t vocab = static_cast<size_t>(model.config.vocab_size);
+  std::vector<int> ids;
+  for (int i = 0; i < 45; ++i) ids.push_back((i * 37 + 11) % model.config.vocab_size);
+
+  // Chunks of 7 attend to a paged past through the prefill kernel; the whole prompt is one
+  // chunk. Same kernels, other GEMM shapes and tile boundaries: fp32 order only, except
+  // where a bf16 rounding flips, hence 1e-3 relative.
+  GpuRun whole(model), chunked(model, 7);
+  std::vector<float> a, b;
+  whole.engine.add_sequence(0, 64);
+  chunked.engine.add_sequence(0, 64);
+  whole.engine.prefill(0, ids, a, true);
+  chunked.engine.prefill(0, ids, b, true);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
+    INFO("position " << r << " max|Δ| " << diff);
+    REQUIRE(diff <= 1e-3 * mag);
+  }
+
+  // One forward holding a prefill chunk and two decode tokens vs each alone.
+  GpuRun batched(model), single(model);
+  const std::vector<std::vector<int>> prompts{{5, 6, 7}, {100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100,
+                                                          1200, 1300, 1400, 1500, 1600, 1700}};
+  std::vector<float> logits;
+  for (int s = 0; s < 2; ++s) {
+    for (GpuRun* g : {&batched, &single}) {
+      g->engine.add_sequence(s, 64);
+      g->engine.prefill(s, prompts[static_cast<size_t>(s)], logits);
+    }
+  }
+  const std::vector<int> new_prompt{42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59};
+  batched.kv->add_sequence(2, 64);
+  single.kv->add_sequence(2, 64);
+  const int d0 = 9, d1 = 10;
+  const SequenceChunk mixed[] = {
+      {0, static_cast<int>(prompts[0].size()), std::span<const int>(&d0, 1), false},
+      {2, 0, new_prompt, true},
+      {1, static_cast<int>(prompts[1].size()), std::span<const int>(&d1, 1), false},
+  };
+  std::vector<float> got;
+  REQUIRE(batched.backend->forward(mixed, *batched.kv, got) == 2 + new_prompt.size());
+  size_t row = 0;
+  for (const SequenceChunk& c : mixed) {
+    std::vector<float> ref;
+    const size_t rows = single.backend->forward(std::span<const SequenceChunk>(&c, 1), *single.kv, ref);
+    for (size_t r = 0; r < rows; ++r, ++row) {
+      const auto [diff, mag] = row_diff(&got[row * vocab], &ref[r * vocab], vocab);
+      INFO("sequence " << c.seq_id << " row " << r << " max|Δ| " << diff);
+      REQUIRE(diff <= 1e-3 * mag);
+    }
+  }
+}
+
+TEST_CASE("cuda backend rejects a host KV cache and malformed batches", "[gpu][backend]") {
+  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-llama");
+  GpuRun gpu(model);
+  const auto host_kv = make_paged_kv_cache(
+      KvShape{model.config.num_layers, model.config.num_kv_heads, model.config.head_dim, model.config.group_size()},
+      CpuRef::options());
+  host_kv->add_sequence(0, 8);
+  const int token = 1;
+  std::vector<float> logits;
+  const SequenceChunk c{0, 0, std::span<const int>(&token, 1), false};
+  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), *host_kv, logits), hack::Error);
+  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), *gpu.kv, logits), hack::Error);  // unknown seq
+  gpu.kv->add_sequence(0, 8);
+  const SequenceChunk late{0, 3, std::span<const int>(&token, 1), false};  // start_pos ≠ length
+  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&late, 1), *gpu.kv, logits), hack::Error);
+  const int bad = model.config.vocab_size;
+  const SequenceChunk oob{0, 0, std::span<const int>(&bad, 1), false};
+  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&oob, 1), *gpu.kv, logits), hack::Error);
+  const SequenceChunk twice[] = {c, c};
+  REQUIRE_THROWS_AS(gpu.backend->forward(twice, *gpu.kv, logits), hack::Error);
+  REQUIRE(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), *gpu.kv, logits) == 1);
+  REQUIRE(logits.size() == static_cast<size_t>(model.config.vocab_size));
+}
