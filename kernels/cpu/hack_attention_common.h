@@ -10,40 +10,25 @@
 #include <limits>
 
 #include "hack/kernels/hack_attention.h"
+#include "hack/kernels/hack_quant_math.h"
 
 namespace hack::cpu::detail {
 
-// exp polynomial (Cephes expf): n = round(x·log2 e), r = x − n·ln 2 (two-part ln 2),
-// e^r ≈ 1 + r + r²·P(r), times 2^n through the exponent bits.
-inline constexpr float kExpLo = -87.3f;
-inline constexpr float kExpHi = 88.3f;
-inline constexpr float kLog2e = 1.44269504088896341f;
-inline constexpr float kLn2Hi = 0.693359375f;
-inline constexpr float kLn2Lo = -2.12194440e-4f;
-inline constexpr float kExpP0 = 1.9875691500e-4f;
-inline constexpr float kExpP1 = 1.3981999507e-3f;
-inline constexpr float kExpP2 = 8.3334519073e-3f;
-inline constexpr float kExpP3 = 4.1665795894e-2f;
-inline constexpr float kExpP4 = 1.6666665459e-1f;
-inline constexpr float kExpP5 = 5.0000001201e-1f;
+// exp polynomial (Cephes expf), defined once for host and device in hack_quant_math.h;
+// the SIMD paths evaluate the same constants lane-wise.
+inline constexpr float kExpLo = quant::kExpLo;
+inline constexpr float kExpHi = quant::kExpHi;
+inline constexpr float kLog2e = quant::kLog2e;
+inline constexpr float kLn2Hi = quant::kLn2Hi;
+inline constexpr float kLn2Lo = quant::kLn2Lo;
+inline constexpr float kExpP0 = quant::kExpP0;
+inline constexpr float kExpP1 = quant::kExpP1;
+inline constexpr float kExpP2 = quant::kExpP2;
+inline constexpr float kExpP3 = quant::kExpP3;
+inline constexpr float kExpP4 = quant::kExpP4;
+inline constexpr float kExpP5 = quant::kExpP5;
 
-inline float exp_scalar(float x) {
-  x = std::min(std::max(x, kExpLo), kExpHi);  // also maps −inf to kExpLo
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(n, -kLn2Hi, x);
-  r = std::fma(n, -kLn2Lo, r);
-  float p = kExpP0;
-  p = std::fma(p, r, kExpP1);
-  p = std::fma(p, r, kExpP2);
-  p = std::fma(p, r, kExpP3);
-  p = std::fma(p, r, kExpP4);
-  p = std::fma(p, r, kExpP5);
-  const float r2 = r * r;
-  float y = std::fma(p, r2, r);
-  y = y + 1.0f;
-  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  return y * std::bit_cast<float>(e);
-}
+inline float exp_scalar(float x) { return quant::exp_f32(x); }
 
 /// The canonical fold of 16 lane partials: 8+8, 4+4, 2+2, 1+1.
 inline float fold16(float* part) {
@@ -52,7 +37,7 @@ inline float fold16(float* part) {
   return part[0];
 }
 
-inline float bf16_bits_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float bf16_bits_to_f32(uint16_t h) { return quant::bf16_bits_to_f32(h); }
 
 /// Σ a[i]·b[i] in the canonical order (lane i mod 16, one FMA each, then fold16).
 template <class LoadB>
@@ -77,12 +62,9 @@ inline float quantize_u8_scalar(const float* x, int n, uint8_t* codes, float* lo
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
-  const float sigma = (hi - lo) / 255.0f;
-  const float inv = sigma > 0.0f ? 1.0f / sigma : 0.0f;
-  for (int i = 0; i < n; ++i) {
-    const float c = std::nearbyint((x[i] - lo) * inv);
-    codes[i] = static_cast<uint8_t>(std::min(std::max(c, 0.0f), 255.0f));
-  }
+  const float sigma = quant::u8_sigma(lo, hi);
+  const float inv = quant::u8_inverse(sigma);
+  for (int i = 0; i < n; ++i) codes[i] = quant::u8_code(x[i], lo, inv);
   *lo_out = lo;
   return sigma;
 }

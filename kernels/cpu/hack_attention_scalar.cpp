@@ -11,10 +11,6 @@ namespace hack::cpu::detail {
 
 namespace {
 
-int code_at(const uint8_t* codes, HackCodePos pos, int bits) {
-  return (codes[pos.byte] >> pos.shift) & ((1 << bits) - 1);
-}
-
 // Online-softmax step of one row over `visible` scores in p[0..visible): returns alpha and
 // leaves exp(score − m_new) in p (0 beyond visible, up to `padded`).
 float softmax_step(float* p, int visible, int padded, float* max, float* sum) {
@@ -62,7 +58,7 @@ void hack_block_scalar(const HackHeadView& b, const AttentionRows& rows, float* 
       for (int p = 0; p < kp; ++p) {
         int32_t dot = 0;
         for (int c = p * b.k_group; c < (p + 1) * b.k_group; ++c)
-          dot += static_cast<int32_t>(q_codes[c]) * code_at(b.k_codes, hack_k_code_pos(b.bits, b.k_dim, t, c), b.bits);
+          dot += static_cast<int32_t>(q_codes[c]) * quant::code_at(b.k_codes, hack_k_code_pos(b.bits, b.k_dim, t, c), b.bits);
         const float ksum = static_cast<float>(load_sum(b.k_sums, b.k_sum_bytes, static_cast<size_t>(p) * b.tokens + t));
         acc = std::fma(q_sigma[p], static_cast<float>(dot), acc);
         acc = std::fma(q_mu[p], ksum, acc);
@@ -90,7 +86,7 @@ void hack_block_scalar(const HackHeadView& b, const AttentionRows& rows, float* 
       const uint8_t* pc = p_codes + static_cast<size_t>(p) * b.tokens;
       int32_t dot = 0;
       for (int t = 0; t < b.tokens; ++t)
-        dot += static_cast<int32_t>(pc[t]) * code_at(b.v_codes, hack_v_code_pos(b.bits, b.tokens, t, c), b.bits);
+        dot += static_cast<int32_t>(pc[t]) * quant::code_at(b.v_codes, hack_v_code_pos(b.bits, b.tokens, t, c), b.bits);
       const float vsum = static_cast<float>(load_sum(b.v_sums, b.v_sum_bytes, static_cast<size_t>(c)));
       float x = p_sigma[p] * static_cast<float>(dot);
       x = std::fma(p_mu[p], vsum, x);

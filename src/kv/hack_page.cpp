@@ -8,6 +8,7 @@
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
 #include "hack/kernels/hack_attention.h"
+#include "hack/kernels/hack_quant_math.h"
 
 namespace hack {
 
@@ -15,52 +16,17 @@ namespace {
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// splitmix64 finalizer: the counter-based generator behind stochastic rounding.
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+// The stochastic-rounding stream of one (head, K|V) of a block (hack_quant_math.h).
+quant::BlockRandom block_random(const RoundingSpec& r, int head, int kind) {
+  return quant::BlockRandom(r.seed, r.layer, r.first_token, head, kind);
 }
 
-// Uniform [0, 1) with 24 random bits for element `index` of one block stream.
-struct BlockRandom {
-  uint64_t key;
-  BlockRandom(const RoundingSpec& r, int head, int kind)
-      : key(mix64(r.seed ^ mix64(static_cast<uint64_t>(r.layer) * 0x100000001b3ull ^
-                                 mix64(static_cast<uint64_t>(r.first_token) * 4 + static_cast<uint64_t>(kind)) ^
-                                 (static_cast<uint64_t>(head) << 40)))) {}
-  float operator()(uint64_t index) const {
-    return static_cast<float>(mix64(key + index * 0xd1b54a32d192ed03ull) >> 40) * 0x1.0p-24f;
-  }
-};
+using quant::Quantizer;
 
-struct Quantizer {
-  float min;
-  float scale;
-  int max_code;
-};
-
-// min rounded down and scale rounded up to bf16, so [min, min + scale·max_code] ⊇ [lo, hi].
-Quantizer make_quantizer(float lo, float hi, int max_code, uint16_t* min_bits, uint16_t* scale_bits) {
-  *min_bits = bf16_round_down(lo);
-  const float min = bf16_to_f32(*min_bits);
-  const float range = hi - min;
-  *scale_bits = range > 0.0f ? bf16_round_up(range / static_cast<float>(max_code)) : uint16_t{0};
-  return {min, bf16_to_f32(*scale_bits), max_code};
-}
-
+// The page code of x under q: the shared host/device definition (hack_quant_math.h), so
+// the CUDA quantizer writes the same bytes for round to nearest.
 int quantize_one(const Quantizer& q, float x, Rounding mode, float random) {
-  if (q.scale <= 0.0f) return 0;
-  const float u = (x - q.min) / q.scale;
-  float c;
-  if (mode == Rounding::nearest) {
-    c = std::nearbyint(u);
-  } else {
-    const float f = std::floor(u);
-    c = f + (random < u - f ? 1.0f : 0.0f);
-  }
-  return static_cast<int>(std::clamp(c, 0.0f, static_cast<float>(q.max_code)));
+  return mode == Rounding::nearest ? quant::quantize_nearest(q, x) : quant::quantize_stochastic(q, x, random);
 }
 
 template <class T>
@@ -83,19 +49,9 @@ uint32_t load_sum(const void* sums, int bytes, size_t i) {
 
 }  // namespace
 
-uint16_t bf16_round_down(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  uint16_t h = static_cast<uint16_t>(u >> 16);  // truncation: toward zero
-  if ((u & 0xffffu) != 0 && (u >> 31) != 0) ++h;  // negative: one step further from zero
-  return h;
-}
+uint16_t bf16_round_down(float x) { return quant::bf16_round_down(x); }
 
-uint16_t bf16_round_up(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  uint16_t h = static_cast<uint16_t>(u >> 16);
-  if ((u & 0xffffu) != 0 && (u >> 31) == 0) ++h;
-  return h;
-}
+uint16_t bf16_round_up(float x) { return quant::bf16_round_up(x); }
 
 int hack_group_for(int dim, int max_group) {
   for (int g = std::min(max_group, dim) / 16 * 16; g >= 16; g -= 16)
@@ -276,7 +232,7 @@ void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k,
   uint16_t* mins = at<uint16_t>(page, hl.k_min);
   uint16_t* scales = at<uint16_t>(page, hl.k_scale);
   void* sums = at<uint8_t>(page, hl.k_sums);
-  const BlockRandom random(rounding, head, 0);
+  const quant::BlockRandom random = block_random(rounding, head, 0);
   for (int c = 0; c < hl.k_dim; ++c) {
     float lo = bf16_to_f32(k[c]), hi = lo;
     for (int t = 1; t < T; ++t) {
@@ -284,14 +240,14 @@ void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k,
       lo = std::min(lo, x);
       hi = std::max(hi, x);
     }
-    make_quantizer(lo, hi, max_code, &mins[c], &scales[c]);
+    quant::make_quantizer(lo, hi, max_code, &mins[c], &scales[c]);
   }
   for (int t = 0; t < T; ++t) {
     const uint16_t* row = k + static_cast<size_t>(t) * k_stride;
     for (int p = 0; p < hl.k_partitions(); ++p) {
       uint32_t sum = 0;
       for (int c = p * hl.k_group; c < (p + 1) * hl.k_group; ++c) {
-        const Quantizer q{bf16_to_f32(mins[c]), bf16_to_f32(scales[c]), max_code};
+        const Quantizer q = quant::stored_quantizer(mins[c], scales[c], max_code);
         const int code = quantize_one(q, bf16_to_f32(row[c]), rounding.mode,
                                       random(static_cast<uint64_t>(t) * static_cast<uint64_t>(hl.k_dim) + c));
         const cpu::HackCodePos pos = cpu::hack_k_code_pos(bits, hl.k_dim, t, c);
@@ -312,7 +268,7 @@ void quantize_v_block(const HackPageLayout& layout, int head, const uint16_t* v,
   uint16_t* mins = at<uint16_t>(page, hl.v_min);
   uint16_t* scales = at<uint16_t>(page, hl.v_scale);
   void* sums = at<uint8_t>(page, hl.v_sums);
-  const BlockRandom random(rounding, head, 1);
+  const quant::BlockRandom random = block_random(rounding, head, 1);
   std::memset(sums, 0, static_cast<size_t>(hl.v_dim) * static_cast<size_t>(layout.v_sum_bytes()));
   for (int t = 0; t < T; ++t) {
     const uint16_t* row = v + static_cast<size_t>(t) * v_stride;
@@ -324,7 +280,7 @@ void quantize_v_block(const HackPageLayout& layout, int head, const uint16_t* v,
         hi = std::max(hi, bf16_to_f32(row[c]));
       }
       const size_t meta = static_cast<size_t>(p) * static_cast<size_t>(T) + static_cast<size_t>(t);
-      const Quantizer q = make_quantizer(lo, hi, max_code, &mins[meta], &scales[meta]);
+      const Quantizer q = quant::make_quantizer(lo, hi, max_code, &mins[meta], &scales[meta]);
       for (int c = c0; c < c0 + hl.v_group; ++c) {
         const int code = quantize_one(q, bf16_to_f32(row[c]), rounding.mode,
                                       random(static_cast<uint64_t>(t) * hl.v_dim + c));

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "hack/core/cpu_features.h"
+#include "hack/kernels/hack_quant_math.h"
 
 namespace hack::cpu {
 
@@ -22,31 +23,20 @@ namespace hack::cpu {
 
 /// Bytes of one packed chunk; it holds 8/b sub-tiles of 64 codes, sub-tile j in bits
 /// [b·j, b·j + b) of every byte.
-inline constexpr int kHackChunkBytes = 64;
+inline constexpr int kHackChunkBytes = quant::kChunkBytes;
 
-struct HackCodePos {
-  size_t byte;  ///< offset inside the head's code array
-  int shift;    ///< bit position of the code inside that byte
-};
+using HackCodePos = quant::CodePos;
 
 /// K chunk = 16 tokens × (32/b) channels; sub-tile j = channels 4j..4j+3 of the chunk,
 /// byte 4·token + channel. Chunks: [Π/16][k_dim/(32/b)].
 inline HackCodePos hack_k_code_pos(int bits, int k_dim, int token, int channel) {
-  const int channels_per_chunk = 32 / bits;
-  const size_t chunk = static_cast<size_t>(token / 16) * static_cast<size_t>(k_dim / channels_per_chunk) +
-                       static_cast<size_t>(channel / channels_per_chunk);
-  const int sub = (channel % channels_per_chunk) / 4;
-  return {chunk * kHackChunkBytes + static_cast<size_t>(4 * (token % 16) + channel % 4), bits * sub};
+  return quant::k_code_pos(bits, k_dim, token, channel);
 }
 
 /// V chunk = 16 channels × (32/b) tokens; sub-tile j = tokens 4j..4j+3 of the chunk,
 /// byte 4·channel + token. Chunks: [v_dim/16][Π/(32/b)].
 inline HackCodePos hack_v_code_pos(int bits, int block_tokens, int token, int channel) {
-  const int tokens_per_chunk = 32 / bits;
-  const size_t chunk = static_cast<size_t>(channel / 16) * static_cast<size_t>(block_tokens / tokens_per_chunk) +
-                       static_cast<size_t>(token / tokens_per_chunk);
-  const int sub = (token % tokens_per_chunk) / 4;
-  return {chunk * kHackChunkBytes + static_cast<size_t>(4 * (channel % 16) + token % 4), bits * sub};
+  return quant::v_code_pos(bits, block_tokens, token, channel);
 }
 
 // ---- views and state -------------------------------------------------------------------

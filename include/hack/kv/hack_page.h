@@ -144,6 +144,9 @@ struct RoundingSpec {
   int64_t first_token = 0;
 };
 
+/// The per-element arithmetic of both quantizers lives in kernels/hack_quant_math.h, shared
+/// with the CUDA quantizer (kernels/cuda/hack_cuda.h), which writes the same bytes.
+///
 /// Quantizes one head's K block. k: [Π][k_dim] bf16 (token rows `k_stride` elements apart).
 /// Per channel: min rounded down and scale rounded up to bf16 so the range is covered,
 /// codes = round((x − min) / scale) clamped to [0, 2^b − 1], then the per-token code sums.
