@@ -1,0 +1,115 @@
+/// @file ucx_worker.h
+/// @brief A UCX (ucp) context + worker driven by its own progress thread: listen on
+/// host:port, connect to host:port, send active messages (rendezvous for large payloads),
+/// and receive them through per-id handlers. UCX types stay in the .cpp.
+///
+/// Threading: every ucp call happens on the progress thread. listen/connect/close/send and
+/// the handler setters may be called from any thread; they post work to the progress
+/// thread (sends are queued and never block on the network). Handlers run on the
+/// progress thread and must not block; they may call send().
+///
+/// Transports: UCX chooses them from its own environment, read when the worker is built:
+///   UCX_TLS=tcp                       TCP only (any two hosts)
+///   UCX_TLS=posix,sysv,cma,self,tcp   shared memory enabled; tcp must stay in the list,
+///                                     the sockaddr connection manager needs it on the
+///                                     device it resolved (UCX 1.13 refuses "lo is not
+///                                     enabled" otherwise, and in this connect mode still
+///                                     puts the data lanes on tcp)
+///   UCX_TLS unset                     UCX's default: RDMA verbs (rc, ud, dc) where present
+///   UCX_NET_DEVICES=eth0 | mlx5_0:1   which NIC(s) to use
+/// UcxOptions::config sets the same variables (name without the UCX_ prefix) for one
+/// worker and takes precedence over the environment; tests use it to pin transports.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hack/core/error.h"
+
+namespace hack::net {
+
+/// Names one connection of one UcxWorker (ids are never reused within a worker).
+using EndpointId = uint64_t;
+
+struct UcxOptions {
+  /// UCX configuration overrides, e.g. {"TLS", "tcp"}, {"RNDV_THRESH", "64K"}.
+  std::vector<std::pair<std::string, std::string>> config;
+  /// Seconds a synchronous call (listen, connect, handler setters) waits for the progress
+  /// thread before throwing.
+  double call_timeout_s = 30.0;
+  /// Largest payload accepted by rendezvous; a bigger one is refused (message error).
+  size_t max_message_bytes = size_t{1} << 31;
+  /// Payloads of at least this many bytes are always sent by rendezvous (the receiver
+  /// fetches them into its own buffer), whatever UCX's own threshold says; below it UCX
+  /// decides. Large KV pages then never pass through bounce buffers.
+  size_t rndv_min_bytes = size_t{1} << 20;
+};
+
+/// Counters for tests and metrics (read from any thread).
+struct UcxStats {
+  uint64_t messages_received = 0;
+  uint64_t rndv_received = 0;      ///< of those, payloads that arrived by rendezvous
+  uint64_t messages_sent = 0;      ///< sends that completed successfully
+  uint64_t send_errors = 0;
+};
+
+class UcxWorker {
+ public:
+  /// from: the endpoint it came on; header/payload are valid only during the call.
+  using MessageHandler = std::function<void(EndpointId from, std::span<const std::byte> header,
+                                            std::span<const std::byte> payload)>;
+  /// A message whose payload could not be received (e.g. a failed rendezvous).
+  using MessageErrorHandler = std::function<void(EndpointId from, std::span<const std::byte> header,
+                                                 const Status& error)>;
+  /// An endpoint failed (peer gone, connection refused, reset). Called once per endpoint.
+  using DisconnectHandler = std::function<void(EndpointId, const Status& reason)>;
+  /// Completion of one send: ok once UCX no longer needs the payload (delivered to the
+  /// transport, not necessarily to the peer's handler), or the error.
+  using SendCallback = std::function<void(const Status&)>;
+
+  /// Builds the context and worker and starts the progress thread. Throws hack::Error.
+  explicit UcxWorker(UcxOptions options = {});
+  /// Closes every endpoint (outstanding sends complete with an error), stops the thread.
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  /// Listens on host:port (port 0: an ephemeral port) and returns the bound port.
+  /// Accepted connections become endpoints. One listener per worker.
+  uint16_t listen(const std::string& host, uint16_t port);
+  /// Starts connecting to host:port. Failure to connect arrives as a disconnect.
+  EndpointId connect(const std::string& host, uint16_t port);
+  /// Closes an endpoint without waiting (pending sends fail); no disconnect callback.
+  void close(EndpointId endpoint);
+
+  /// Sets (or with an empty function clears) the handlers of active-message id `am_id`.
+  /// Returns once the progress thread has installed them.
+  void set_message_handler(uint16_t am_id, MessageHandler on_message, MessageErrorHandler on_error = {});
+  /// Adds a disconnect handler; returns a token for remove_disconnect_handler. After
+  /// remove returns, the handler is never called again.
+  int add_disconnect_handler(DisconnectHandler handler);
+  void remove_disconnect_handler(int token);
+
+  /// Queues one active message. `header` is at most a few hundred bytes; `payload` is any
+  /// size (UCX switches to rendezvous above its threshold). `done` runs on the progress
+  /// thread (an unknown or failed endpoint completes it with an error).
+  void send(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header, std::vector<std::byte> payload,
+            SendCallback done = {});
+
+  /// Runs fn on the progress thread (now, if called from it) and waits for it.
+  void run_on_worker(const std::function<void()>& fn);
+  bool on_worker_thread() const;
+  UcxStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hack::net

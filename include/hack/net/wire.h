@@ -1,0 +1,67 @@
+/// @file wire.h
+/// @brief The versioned header every data-plane message carries (DESIGN.md §4), and its
+/// validation. A message is this header (sent as the UCX active-message header) plus a
+/// payload (the AM data). Receivers decode the header, then check the payload against the
+/// length and checksum it declares; any mismatch is an error for that message (and, when
+/// the header itself is sound, for its request) — never a crash.
+///
+/// Header (version 1), 40 bytes, little-endian:
+///   u32 magic "HKWR" | u16 version | u16 type | u64 request_id | u32 layer | u32 seq |
+///   u64 payload_bytes | u64 payload_xxh64 (seed 0)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "hack/core/error.h"
+
+namespace hack::net {
+
+inline constexpr uint32_t kWireMagic = 0x52574B48;  // "HKWR"
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kWireHeaderBytes = 40;
+/// Largest payload a receiver accepts (a HACK page is far smaller; this bounds allocation).
+inline constexpr uint64_t kWireMaxPayloadBytes = uint64_t{1} << 30;
+/// Largest request_error payload (a UTF-8 message).
+inline constexpr uint64_t kWireMaxErrorBytes = 4096;
+
+enum class WireType : uint16_t {
+  kv_page = 1,        ///< payload: one HACK page of `layer` for `request_id`
+  kv_layer_done = 2,  ///< every page of `layer` has been sent; empty payload
+  request_done = 3,   ///< every layer has been sent; empty payload
+  request_error = 4,  ///< the request failed at the sender or receiver; payload: message
+  request_cancel = 5, ///< the sender abandons the request; payload: reason (may be empty)
+};
+
+/// Printable name of a type ("kv_page"), "unknown" for a value outside the enum.
+const char* wire_type_name(WireType type);
+
+struct WireHeader {
+  WireType type = WireType::kv_page;
+  uint64_t request_id = 0;
+  uint32_t layer = 0;
+  uint32_t seq = 0;               ///< message index within the request, from 0
+  uint64_t payload_bytes = 0;
+  uint64_t payload_checksum = 0;  ///< xxh64 of the payload
+};
+
+/// xxh64 (seed 0) of bytes, the wire checksum.
+uint64_t wire_checksum(std::span<const std::byte> bytes);
+
+/// Header for `payload` (length and checksum filled in from it).
+WireHeader make_wire_header(WireType type, uint64_t request_id, uint32_t layer, uint32_t seq,
+                            std::span<const std::byte> payload);
+
+/// Writes the 40-byte encoding into out (out.size() must be kWireHeaderBytes).
+void encode_wire_header(const WireHeader& header, std::span<std::byte, kWireHeaderBytes> out);
+
+/// Decodes and validates a header: size, magic, version, known type, payload length within
+/// the limit of its type. On failure returns an error and leaves `out` untouched.
+Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out);
+
+/// Checks a payload against a decoded header: its length and checksum.
+Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> payload);
+
+}  // namespace hack::net

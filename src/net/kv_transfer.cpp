@@ -1,0 +1,405 @@
+// KV streaming over UCX active messages (include/hack/net/kv_transfer.h).
+#include "hack/net/kv_transfer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace hack::net {
+
+namespace {
+
+// Messages of one request that arrived ahead of an earlier one (a rendezvous page still
+// being fetched) wait here; more than this many means the sender is broken.
+constexpr size_t kMaxEarlyMessages = 4096;
+
+std::vector<std::byte> encode(const WireHeader& header) {
+  std::vector<std::byte> out(kWireHeaderBytes);
+  encode_wire_header(header, std::span<std::byte, kWireHeaderBytes>(out.data(), kWireHeaderBytes));
+  return out;
+}
+
+std::vector<std::byte> text_bytes(std::string_view text) {
+  text = text.substr(0, kWireMaxErrorBytes);
+  const auto* begin = reinterpret_cast<const std::byte*>(text.data());
+  return {begin, begin + text.size()};
+}
+
+std::string bytes_text(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+}  // namespace
+
+// ---- receiver -----------------------------------------------------------------
+
+struct KvReceiver::State {
+  struct Early {
+    WireHeader header;
+    std::vector<std::byte> payload;
+  };
+  struct Request {
+    EndpointId from = 0;
+    uint32_t next_seq = 0;
+    bool failed = false;
+    std::map<uint32_t, Early> early;  // seq → message
+  };
+
+  UcxWorker& worker;
+  KvReceiverCallbacks callbacks;
+  std::unordered_map<uint64_t, Request> requests;
+
+  State(UcxWorker& w, KvReceiverCallbacks c) : worker(w), callbacks(std::move(c)) {}
+
+  void bad_message(EndpointId from, const Status& error) {
+    spdlog::warn("kv receiver: dropped a message from endpoint {}: {}", from, error.message());
+    if (callbacks.on_bad_message) callbacks.on_bad_message(from, error);
+  }
+
+  void fail(uint64_t id, Request& request, const Status& error) {
+    if (request.failed) return;
+    request.failed = true;
+    request.early.clear();
+    spdlog::warn("kv receiver: request {} failed: {}", id, error.message());
+    if (callbacks.on_request_error) callbacks.on_request_error(id, error);
+    // Tell the sender, so it stops streaming and ends the request.
+    const auto text = text_bytes(error.message());
+    auto header = encode(make_wire_header(WireType::request_error, id, 0, 0, text));
+    worker.send(request.from, kKvReplyAmId, std::move(header), text);
+  }
+
+  void on_message(EndpointId from, std::span<const std::byte> header_bytes, std::span<const std::byte> payload) {
+    WireHeader header;
+    if (Status s = decode_wire_header(header_bytes, header); !s) return bad_message(from, s);
+    const uint64_t id = header.request_id;
+    auto [it, started] = requests.try_emplace(id);
+    Request& request = it->second;
+    if (started) request.from = from;
+    if (request.from != from) {
+      // Another endpoint reusing a live id: blame the message, not the request.
+      if (started) requests.erase(it);
+      return bad_message(from, Status::error(fmt::format("request {} already streams from endpoint {}", id, request.from)));
+    }
+    // Data messages are verified in stream order (deliver), so a bad message fails its
+    // request after everything sent before it; control messages act on arrival.
+    const bool control = header.type == WireType::request_cancel || header.type == WireType::request_error;
+    if (control) {
+      if (Status s = verify_wire_payload(header, payload); !s) return fail(id, request, s);
+    }
+    if (header.type == WireType::request_cancel) {
+      if (!request.failed && callbacks.on_request_error)
+        callbacks.on_request_error(id, Status::error(fmt::format("request {} cancelled by the sender: {}", id,
+                                                                  payload.empty() ? "no reason given" : bytes_text(payload))));
+      requests.erase(it);
+      return;
+    }
+    if (header.type == WireType::request_error) {
+      // The sender reports its own failure; same as a cancel.
+      if (!request.failed && callbacks.on_request_error)
+        callbacks.on_request_error(id, Status::error(fmt::format("request {} failed at the sender: {}", id, bytes_text(payload))));
+      requests.erase(it);
+      return;
+    }
+    if (request.failed) return;  // dropped until the sender ends it
+    if (header.seq != request.next_seq) {
+      if (header.seq < request.next_seq || request.early.contains(header.seq))
+        return fail(id, request, Status::error(fmt::format("request {}: message {} arrived twice", id, header.seq)));
+      if (request.early.size() >= kMaxEarlyMessages)
+        return fail(id, request, Status::error(fmt::format("request {}: message {} never arrived", id, request.next_seq)));
+      request.early.emplace(header.seq, Early{header, {payload.begin(), payload.end()}});
+      return;
+    }
+    if (!deliver(it, header, payload)) return;
+    // Messages that were waiting for this one.
+    for (;;) {
+      auto next = it->second.early.find(it->second.next_seq);
+      if (next == it->second.early.end()) break;
+      Early early = std::move(next->second);
+      it->second.early.erase(next);
+      if (!deliver(it, early.header, early.payload)) return;
+    }
+  }
+
+  // Delivers the next in-order message; false once the request has ended.
+  bool deliver(std::unordered_map<uint64_t, Request>::iterator it, const WireHeader& header,
+               std::span<const std::byte> payload) {
+    ++it->second.next_seq;
+    const uint64_t id = header.request_id;
+    if (Status s = verify_wire_payload(header, payload); !s) {
+      fail(id, it->second, s);
+      return false;
+    }
+    switch (header.type) {
+      case WireType::kv_page:
+        if (callbacks.on_page) callbacks.on_page(id, header.layer, payload);
+        return true;
+      case WireType::kv_layer_done:
+        if (callbacks.on_layer_done) callbacks.on_layer_done(id, header.layer);
+        return true;
+      case WireType::request_done:
+        requests.erase(it);
+        if (callbacks.on_request_done) callbacks.on_request_done(id);
+        return false;
+      case WireType::request_error:
+      case WireType::request_cancel:
+        break;  // handled before ordering
+    }
+    return true;
+  }
+
+  void on_lost(EndpointId endpoint, const Status& reason) {
+    for (auto it = requests.begin(); it != requests.end();) {
+      if (it->second.from != endpoint) {
+        ++it;
+        continue;
+      }
+      const uint64_t id = it->first;
+      const bool failed = it->second.failed;
+      it = requests.erase(it);
+      if (!failed && callbacks.on_request_error)
+        callbacks.on_request_error(id, Status::error(fmt::format("request {}: lost the sender: {}", id, reason.message())));
+    }
+  }
+};
+
+KvReceiver::KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks)
+    : worker_(worker), state_(std::make_unique<State>(worker, std::move(callbacks))) {
+  State* state = state_.get();
+  worker_.set_message_handler(
+      kKvDataAmId,
+      [state](EndpointId from, std::span<const std::byte> header, std::span<const std::byte> payload) {
+        state->on_message(from, header, payload);
+      },
+      [state](EndpointId from, std::span<const std::byte> header_bytes, const Status& error) {
+        WireHeader header;
+        if (!decode_wire_header(header_bytes, header)) return state->bad_message(from, error);
+        auto it = state->requests.find(header.request_id);
+        if (it == state->requests.end()) {
+          it = state->requests.try_emplace(header.request_id).first;
+          it->second.from = from;
+        }
+        state->fail(header.request_id, it->second,
+                    Status::error(fmt::format("request {}: lost a {}-byte {}: {}", header.request_id, header.payload_bytes,
+                                              wire_type_name(header.type), error.message())));
+      });
+  disconnect_token_ = worker_.add_disconnect_handler(
+      [state](EndpointId endpoint, const Status& reason) { state->on_lost(endpoint, reason); });
+}
+
+KvReceiver::~KvReceiver() {
+  try {
+    worker_.set_message_handler(kKvDataAmId, {});
+    worker_.remove_disconnect_handler(disconnect_token_);
+  } catch (const std::exception& e) {
+    spdlog::error("kv receiver: {}", e.what());
+  }
+}
+
+size_t KvReceiver::open_requests() const {
+  size_t n = 0;
+  worker_.run_on_worker([&] { n = state_->requests.size(); });
+  return n;
+}
+
+// ---- sender -------------------------------------------------------------------
+
+struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
+  struct Request {
+    EndpointId peer = 0;
+    uint32_t next_seq = 0;
+    uint32_t in_flight = 0;
+    bool ended = false;
+    bool failed = false;
+    bool cancelled = false;
+    Status error;
+  };
+
+  UcxWorker& worker;
+  std::mutex mutex;
+  std::condition_variable idle;
+  KvSenderCallbacks callbacks;  // emptied by ~KvSender
+  std::unordered_map<uint64_t, Request> requests;
+  std::unordered_set<uint64_t> corrupt_next_page;  // test hook
+  size_t in_flight = 0;
+
+  Shared(UcxWorker& w, KvSenderCallbacks c) : worker(w), callbacks(std::move(c)) {}
+
+  // Marks a request failed (once) and reports it.
+  void fail(uint64_t id, const Status& error) {
+    std::function<void(uint64_t, const Status&)> report;
+    {
+      std::lock_guard lock(mutex);
+      auto it = requests.find(id);
+      if (it == requests.end() || it->second.failed || it->second.cancelled) return;
+      it->second.failed = true;
+      it->second.error = error;
+      report = callbacks.on_request_error;
+    }
+    spdlog::warn("kv sender: request {} failed: {}", id, error.message());
+    if (report) report(id, error);
+  }
+
+  void sent(uint64_t id, const Status& status) {
+    {
+      std::lock_guard lock(mutex);
+      --in_flight;
+      auto it = requests.find(id);
+      if (it != requests.end()) {
+        --it->second.in_flight;
+        if (it->second.ended && it->second.in_flight == 0) requests.erase(it);
+      }
+      idle.notify_all();
+    }
+    if (!status) fail(id, status);
+  }
+
+  // Queues one message of a request; `end` marks the request's last message.
+  Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end) {
+    WireHeader header;
+    {
+      std::lock_guard lock(mutex);
+      auto [it, started] = requests.try_emplace(id);
+      Request& request = it->second;
+      if (started) request.peer = peer;
+      if (request.peer != peer)
+        return Status::error(fmt::format("request {} streams to endpoint {}, not {}", id, request.peer, peer));
+      if (request.ended) return Status::error(fmt::format("request {} has already ended", id));
+      if (request.failed) return request.error;
+      header = make_wire_header(type, id, layer, request.next_seq++, payload);
+      if (type == WireType::kv_page && !payload.empty() && corrupt_next_page.erase(id) != 0)
+        payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
+      ++request.in_flight;
+      ++in_flight;
+      request.ended = end;
+    }
+    worker.send(peer, kKvDataAmId, encode(header), std::move(payload),
+                [self = shared_from_this(), id](const Status& status) { self->sent(id, status); });
+    return Status::ok();
+  }
+
+  // A request_cancel outside any request's sequence (the receiver handles it on arrival).
+  void send_cancel(EndpointId peer, uint64_t id, std::string_view reason) {
+    auto payload = text_bytes(reason);
+    {
+      std::lock_guard lock(mutex);
+      ++in_flight;
+    }
+    auto header = encode(make_wire_header(WireType::request_cancel, id, 0, 0, payload));
+    worker.send(peer, kKvDataAmId, std::move(header), std::move(payload),
+                [self = shared_from_this()](const Status&) { self->sent(0, Status::ok()); });
+  }
+
+  void on_reply(std::span<const std::byte> header_bytes, std::span<const std::byte> payload) {
+    WireHeader header;
+    if (Status s = decode_wire_header(header_bytes, header); !s) {
+      spdlog::warn("kv sender: dropped a reply: {}", s.message());
+      return;
+    }
+    if (Status s = verify_wire_payload(header, payload); !s) {
+      fail(header.request_id, s);
+      return;
+    }
+    if (header.type == WireType::request_error)
+      fail(header.request_id, Status::error(fmt::format("request {} rejected by the receiver: {}", header.request_id,
+                                                        bytes_text(payload))));
+  }
+
+  void on_lost(EndpointId endpoint, const Status& reason) {
+    std::vector<uint64_t> lost;
+    {
+      std::lock_guard lock(mutex);
+      for (const auto& [id, request] : requests)
+        if (request.peer == endpoint) lost.push_back(id);
+    }
+    for (uint64_t id : lost)
+      fail(id, Status::error(fmt::format("request {}: lost the receiver: {}", id, reason.message())));
+  }
+};
+
+KvSender::KvSender(UcxWorker& worker, KvSenderCallbacks callbacks)
+    : worker_(worker), shared_(std::make_shared<Shared>(worker, std::move(callbacks))) {
+  Shared* shared = shared_.get();
+  worker_.set_message_handler(kKvReplyAmId,
+                              [shared](EndpointId, std::span<const std::byte> header, std::span<const std::byte> payload) {
+                                shared->on_reply(header, payload);
+                              });
+  disconnect_token_ = worker_.add_disconnect_handler(
+      [shared](EndpointId endpoint, const Status& reason) { shared->on_lost(endpoint, reason); });
+}
+
+KvSender::~KvSender() {
+  try {
+    worker_.set_message_handler(kKvReplyAmId, {});
+    worker_.remove_disconnect_handler(disconnect_token_);
+  } catch (const std::exception& e) {
+    spdlog::error("kv sender: {}", e.what());
+  }
+  std::lock_guard lock(shared_->mutex);
+  shared_->callbacks = {};
+}
+
+Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> page) {
+  if (page.size() > kWireMaxPayloadBytes)
+    return Status::error(fmt::format("request {}: a {}-byte page exceeds the wire limit", request_id, page.size()));
+  return shared_->queue(peer, request_id, WireType::kv_page, layer, std::move(page), false);
+}
+
+Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page) {
+  return send_page(peer, request_id, layer, std::vector<std::byte>(page.begin(), page.end()));
+}
+
+Status KvSender::layer_done(EndpointId peer, uint64_t request_id, uint32_t layer) {
+  return shared_->queue(peer, request_id, WireType::kv_layer_done, layer, {}, false);
+}
+
+Status KvSender::request_done(EndpointId peer, uint64_t request_id) {
+  Status error;
+  {
+    std::lock_guard lock(shared_->mutex);
+    auto it = shared_->requests.find(request_id);
+    if (it != shared_->requests.end() && it->second.failed) {
+      error = it->second.error;
+      it->second.ended = true;
+      if (it->second.in_flight == 0) shared_->requests.erase(it);
+    }
+  }
+  if (!error) {
+    shared_->send_cancel(peer, request_id, "ended by the sender after an error");
+    return error;
+  }
+  return shared_->queue(peer, request_id, WireType::request_done, 0, {}, true);
+}
+
+void KvSender::cancel(EndpointId peer, uint64_t request_id, std::string reason) {
+  {
+    std::lock_guard lock(shared_->mutex);
+    auto it = shared_->requests.find(request_id);
+    if (it != shared_->requests.end()) {
+      it->second.ended = true;
+      it->second.cancelled = true;
+      if (it->second.in_flight == 0) shared_->requests.erase(it);
+    }
+  }
+  shared_->send_cancel(peer, request_id, reason);
+}
+
+Status KvSender::wait_idle(double timeout_s) {
+  std::unique_lock lock(shared_->mutex);
+  const bool done = shared_->idle.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                           [&] { return shared_->in_flight == 0; });
+  if (!done)
+    return Status::error(fmt::format("kv sender: {} messages still queued after {} s", shared_->in_flight, timeout_s));
+  return Status::ok();
+}
+
+void KvSender::corrupt_next_page_for_test(uint64_t request_id) {
+  std::lock_guard lock(shared_->mutex);
+  shared_->corrupt_next_page.insert(request_id);
+}
+
+}  // namespace hack::net

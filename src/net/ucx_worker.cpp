@@ -1,0 +1,644 @@
+// UcxWorker: a ucp context and worker owned by one progress thread (include/hack/net/ucx_worker.h).
+//
+// The progress thread loops: run posted commands, ucp_worker_progress until idle, run
+// work deferred from inside UCX callbacks (rendezvous receives, endpoint failures, accepted
+// connections — UCX callbacks only record them), then arm the worker and poll() its event
+// fd together with our own eventfd, which post() writes to wake the thread.
+#include "hack/net/ucx_worker.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace hack::net {
+
+namespace {
+
+Status ucx_error(const char* what, ucs_status_t status) {
+  return Status::error(fmt::format("{}: {}", what, ucs_status_string(status)));
+}
+
+// host:port resolved to one socket address (numeric or by name).
+sockaddr_storage resolve(const std::string& host, uint16_t port, socklen_t& length) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) fail("cannot resolve {}:{}: {}", host, port, gai_strerror(rc));
+  sockaddr_storage out{};
+  std::memcpy(&out, found->ai_addr, found->ai_addrlen);
+  length = found->ai_addrlen;
+  freeaddrinfo(found);
+  return out;
+}
+
+uint16_t port_of(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+  if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+  return 0;
+}
+
+// RAII owners of the ucp handles.
+struct ContextHandle {
+  ucp_context_h handle = nullptr;
+  explicit ContextHandle(const UcxOptions& options) {
+    ucp_config_t* config = nullptr;
+    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    if (status != UCS_OK) fail("ucp_config_read: {}", ucs_status_string(status));
+    for (const auto& [name, value] : options.config) {
+      status = ucp_config_modify(config, name.c_str(), value.c_str());
+      if (status != UCS_OK) {
+        ucp_config_release(config);
+        fail("UCX option {}={}: {}", name, value, ucs_status_string(status));
+      }
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    status = ucp_init(&params, config, &handle);
+    ucp_config_release(config);
+    if (status != UCS_OK) fail("ucp_init: {}", ucs_status_string(status));
+  }
+  ~ContextHandle() {
+    if (handle) ucp_cleanup(handle);
+  }
+  ContextHandle(const ContextHandle&) = delete;
+  ContextHandle& operator=(const ContextHandle&) = delete;
+};
+
+struct WorkerHandle {
+  ucp_worker_h handle = nullptr;
+  explicit WorkerHandle(ucp_context_h context) {
+    ucp_worker_params_t params{};
+    params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    params.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+    const ucs_status_t status = ucp_worker_create(context, &params, &handle);
+    if (status != UCS_OK) fail("ucp_worker_create: {}", ucs_status_string(status));
+  }
+  ~WorkerHandle() {
+    if (handle) ucp_worker_destroy(handle);
+  }
+  WorkerHandle(const WorkerHandle&) = delete;
+  WorkerHandle& operator=(const WorkerHandle&) = delete;
+};
+
+struct EventFd {
+  int fd = -1;
+  EventFd() : fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (fd < 0) fail("eventfd: {}", std::strerror(errno));
+  }
+  ~EventFd() {
+    if (fd >= 0) ::close(fd);
+  }
+  EventFd(const EventFd&) = delete;
+  EventFd& operator=(const EventFd&) = delete;
+};
+
+}  // namespace
+
+struct UcxWorker::Impl {
+  struct Endpoint {
+    Impl* impl = nullptr;
+    EndpointId id = 0;
+    ucp_ep_h ep = nullptr;
+  };
+  struct SendOp {
+    Impl* impl = nullptr;
+    std::vector<std::byte> header;
+    std::vector<std::byte> payload;
+    SendCallback done;
+  };
+  struct RecvOp {
+    Impl* impl = nullptr;
+    uint16_t am_id = 0;
+    EndpointId from = 0;
+    std::vector<std::byte> header;
+    std::vector<std::byte> payload;
+  };
+  struct AmHandlers {
+    Impl* impl = nullptr;
+    uint16_t am_id = 0;
+    MessageHandler on_message;
+    MessageErrorHandler on_error;
+  };
+
+  UcxOptions options;
+  ContextHandle context;
+  WorkerHandle worker;
+  EventFd wake;
+  int ucx_fd = -1;
+  std::thread thread;
+  std::thread::id thread_id;
+
+  std::mutex mutex;  // guards commands, stopping
+  std::deque<std::function<void()>> commands;
+  bool stopping = false;
+  std::atomic<EndpointId> next_id{1};
+  std::atomic<uint64_t> messages_received{0}, rndv_received{0}, messages_sent{0}, send_errors{0};
+
+  // Progress-thread state.
+  ucp_listener_h listener = nullptr;
+  std::unordered_map<EndpointId, std::unique_ptr<Endpoint>> endpoints;
+  std::unordered_map<ucp_ep_h, EndpointId> endpoint_by_handle;
+  std::vector<std::unique_ptr<Endpoint>> retired;  // closing; UCX may still hold their arg
+  std::vector<void*> close_requests;
+  std::map<uint16_t, std::unique_ptr<AmHandlers>> handlers;
+  std::map<int, DisconnectHandler> disconnect_handlers;
+  int next_token = 1;
+  std::deque<std::function<void()>> deferred;
+  std::unordered_set<SendOp*> sends;
+  std::unordered_set<RecvOp*> recvs;
+
+  explicit Impl(UcxOptions opts) : options(std::move(opts)), context(options), worker(context.handle) {
+    const ucs_status_t status = ucp_worker_get_efd(worker.handle, &ucx_fd);
+    if (status != UCS_OK) fail("ucp_worker_get_efd: {}", ucs_status_string(status));
+  }
+
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mutex);
+      commands.push_back(std::move(fn));
+    }
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(wake.fd, &one, sizeof one);
+  }
+
+  // One synchronous call's rendezvous between the caller and the progress thread. Shared by
+  // both and freed by whichever lets go last (a plain counter: no shared_ptr, whose GCC 12
+  // release path ThreadSanitizer misreads).
+  struct CallWaiter {
+    enum class Phase { queued, running, finished, abandoned };
+    std::mutex mutex;
+    std::condition_variable changed;
+    Phase phase = Phase::queued;
+    std::exception_ptr error;
+    std::atomic<int> refs{2};
+    void release() {
+      if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+    }
+  };
+
+  // Runs fn on the progress thread and waits. The timeout covers only the wait for the
+  // thread to pick fn up: a call that has started runs to completion (fn refers to the
+  // caller's stack), one still queued at the deadline is abandoned and never runs.
+  void call(const std::function<void()>& fn) {
+    if (std::this_thread::get_id() == thread_id) {
+      fn();
+      return;
+    }
+    auto* waiter = new CallWaiter;
+    post([&fn, waiter] {
+      {
+        std::lock_guard lock(waiter->mutex);
+        if (waiter->phase == CallWaiter::Phase::abandoned) {
+          waiter->release();
+          return;
+        }
+        waiter->phase = CallWaiter::Phase::running;
+      }
+      std::exception_ptr error;
+      try {
+        fn();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(waiter->mutex);
+        waiter->error = error;
+        waiter->phase = CallWaiter::Phase::finished;
+        waiter->changed.notify_all();
+      }
+      waiter->release();
+    });
+    std::unique_lock lock(waiter->mutex);
+    const auto timeout = std::chrono::duration<double>(options.call_timeout_s);
+    waiter->changed.wait_for(lock, timeout, [&] { return waiter->phase != CallWaiter::Phase::queued; });
+    if (waiter->phase == CallWaiter::Phase::queued) {
+      waiter->phase = CallWaiter::Phase::abandoned;
+      lock.unlock();
+      waiter->release();
+      fail("UCX progress thread did not answer within {} s", options.call_timeout_s);
+    }
+    waiter->changed.wait(lock, [&] { return waiter->phase == CallWaiter::Phase::finished; });
+    const std::exception_ptr error = waiter->error;
+    lock.unlock();
+    waiter->release();
+    if (error) std::rethrow_exception(error);
+  }
+
+  // ---- progress thread --------------------------------------------------------
+
+  void run() {
+    for (;;) {
+      std::deque<std::function<void()>> batch;
+      {
+        std::lock_guard lock(mutex);
+        batch.swap(commands);
+        if (stopping && batch.empty()) break;
+      }
+      for (auto& fn : batch) guarded(fn);
+      while (ucp_worker_progress(worker.handle) != 0) {
+      }
+      run_deferred();
+      reap_close_requests();
+      {
+        std::lock_guard lock(mutex);
+        if (!commands.empty() || stopping) continue;
+      }
+      if (!deferred.empty()) continue;
+      const ucs_status_t armed = ucp_worker_arm(worker.handle);
+      if (armed == UCS_ERR_BUSY) continue;
+      pollfd fds[2] = {{wake.fd, POLLIN, 0}, {ucx_fd, POLLIN, 0}};
+      // The timeout only bounds a wake-up lost to a transport without events.
+      ::poll(fds, 2, 100);
+      uint64_t drained = 0;
+      [[maybe_unused]] const ssize_t n = ::read(wake.fd, &drained, sizeof drained);
+    }
+    shutdown();
+  }
+
+  static void guarded(const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      spdlog::error("ucx: {}", e.what());
+    }
+  }
+
+  void run_deferred() {
+    while (!deferred.empty()) {
+      auto fn = std::move(deferred.front());
+      deferred.pop_front();
+      guarded(fn);
+    }
+  }
+
+  void reap_close_requests() {
+    std::erase_if(close_requests, [](void* request) {
+      if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+      ucp_request_free(request);
+      return true;
+    });
+    if (close_requests.empty()) retired.clear();
+  }
+
+  void shutdown() {
+    run_deferred();
+    if (listener) {
+      ucp_listener_destroy(listener);
+      listener = nullptr;
+    }
+    std::vector<EndpointId> ids;
+    for (const auto& [id, ep] : endpoints) ids.push_back(id);
+    for (EndpointId id : ids) close_endpoint(id, true);
+    // Force-closing fails the outstanding requests; progress until UCX has said so.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((!close_requests.empty() || !sends.empty() || !recvs.empty()) && std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker.handle);
+      run_deferred();
+      reap_close_requests();
+    }
+    for (void* request : close_requests) ucp_request_free(request);
+    close_requests.clear();
+    for (SendOp* op : sends) {
+      if (op->done) guarded([op] { op->done(Status::error("UCX worker shut down before the send completed")); });
+    }
+  }
+
+  // Called after the worker is destroyed: requests UCX never completed are ours to free.
+  void free_leftovers() {
+    for (SendOp* op : sends) delete op;
+    for (RecvOp* op : recvs) delete op;
+    sends.clear();
+    recvs.clear();
+  }
+
+  // ---- endpoints --------------------------------------------------------------
+
+  static void on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* endpoint = static_cast<Endpoint*>(arg);
+    Impl* impl = endpoint->impl;
+    const EndpointId id = endpoint->id;
+    impl->deferred.push_back([impl, id, status] { impl->endpoint_failed(id, ucx_error("UCX endpoint failed", status)); });
+  }
+
+  void endpoint_failed(EndpointId id, const Status& reason) {
+    if (!endpoints.contains(id)) return;
+    spdlog::info("ucx: endpoint {} lost: {}", id, reason.message());
+    close_endpoint(id, true);
+    // Copy: a handler may remove itself.
+    const auto handlers_now = disconnect_handlers;
+    for (const auto& [token, handler] : handlers_now)
+      guarded([&] { handler(id, reason); });
+  }
+
+  EndpointId add_endpoint(ucp_ep_params_t& params) {
+    auto endpoint = std::make_unique<Endpoint>();
+    endpoint->impl = this;
+    endpoint->id = next_id++;
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails the endpoint
+    params.err_handler.cb = &Impl::on_endpoint_error;
+    params.err_handler.arg = endpoint.get();
+    const ucs_status_t status = ucp_ep_create(worker.handle, &params, &endpoint->ep);
+    if (status != UCS_OK) fail("ucp_ep_create: {}", ucs_status_string(status));
+    const EndpointId id = endpoint->id;
+    endpoint_by_handle[endpoint->ep] = id;
+    endpoints[id] = std::move(endpoint);
+    return id;
+  }
+
+  void close_endpoint(EndpointId id, bool force) {
+    auto it = endpoints.find(id);
+    if (it == endpoints.end()) return;
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* request = ucp_ep_close_nbx(it->second->ep, &params);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) close_requests.push_back(request);
+    endpoint_by_handle.erase(it->second->ep);
+    retired.push_back(std::move(it->second));
+    endpoints.erase(it);
+  }
+
+  static void on_connection_request(ucp_conn_request_h request, void* arg) {
+    auto* impl = static_cast<Impl*>(arg);
+    impl->deferred.push_back([impl, request] {
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+      params.conn_request = request;
+      const EndpointId id = impl->add_endpoint(params);
+      spdlog::debug("ucx: accepted endpoint {}", id);
+    });
+  }
+
+  // ---- active messages --------------------------------------------------------
+
+  static ucs_status_t on_active_message(void* arg, const void* header, size_t header_bytes, void* data,
+                                        size_t data_bytes, const ucp_am_recv_param_t* param) {
+    auto* handlers = static_cast<AmHandlers*>(arg);
+    Impl* impl = handlers->impl;
+    EndpointId from = 0;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) {
+      auto it = impl->endpoint_by_handle.find(param->reply_ep);
+      if (it != impl->endpoint_by_handle.end()) from = it->second;
+    }
+    const auto header_span = std::span(static_cast<const std::byte*>(header), header_bytes);
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      // Large payload: the data is a descriptor; fetch it into our buffer once this
+      // callback has returned (UCX requires UCS_INPROGRESS first).
+      auto* op = new RecvOp{impl, handlers->am_id, from, {header_span.begin(), header_span.end()}, {}};
+      impl->deferred.push_back([impl, op, data, data_bytes] { impl->start_rendezvous(op, data, data_bytes); });
+      return UCS_INPROGRESS;
+    }
+    ++impl->messages_received;
+    if (handlers->on_message) {
+      const auto payload = std::span(static_cast<const std::byte*>(data), data_bytes);
+      guarded([&] { handlers->on_message(from, header_span, payload); });
+    }
+    return UCS_OK;
+  }
+
+  void start_rendezvous(RecvOp* op, void* descriptor, size_t bytes) {
+    if (bytes > options.max_message_bytes) {
+      ucp_am_data_release(worker.handle, descriptor);
+      finish_receive(op, Status::error(fmt::format("refused a {}-byte message (limit {})", bytes, options.max_message_bytes)));
+      return;
+    }
+    op->payload.resize(bytes);
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    params.cb.recv_am = &Impl::on_rendezvous_done;
+    params.user_data = op;
+    recvs.insert(op);
+    void* request = ucp_am_recv_data_nbx(worker.handle, descriptor, op->payload.data(), bytes, &params);
+    if (request == nullptr) {
+      finish_receive(op, Status::ok());
+    } else if (UCS_PTR_IS_ERR(request)) {
+      finish_receive(op, ucx_error("ucp_am_recv_data_nbx", UCS_PTR_STATUS(request)));
+    }
+  }
+
+  static void on_rendezvous_done(void* request, ucs_status_t status, size_t, void* user_data) {
+    auto* op = static_cast<RecvOp*>(user_data);
+    ucp_request_free(request);
+    op->impl->finish_receive(op, status == UCS_OK ? Status::ok() : ucx_error("rendezvous receive", status));
+  }
+
+  void finish_receive(RecvOp* op, const Status& status) {
+    recvs.erase(op);
+    std::unique_ptr<RecvOp> owned(op);
+    auto it = handlers.find(op->am_id);
+    if (status.is_ok()) {
+      ++messages_received;
+      ++rndv_received;
+      if (it != handlers.end() && it->second->on_message)
+        guarded([&] { it->second->on_message(op->from, op->header, op->payload); });
+    } else if (it != handlers.end() && it->second->on_error) {
+      guarded([&] { it->second->on_error(op->from, op->header, status); });
+    } else {
+      spdlog::warn("ucx: message on endpoint {} lost: {}", op->from, status.message());
+    }
+  }
+
+  void start_send(EndpointId id, uint16_t am_id, SendOp* op) {
+    auto it = endpoints.find(id);
+    if (it == endpoints.end()) {
+      finish_send(op, Status::error(fmt::format("UCX endpoint {} is closed or unknown", id)));
+      return;
+    }
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = UCP_AM_SEND_FLAG_REPLY;  // lets the receiver see which endpoint it came on
+    if (op->payload.size() >= options.rndv_min_bytes) params.flags |= UCP_AM_SEND_FLAG_RNDV;
+    params.cb.send = &Impl::on_send_done;
+    params.user_data = op;
+    sends.insert(op);
+    void* request = ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), op->payload.data(),
+                                    op->payload.size(), &params);
+    if (request == nullptr) {
+      finish_send(op, Status::ok());
+    } else if (UCS_PTR_IS_ERR(request)) {
+      finish_send(op, ucx_error("ucp_am_send_nbx", UCS_PTR_STATUS(request)));
+    }
+  }
+
+  static void on_send_done(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<SendOp*>(user_data);
+    ucp_request_free(request);
+    op->impl->finish_send(op, status == UCS_OK ? Status::ok() : ucx_error("UCX send", status));
+  }
+
+  void finish_send(SendOp* op, const Status& status) {
+    sends.erase(op);
+    std::unique_ptr<SendOp> owned(op);
+    if (status.is_ok()) {
+      ++messages_sent;
+    } else {
+      ++send_errors;
+    }
+    if (op->done) guarded([&] { op->done(status); });
+  }
+};
+
+UcxWorker::UcxWorker(UcxOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  std::promise<void> started;
+  auto ready = started.get_future();
+  impl_->thread = std::thread([this, &started] {
+    impl_->thread_id = std::this_thread::get_id();
+    started.set_value();
+    impl_->run();
+  });
+  ready.wait();
+}
+
+UcxWorker::~UcxWorker() {
+  impl_->post([this] {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stopping = true;
+  });
+  impl_->thread.join();
+  impl_->handlers.clear();
+  Impl& impl = *impl_;
+  // Worker before context (member order), then the requests UCX dropped.
+  {
+    WorkerHandle& worker = impl.worker;
+    ucp_worker_destroy(worker.handle);
+    worker.handle = nullptr;
+  }
+  impl.free_leftovers();
+}
+
+uint16_t UcxWorker::listen(const std::string& host, uint16_t port) {
+  uint16_t bound = 0;
+  impl_->call([&] {
+    Impl& impl = *impl_;
+    HACK_CHECK(impl.listener == nullptr, "this UCX worker already listens");
+    socklen_t length = 0;
+    const sockaddr_storage address = resolve(host, port, length);
+    ucp_listener_params_t params{};
+    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
+    params.sockaddr.addrlen = length;
+    params.conn_handler.cb = &Impl::on_connection_request;
+    params.conn_handler.arg = &impl;
+    ucs_status_t status = ucp_listener_create(impl.worker.handle, &params, &impl.listener);
+    if (status != UCS_OK) fail("cannot listen on {}:{}: {}", host, port, ucs_status_string(status));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    status = ucp_listener_query(impl.listener, &attr);
+    if (status != UCS_OK) fail("ucp_listener_query: {}", ucs_status_string(status));
+    bound = port_of(attr.sockaddr);
+  });
+  return bound;
+}
+
+EndpointId UcxWorker::connect(const std::string& host, uint16_t port) {
+  EndpointId id = 0;
+  impl_->call([&] {
+    socklen_t length = 0;
+    const sockaddr_storage address = resolve(host, port, length);
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
+    params.sockaddr.addrlen = length;
+    id = impl_->add_endpoint(params);
+  });
+  return id;
+}
+
+void UcxWorker::close(EndpointId endpoint) {
+  impl_->post([impl = impl_.get(), endpoint] { impl->close_endpoint(endpoint, true); });
+}
+
+void UcxWorker::set_message_handler(uint16_t am_id, MessageHandler on_message, MessageErrorHandler on_error) {
+  impl_->call([&] {
+    Impl& impl = *impl_;
+    ucp_am_handler_param_t params{};
+    params.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                        UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    params.id = am_id;
+    params.flags = UCP_AM_FLAG_WHOLE_MSG;
+    if (!on_message) {
+      params.cb = nullptr;
+      params.arg = nullptr;
+      ucp_worker_set_am_recv_handler(impl.worker.handle, &params);
+      impl.handlers.erase(am_id);
+      return;
+    }
+    auto handlers = std::make_unique<Impl::AmHandlers>(Impl::AmHandlers{&impl, am_id, std::move(on_message), std::move(on_error)});
+    params.cb = &Impl::on_active_message;
+    params.arg = handlers.get();
+    const ucs_status_t status = ucp_worker_set_am_recv_handler(impl.worker.handle, &params);
+    if (status != UCS_OK) fail("ucp_worker_set_am_recv_handler({}): {}", am_id, ucs_status_string(status));
+    impl.handlers[am_id] = std::move(handlers);
+  });
+}
+
+int UcxWorker::add_disconnect_handler(DisconnectHandler handler) {
+  int token = 0;
+  impl_->call([&] {
+    token = impl_->next_token++;
+    impl_->disconnect_handlers[token] = std::move(handler);
+  });
+  return token;
+}
+
+void UcxWorker::remove_disconnect_handler(int token) {
+  impl_->call([&] { impl_->disconnect_handlers.erase(token); });
+}
+
+void UcxWorker::send(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header, std::vector<std::byte> payload,
+                     SendCallback done) {
+  auto* op = new Impl::SendOp{impl_.get(), std::move(header), std::move(payload), std::move(done)};
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->stopping) {
+      std::unique_ptr<Impl::SendOp> owned(op);
+      if (owned->done) owned->done(Status::error("UCX worker is shutting down"));
+      return;
+    }
+  }
+  if (on_worker_thread()) {
+    impl_->start_send(endpoint, am_id, op);
+    return;
+  }
+  impl_->post([impl = impl_.get(), endpoint, am_id, op] { impl->start_send(endpoint, am_id, op); });
+}
+
+void UcxWorker::run_on_worker(const std::function<void()>& fn) { impl_->call(fn); }
+
+bool UcxWorker::on_worker_thread() const { return std::this_thread::get_id() == impl_->thread_id; }
+
+UcxStats UcxWorker::stats() const {
+  UcxStats s;
+  s.messages_received = impl_->messages_received;
+  s.rndv_received = impl_->rndv_received;
+  s.messages_sent = impl_->messages_sent;
+  s.send_errors = impl_->send_errors;
+  return s;
+}
+
+}  // namespace hack::net

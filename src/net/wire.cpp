@@ -1,0 +1,115 @@
+// Wire header encoding and validation (include/hack/net/wire.h).
+#include "hack/net/wire.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace hack::net {
+
+namespace {
+
+template <class T>
+void put(std::byte* out, size_t& at, T value) {
+  // The format is little-endian and so is every supported host (x86-64).
+  std::memcpy(out + at, &value, sizeof value);
+  at += sizeof value;
+}
+
+template <class T>
+T get(const std::byte* in, size_t& at) {
+  T value;
+  std::memcpy(&value, in + at, sizeof value);
+  at += sizeof value;
+  return value;
+}
+
+bool known_type(uint16_t type) { return type >= 1 && type <= 5; }
+
+}  // namespace
+
+const char* wire_type_name(WireType type) {
+  switch (type) {
+    case WireType::kv_page: return "kv_page";
+    case WireType::kv_layer_done: return "kv_layer_done";
+    case WireType::request_done: return "request_done";
+    case WireType::request_error: return "request_error";
+    case WireType::request_cancel: return "request_cancel";
+  }
+  return "unknown";
+}
+
+uint64_t wire_checksum(std::span<const std::byte> bytes) {
+  return XXH64(bytes.data(), bytes.size(), 0);
+}
+
+WireHeader make_wire_header(WireType type, uint64_t request_id, uint32_t layer, uint32_t seq,
+                            std::span<const std::byte> payload) {
+  WireHeader h;
+  h.type = type;
+  h.request_id = request_id;
+  h.layer = layer;
+  h.seq = seq;
+  h.payload_bytes = payload.size();
+  h.payload_checksum = wire_checksum(payload);
+  return h;
+}
+
+void encode_wire_header(const WireHeader& header, std::span<std::byte, kWireHeaderBytes> out) {
+  size_t at = 0;
+  put(out.data(), at, kWireMagic);
+  put(out.data(), at, kWireVersion);
+  put(out.data(), at, static_cast<uint16_t>(header.type));
+  put(out.data(), at, header.request_id);
+  put(out.data(), at, header.layer);
+  put(out.data(), at, header.seq);
+  put(out.data(), at, header.payload_bytes);
+  put(out.data(), at, header.payload_checksum);
+}
+
+Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out) {
+  if (bytes.size() != kWireHeaderBytes)
+    return Status::error(fmt::format("wire header is {} bytes, expected {}", bytes.size(), kWireHeaderBytes));
+  size_t at = 0;
+  const auto magic = get<uint32_t>(bytes.data(), at);
+  const auto version = get<uint16_t>(bytes.data(), at);
+  const auto type = get<uint16_t>(bytes.data(), at);
+  if (magic != kWireMagic) return Status::error(fmt::format("wire header has bad magic {:#010x}", magic));
+  if (version != kWireVersion)
+    return Status::error(fmt::format("wire header version {} is not supported (this build speaks {})", version, kWireVersion));
+  if (!known_type(type)) return Status::error(fmt::format("wire header has unknown message type {}", type));
+  WireHeader h;
+  h.type = static_cast<WireType>(type);
+  h.request_id = get<uint64_t>(bytes.data(), at);
+  h.layer = get<uint32_t>(bytes.data(), at);
+  h.seq = get<uint32_t>(bytes.data(), at);
+  h.payload_bytes = get<uint64_t>(bytes.data(), at);
+  h.payload_checksum = get<uint64_t>(bytes.data(), at);
+  uint64_t limit = 0;
+  switch (h.type) {
+    case WireType::kv_page: limit = kWireMaxPayloadBytes; break;
+    case WireType::request_error:
+    case WireType::request_cancel: limit = kWireMaxErrorBytes; break;
+    case WireType::kv_layer_done:
+    case WireType::request_done: limit = 0; break;
+  }
+  if (h.payload_bytes > limit)
+    return Status::error(fmt::format("request {}: {} declares a {}-byte payload, limit {}", h.request_id,
+                                     wire_type_name(h.type), h.payload_bytes, limit));
+  out = h;
+  return Status::ok();
+}
+
+Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> payload) {
+  if (payload.size() != header.payload_bytes)
+    return Status::error(fmt::format("request {}: {} payload is {} bytes, header says {}", header.request_id,
+                                     wire_type_name(header.type), payload.size(), header.payload_bytes));
+  const uint64_t sum = wire_checksum(payload);
+  if (sum != header.payload_checksum)
+    return Status::error(fmt::format("request {}: {} (layer {}) payload checksum {:#018x} != header {:#018x}",
+                                     header.request_id, wire_type_name(header.type), header.layer, sum,
+                                     header.payload_checksum));
+  return Status::ok();
+}
+
+}  // namespace hack::net
