@@ -279,17 +279,17 @@ cpu::ExactHeadView PagedKvCache::exact_view(const Segment& seg, int kv_head) con
   return view;
 }
 
-cpu::HackHeadView PagedKvCache::hack_view(const std::byte* page, int kv_head) const {
-  const HackHeadLayout& hl = hack_layout_.head(kv_head);
+cpu::HackHeadView hack_head_view(const HackPageLayout& layout, const std::byte* page, int head) {
+  const HackHeadLayout& hl = layout.head(head);
   cpu::HackHeadView v;
-  v.bits = hack_layout_.bits();
-  v.tokens = hack_layout_.block_tokens();
+  v.bits = layout.bits();
+  v.tokens = layout.block_tokens();
   v.k_dim = hl.k_dim;
   v.v_dim = hl.v_dim;
   v.k_group = hl.k_group;
   v.v_group = hl.v_group;
-  v.k_sum_bytes = hack_layout_.k_sum_bytes();
-  v.v_sum_bytes = hack_layout_.v_sum_bytes();
+  v.k_sum_bytes = layout.k_sum_bytes();
+  v.v_sum_bytes = layout.v_sum_bytes();
   v.k_codes = reinterpret_cast<const uint8_t*>(page + hl.k_codes);
   v.k_min = reinterpret_cast<const uint16_t*>(page + hl.k_min);
   v.k_scale = reinterpret_cast<const uint16_t*>(page + hl.k_scale);
@@ -299,6 +299,10 @@ cpu::HackHeadView PagedKvCache::hack_view(const std::byte* page, int kv_head) co
   v.v_scale = reinterpret_cast<const uint16_t*>(page + hl.v_scale);
   v.v_sums = page + hl.v_sums;
   return v;
+}
+
+cpu::HackHeadView PagedKvCache::hack_view(const std::byte* page, int kv_head) const {
+  return hack_head_view(hack_layout_, page, kv_head);
 }
 
 size_t PagedKvCache::work_floats() const {

@@ -28,6 +28,7 @@
 #include "hack/kernels/hack_attention.h"
 #include "hack/kv/hack_attention_plan.h"
 #include "hack/kv/paged_kv_cache.h"
+#include "unit/kv/kv_test_util.h"
 
 using namespace hack;
 
@@ -57,28 +58,8 @@ std::vector<uint16_t> to_bf16(const float* x, size_t n) {
 }
 
 // Random K/V [tokens][heads][dim] like post-RoPE keys (channel offsets, outlier channels).
-struct Stream {
-  int tokens, heads, dim;
-  std::vector<float> k, v;
-  Stream(int tokens_, int heads_, int dim_, uint32_t seed) : tokens(tokens_), heads(heads_), dim(dim_) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    const size_t per_token = static_cast<size_t>(heads) * static_cast<size_t>(dim);
-    std::vector<float> bias(per_token), gain(per_token);
-    for (size_t i = 0; i < per_token; ++i) {
-      bias[i] = 0.7f * normal(rng);
-      gain[i] = i % 16 == 5 ? 4.0f : 1.0f;
-    }
-    k.resize(static_cast<size_t>(tokens) * per_token);
-    v.resize(k.size());
-    for (size_t t = 0; t < static_cast<size_t>(tokens); ++t)
-      for (size_t i = 0; i < per_token; ++i) {
-        k[t * per_token + i] = bias[i] + gain[i] * normal(rng);
-        v[t * per_token + i] = normal(rng);
-      }
-  }
-  size_t per_token() const { return static_cast<size_t>(heads) * static_cast<size_t>(dim); }
-};
+// K with per-channel offsets and outlier channels, V normal: tests/unit/kv's generator.
+using test::KvStream;
 
 HackPageLayout layout_of(int bits, int block, int heads, int dim, int k_group, int v_group) {
   HackPageParams p;
@@ -126,7 +107,7 @@ TEST_CASE("device quantizer writes the CPU page bytes", "[gpu][hack]") {
             const int k_group = dim == 128 ? 32 : 64;  // several K partitions in one case
             const HackPageLayout layout = layout_of(bits, block, heads, dim, k_group, 64);
             const HackPageGeometry g = page_geometry(layout);
-            const Stream s(blocks * block, heads, dim, seed + static_cast<uint32_t>(bits * 1000 + dim + block));
+            const KvStream s(blocks * block, heads, 1, dim, seed + static_cast<uint32_t>(bits * 1000 + dim + block));
             const std::vector<uint16_t> k16 = to_bf16(s.k.data(), s.k.size()), v16 = to_bf16(s.v.data(), s.v.size());
 
             // CPU pages, as PagedKvCache::quantize_pending makes them.
@@ -212,27 +193,6 @@ void require_close(const std::vector<float>& gpu, const std::vector<float>& cpu,
   REQUIRE(std::none_of(gpu.begin(), gpu.end(), [](float x) { return std::isnan(x); }));
 }
 
-cpu::HackHeadView head_view(const HackPageLayout& layout, const std::byte* page, int h) {
-  const HackHeadLayout& hl = layout.head(h);
-  cpu::HackHeadView v;
-  v.bits = layout.bits();
-  v.tokens = layout.block_tokens();
-  v.k_dim = hl.k_dim;
-  v.v_dim = hl.v_dim;
-  v.k_group = hl.k_group;
-  v.v_group = hl.v_group;
-  v.k_sum_bytes = layout.k_sum_bytes();
-  v.v_sum_bytes = layout.v_sum_bytes();
-  v.k_codes = reinterpret_cast<const uint8_t*>(page + hl.k_codes);
-  v.k_min = reinterpret_cast<const uint16_t*>(page + hl.k_min);
-  v.k_scale = reinterpret_cast<const uint16_t*>(page + hl.k_scale);
-  v.k_sums = page + hl.k_sums;
-  v.v_codes = reinterpret_cast<const uint8_t*>(page + hl.v_codes);
-  v.v_min = reinterpret_cast<const uint16_t*>(page + hl.v_min);
-  v.v_scale = reinterpret_cast<const uint16_t*>(page + hl.v_scale);
-  v.v_sums = page + hl.v_sums;
-  return v;
-}
 
 void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) {
   const int H = kHeads, T = kBlock, S = kSinks, G = group, D = dim;
@@ -272,7 +232,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
   int max_pages = 0;
   for (int b = 0; b < B; ++b) {
     const int len = lengths[static_cast<size_t>(b)];
-    const Stream st(len, H, D, seed + 17 * static_cast<uint32_t>(b + 1));
+    const KvStream st(len, H, 1, D, seed + 17 * static_cast<uint32_t>(b + 1));
     cache.add_sequence(b, len + 1);
     cache.append(0, b, 0, len, st.k.data(), st.v.data());
     cache.close_pending_blocks(b);
@@ -414,7 +374,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
           for (int p = range.page_begin; p < range.page_end; ++p) {
             const auto* page = reinterpret_cast<const std::byte*>(page_bytes.data()) +
                                (pages_before + static_cast<size_t>(p)) * layout.page_bytes();
-            kernels.hack_block(head_view(layout, page, h), rows, work.data());
+            kernels.hack_block(hack_head_view(layout, page, h), rows, work.data());
           }
           if (range.open && open_tokens[static_cast<size_t>(b)] > 0)
             exact(opens.data() + static_cast<size_t>(b) * open_elems, T, open_tokens[static_cast<size_t>(b)], rows);

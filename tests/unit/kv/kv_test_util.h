@@ -40,6 +40,7 @@ struct KvStream {
       }
     for (float& x : q) x = 2.0f * normal(rng);
   }
+  size_t per_token() const { return static_cast<size_t>(heads) * static_cast<size_t>(dim); }
   const float* k_at(int t) const { return k.data() + static_cast<size_t>(t) * static_cast<size_t>(heads * dim); }
   const float* v_at(int t) const { return v.data() + static_cast<size_t>(t) * static_cast<size_t>(heads * dim); }
   /// Query rows of token t: [heads · group][dim]; KV head h's group starts at h·group·dim.
