@@ -12,11 +12,8 @@
 #include "hack/core/error.h"
 #include "hack/core/read_file.h"
 #include "hack/core/flags.h"
-#include "hack/tokenizer/tokenizer.h"
-#if __has_include("hack/tokenizer/chat_template.h")
 #include "hack/tokenizer/chat_template.h"
-#define HACK_TOKENIZE_HAS_CHAT 1
-#endif
+#include "hack/tokenizer/tokenizer.h"
 
 namespace {
 
@@ -171,7 +168,6 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (!c.chat_file.empty()) {
-#ifdef HACK_TOKENIZE_HAS_CHAT
     // The file holds a list of messages, or {"messages": [...], "tools": [...]}.
     nlohmann::ordered_json chat;
     try {
@@ -208,10 +204,6 @@ int run(int argc, char** argv) {
       std::fwrite(text.data(), 1, text.size(), stdout);
     }
     return 0;
-#else
-    // TODO(chat templates): hack/tokenizer/chat_template.h is not in this tree yet.
-    hack::fail("--chat-file: this build has no chat template support");
-#endif
   }
   print_ids(tokenizer.encode(input, c.add_special_tokens), c.json);
   return 0;
