@@ -1,46 +1,23 @@
 // hack-run as a user runs it: the real binary, real model directories, output parsed.
 #include <catch2/catch.hpp>
 
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hack/core/tensor.h"
+#include "support/run_process.h"
 #include "support/test_support.h"
 
 using namespace hack;
 
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using Result = test::ProcessResult;
 
 Result run_hack_run(const std::string& args) {
-  // ctest runs test cases as parallel processes: one stderr file per process and call.
-  static int call = 0;
-  const std::string err_path = (std::filesystem::temp_directory_path() /
-                                ("hack_run_e2e_" + std::to_string(::getpid()) + "_" + std::to_string(call++) + ".txt"))
-                                   .string();
-  const std::string cmd = (test::binary_dir() / "bin" / "hack-run").string() + " " + args + " 2>" + err_path;
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  std::filesystem::remove(err_path);
-  return r;
+  return test::run_process((test::binary_dir() / "bin" / "hack-run").string() + " " + args);
 }
 
 std::string join_ids(const std::vector<int>& ids) {
