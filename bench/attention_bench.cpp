@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,6 +33,8 @@
 #include "hack/core/cpu_features.h"
 #include "hack/core/membw.h"
 #include "hack/core/dtype.h"
+#include "hack/core/error.h"
+#include "hack/core/flags.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/hack_page.h"
 #include "hack/kv/paged_kv_cache.h"
@@ -53,56 +56,30 @@ struct Args {
   bool json = false;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-Args parse(int argc, char** argv) {
+// Parses the flags (hack::FlagSet: --help, HACK_ATTN_BENCH_* mirrors, --config); nullopt
+// after --help.
+std::optional<Args> parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--contexts") {
-      a.contexts.clear();
-      for (auto& s : split(value())) a.contexts.push_back(std::stoi(s));
-    } else if (k == "--batch") {
-      a.batches.clear();
-      for (auto& s : split(value())) a.batches.push_back(std::stoi(s));
-    } else if (k == "--modes") {
-      a.modes = split(value());
-    } else if (k == "--block") {
-      a.block = std::stoi(value());
-    } else if (k == "--threads") {
-      a.threads = std::stoi(value());
-    } else if (k == "--min-time-s") {
-      a.min_time_s = std::stod(value());
-    } else if (k == "--max-gb") {
-      a.max_gb = std::stod(value());
-    } else if (k == "--layers") {
-      a.layers = std::stoi(value());
-    } else if (k == "--json") {
-      a.json = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: attention_bench [--contexts 1024,...] [--batch 1,8] [--modes fp32,bf16,hack2,hack4,hack8]\n"
-                   "                       [--block 64] [--threads N] [--min-time-s 0.3] [--max-gb 5] [--layers N] [--json]\n");
-      std::exit(k == "--help" ? 0 : 2);
-    }
-  }
+  std::string contexts = "1024,2048,4096,8192,16384,32768,65536", batches = "1,8",
+              modes = "fp32,bf16,hack2,hack4,hack8";
+  float min_time_s = 0.3f, max_gb = 5.0f;
+  FlagSet flags("attention_bench", "One decode step of attention at the Llama-3-8B shape over the paged KV cache.",
+                "HACK_ATTN_BENCH");
+  flags.add_string("contexts", &contexts, "context lengths, comma-separated");
+  flags.add_string("batch", &batches, "batch sizes, comma-separated");
+  flags.add_string("modes", &modes, "fp32, bf16, hack2, hack4, hack8");
+  flags.add_int("block", &a.block, "tokens per page (Π)");
+  flags.add_int("threads", &a.threads, "threads (0 = all cores)");
+  flags.add_float("min-time-s", &min_time_s, "minimum time per trial");
+  flags.add_float("max-gb", &max_gb, "most KV bytes (GB) built for one configuration");
+  flags.add_int("layers", &a.layers, "layers cycled (0 = enough to exceed the LLC)");
+  flags.add_bool("json", &a.json, "JSON output");
+  if (!flags.parse(argc, argv)) return std::nullopt;
+  a.contexts = parse_int_list(contexts, "contexts");
+  a.batches = parse_int_list(batches, "batch");
+  a.modes = split_list(modes);
+  a.min_time_s = min_time_s;
+  a.max_gb = max_gb;
   return a;
 }
 
@@ -256,7 +233,15 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  std::optional<Args> parsed;
+  try {
+    parsed = parse(argc, argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "attention_bench: %s\n", e.what());
+    return 2;
+  }
+  if (!parsed) return 0;
+  const Args& args = *parsed;
   ThreadPool pool(args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const size_t llc = llc_bytes();
   const double bw = hack::measure_read_bandwidth_gbs(pool, size_t{1} << 30, 5);

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,19 +15,12 @@
 #include "hack/backend/engine.h"
 #include "hack/core/cpu_features.h"
 #include "hack/core/error.h"
+#include "hack/core/flags.h"
 #include "hack/core/membw.h"
 #include "hack/kv/fp_kv_cache.h"
 #include "hack/model/weights.h"
 
 namespace {
-
-std::vector<int> parse_int_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::atoi(item.c_str()));
-  return out;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -38,32 +30,26 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   std::string model_dir, synthetic, dtype_name = "bf16";
-  std::vector<int> threads_list{1, 2};
+  std::string threads_flag = "1,2";
   int prompt_tokens = 128, decode_tokens = 32, batch = 1;
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "decode_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--model") model_dir = next();
-    else if (a == "--synthetic") synthetic = next();
-    else if (a == "--threads") threads_list = parse_int_list(next());
-    else if (a == "--prompt-tokens") prompt_tokens = std::atoi(next().c_str());
-    else if (a == "--decode-tokens") decode_tokens = std::atoi(next().c_str());
-    else if (a == "--batch") batch = std::atoi(next().c_str());
-    else if (a == "--dtype") dtype_name = next();
-    else if (a == "--json") json = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: decode_bench (--model DIR | --synthetic NAME) [--threads 1,2] [--prompt-tokens 128]\n"
-                   "                    [--decode-tokens 32] [--batch 1] [--dtype bf16|f16|f32] [--json]\n");
-      return 2;
-    }
+  hack::FlagSet flags("decode_bench", "Prefill and decode tokens/s of the CPU backend, and weight GB/s vs membw.",
+                      "HACK_DECODE_BENCH");
+  flags.add_string("model", &model_dir, "model directory");
+  flags.add_string("synthetic", &synthetic, "synthetic shape instead of --model (llama-1b, llama-8b, ...)");
+  flags.add_string("threads", &threads_flag, "thread counts, comma-separated");
+  flags.add_int("prompt-tokens", &prompt_tokens, "prefill length");
+  flags.add_int("decode-tokens", &decode_tokens, "decode steps timed");
+  flags.add_int("batch", &batch, "sequences decoded together");
+  flags.add_string("dtype", &dtype_name, "synthetic weight type: bf16, f16 or f32");
+  flags.add_bool("json", &json, "JSON lines output");
+  std::vector<int> threads_list;
+  try {
+    if (!flags.parse(argc, argv)) return 0;
+    threads_list = hack::parse_int_list(threads_flag, "threads");
+  } catch (const hack::Error& e) {
+    std::fprintf(stderr, "decode_bench: %s\n", e.what());
+    return 2;
   }
   try {
     HACK_CHECK(!model_dir.empty() || !synthetic.empty(), "give --model DIR or --synthetic NAME");

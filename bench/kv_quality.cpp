@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,14 +23,6 @@
 #include "hack/tokenizer/tokenizer.h"
 
 namespace {
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
 
 // log-softmax of one row, in place.
 void log_softmax(std::vector<float>& row) {
@@ -127,13 +118,13 @@ int main(int argc, char** argv) {
       std::printf("%-28s %10s %10s %10s %10s %12s\n", "kv", "KL", "top-1", "ppl", "Δppl %", "bytes/token");
       std::printf("%-28s %10s %10s %10.4f %10s %12s\n", "fp32 (reference)", "0", "1", ref_ppl, "0", "-");
     }
-    for (const std::string& rounding : split(roundings)) {
-      for (const std::string& b : split(bits_list)) {
-        for (const std::string& blk : split(blocks_list)) {
+    for (const std::string& rounding : hack::split_list(roundings)) {
+      for (const int b : hack::parse_int_list(bits_list, "bits")) {
+        for (const int blk : hack::parse_int_list(blocks_list, "blocks")) {
           hack::KvCacheOptions opt;
           opt.mode = hack::KvMode::hack;
-          opt.bits = std::stoi(b);
-          opt.block_tokens = std::stoi(blk);
+          opt.bits = b;
+          opt.block_tokens = blk;
           opt.sinks = sinks;
           opt.rounding = rounding == "stochastic" ? hack::Rounding::stochastic : hack::Rounding::nearest;
           opt.seed = 1;
@@ -161,11 +152,11 @@ int main(int argc, char** argv) {
           }
           const double ppl = std::exp(q.nll / static_cast<double>(q.n));
           const double n = static_cast<double>(q.n);
-          const std::string name = "hack b=" + b + " Π=" + blk + " " + rounding;
+          const std::string name = "hack b=" + std::to_string(b) + " Π=" + std::to_string(blk) + " " + rounding;
           if (json) {
-            std::printf("{\"mode\":\"hack\",\"bits\":%s,\"block\":%s,\"rounding\":\"%s\",\"kl\":%.6f,\"top1\":%.4f,"
+            std::printf("{\"mode\":\"hack\",\"bits\":%d,\"block\":%d,\"rounding\":\"%s\",\"kl\":%.6f,\"top1\":%.4f,"
                         "\"ppl\":%.4f,\"ppl_delta_pct\":%.3f,\"bytes_per_token\":%.1f}\n",
-                        b.c_str(), blk.c_str(), rounding.c_str(), q.kl / n, q.top1 / n, ppl,
+                        b, blk, rounding.c_str(), q.kl / n, q.top1 / n, ppl,
                         100 * (ppl / ref_ppl - 1), bytes_per_token);
           } else {
             std::printf("%-28s %10.5f %10.4f %10.4f %10.2f %12.1f\n", name.c_str(), q.kl / n, q.top1 / n, ppl,

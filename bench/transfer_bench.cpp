@@ -69,6 +69,7 @@
 
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
+#include "hack/core/flags.h"
 #include "hack/core/logging.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/config.h"
@@ -101,60 +102,41 @@ struct Args {
   bool json = false;
 };
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-void usage(FILE* to) {
-  std::fprintf(to,
-               "usage: transfer_bench [--tls tcp:posix,sysv,cma,self,tcp] [--shapes hack-tiny,llama-8b] [--kv fp,hack]\n"
-               "                      [--tokens 1024,2048,4096,8192,16384,32768] [--max-tokens 32768] [--repeats 3]\n"
-               "                      [--block 64] [--bits 2] [--sinks 4] [--source-tokens 1024] [--window-layers 2]\n"
-               "                      [--model-dir models/hack-tiny] [--perftest-bytes 1048576] [--perftest-iters 200]\n"
-               "                      [--no-perftest] [--json]\n"
-               "  --tls takes ':'-separated UCX_TLS lists; --max-tokens drops longer prompts from --tokens;\n"
-               "  --window-layers N queues layer l once the receiver has layer l-N (0: queue the whole request at once)\n");
-}
-
-Args parse(int argc, char** argv) {
+// Parses the flags (hack::FlagSet: --help, HACK_TRANSFER_BENCH_* mirrors, --config);
+// nullopt after --help.
+std::optional<Args> parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "transfer_bench: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--tls") a.tls = split(value(), ':');
-    else if (k == "--shapes") a.shapes = split(value(), ',');
-    else if (k == "--kv") a.kv = split(value(), ',');
-    else if (k == "--tokens") {
-      a.tokens.clear();
-      for (const auto& s : split(value(), ',')) a.tokens.push_back(std::stoi(s));
-    } else if (k == "--max-tokens") a.max_tokens = std::stoi(value());
-    else if (k == "--repeats") a.repeats = std::stoi(value());
-    else if (k == "--block") a.block = std::stoi(value());
-    else if (k == "--bits") a.bits = std::stoi(value());
-    else if (k == "--sinks") a.sinks = std::stoi(value());
-    else if (k == "--source-tokens") a.source_tokens = std::stoi(value());
-    else if (k == "--window-layers") a.window_layers = std::stoi(value());
-    else if (k == "--model-dir") a.model_dir = value();
-    else if (k == "--perftest-bytes") a.perftest_bytes = std::stoul(value());
-    else if (k == "--perftest-iters") a.perftest_iters = std::stoi(value());
-    else if (k == "--no-perftest") a.perftest = false;
-    else if (k == "--json") a.json = true;
-    else {
-      usage(k == "--help" ? stdout : stderr);
-      std::exit(k == "--help" ? 0 : 2);
-    }
-  }
+  std::string tls = "tcp:posix,sysv,cma,self,tcp", shapes = "hack-tiny,llama-8b", kv = "fp,hack",
+              tokens = "1024,2048,4096,8192,16384,32768";
+  int64_t perftest_bytes = int64_t{1} << 20;
+  bool no_perftest = false;
+  FlagSet flags("transfer_bench", "One request's KV streamed layer by layer over UCX: bytes and time, fp vs HACK.",
+                "HACK_TRANSFER_BENCH");
+  flags.add_string("tls", &tls, "':'-separated UCX_TLS lists, one run each");
+  flags.add_string("shapes", &shapes, "KV shapes: hack-tiny, llama-8b");
+  flags.add_string("kv", &kv, "fp and/or hack");
+  flags.add_string("tokens", &tokens, "prompt lengths, comma-separated");
+  flags.add_int("max-tokens", &a.max_tokens, "drop prompt lengths above this");
+  flags.add_int("repeats", &a.repeats, "repeats per configuration (best is kept)");
+  flags.add_int("block", &a.block, "tokens per page (Π)");
+  flags.add_int("bits", &a.bits, "HACK code bits");
+  flags.add_int("sinks", &a.sinks, "bf16 sink tokens");
+  flags.add_int("source-tokens", &a.source_tokens, "tokens of generated K/V per layer, reused cyclically");
+  flags.add_int("window-layers", &a.window_layers,
+                "queue layer l once the receiver has layer l-N (0: queue the whole request at once)");
+  flags.add_string("model-dir", &a.model_dir, "where the hack-tiny shape is read from");
+  flags.add_int64("perftest-bytes", &perftest_bytes, "ucx_perftest message size of the main bound");
+  flags.add_int("perftest-iters", &a.perftest_iters, "ucx_perftest iterations");
+  flags.add_bool("no-perftest", &no_perftest, "skip the ucx_perftest bounds");
+  flags.add_bool("json", &a.json, "JSON output");
+  if (!flags.parse(argc, argv)) return std::nullopt;
+  a.tls = split_list(tls, ':');
+  a.shapes = split_list(shapes);
+  a.kv = split_list(kv);
+  a.tokens = parse_int_list(tokens, "tokens");
+  HACK_CHECK(perftest_bytes > 0, "--perftest-bytes must be positive");
+  a.perftest_bytes = static_cast<size_t>(perftest_bytes);
+  a.perftest = !no_perftest;
   std::erase_if(a.tokens, [&](int n) { return n > a.max_tokens; });
   HACK_CHECK(!a.tokens.empty(), "no prompt length left under --max-tokens {}", a.max_tokens);
   HACK_CHECK(a.repeats >= 1, "--repeats must be at least 1");
@@ -632,7 +614,7 @@ struct Row {
 };
 
 bool uses_shared_memory(const std::string& tls) {
-  for (const auto& t : split(tls, ','))
+  for (const auto& t : split_list(tls, ','))
     if (t == "posix" || t == "sysv" || t == "cma" || t == "shm" || t == "sm") return true;
   return false;
 }
@@ -640,8 +622,16 @@ bool uses_shared_memory(const std::string& tls) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::optional<Args> parsed;
   try {
-    const Args args = parse(argc, argv);
+    parsed = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "transfer_bench: %s\n", e.what());
+    return 2;
+  }
+  if (!parsed) return 0;
+  const Args& args = *parsed;
+  try {
     setup_logging("warn");  // keep the workers' info lines (endpoint closed at teardown) off the output
     std::vector<NamedShape> shapes;
     for (const auto& s : args.shapes) shapes.push_back(shape_named(s, args));

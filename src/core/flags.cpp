@@ -1,5 +1,6 @@
 #include "hack/core/flags.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -192,6 +193,27 @@ std::string FlagSet::usage() const {
   }
   o << "  --config FILE\n      read 'name = value' lines with the same names\n";
   return o.str();
+}
+
+std::vector<std::string> split_list(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(sep, start), text.size());
+    if (end > start) out.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::vector<int> parse_int_list(std::string_view text, const std::string& flag) {
+  std::vector<int> out;
+  for (const std::string& item : split_list(text)) {
+    const int64_t v = parse_integer(trim(item), flag, "command line");
+    HACK_CHECK(v >= INT32_MIN && v <= INT32_MAX, "--{} value {} out of range", flag, v);
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
 }
 
 }  // namespace hack

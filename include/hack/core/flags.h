@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hack {
@@ -56,5 +57,10 @@ class FlagSet {
   std::map<std::string, bool> set_;
   std::vector<std::string> positional_;
 };
+
+/// Items of a list-valued flag ("1024,2048"), split at `sep`; empty items are dropped.
+std::vector<std::string> split_list(std::string_view text, char sep = ',');
+/// Integers of a list-valued flag; throws hack::Error naming --`flag` on a malformed item.
+std::vector<int> parse_int_list(std::string_view text, const std::string& flag);
 
 }  // namespace hack

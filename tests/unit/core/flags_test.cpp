@@ -61,3 +61,12 @@ TEST_CASE("flags: errors name the flag", "[core][flags]") {
   REQUIRE_THROWS_WITH(make(o).parse(2, missing), Catch::Contains("--model"));
   REQUIRE(make(o).usage().find("HACK_FLAGTEST_MAX_TOKENS") != std::string::npos);
 }
+
+TEST_CASE("flags: list values", "[core][flags]") {
+  REQUIRE(split_list("fp32,bf16,,hack2") == std::vector<std::string>{"fp32", "bf16", "hack2"});
+  REQUIRE(split_list("tcp:posix,sysv", ':') == std::vector<std::string>{"tcp", "posix,sysv"});
+  REQUIRE(split_list("").empty());
+  REQUIRE(parse_int_list("1024, 2048,4096", "contexts") == std::vector<int>{1024, 2048, 4096});
+  REQUIRE_THROWS_WITH(parse_int_list("1,x", "batch"), Catch::Contains("--batch"));
+  REQUIRE_THROWS_WITH(parse_int_list("99999999999", "batch"), Catch::Contains("out of range"));
+}
