@@ -206,14 +206,29 @@ std::vector<std::string> split_list(std::string_view text, char sep) {
   return out;
 }
 
-std::vector<int> parse_int_list(std::string_view text, const std::string& flag) {
+namespace {
+
+std::vector<int> parse_ints(const std::vector<std::string>& items, const std::string& flag) {
   std::vector<int> out;
-  for (const std::string& item : split_list(text)) {
+  for (const std::string& item : items) {
     const int64_t v = parse_integer(trim(item), flag, "command line");
     HACK_CHECK(v >= INT32_MIN && v <= INT32_MAX, "--{} value {} out of range", flag, v);
     out.push_back(static_cast<int>(v));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<int> parse_int_list(std::string_view text, const std::string& flag) {
+  return parse_ints(split_list(text), flag);
+}
+
+std::vector<int> parse_id_list(std::string_view text, const std::string& flag) {
+  std::string separated(text);
+  for (char& c : separated)
+    if (c == '[' || c == ']' || std::isspace(static_cast<unsigned char>(c))) c = ',';
+  return parse_ints(split_list(separated), flag);
 }
 
 }  // namespace hack

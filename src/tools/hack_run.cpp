@@ -60,30 +60,6 @@ struct RunConfig {
   std::string log_level = "warn";
 };
 
-std::vector<int> parse_ids(const std::string& text) {
-  std::vector<int> ids;
-  std::string item;
-  for (char c : text + ",") {
-    if (c == ',' || c == ' ' || c == '\n' || c == '[' || c == ']') {
-      if (!item.empty()) {
-        size_t used = 0;
-        int v = 0;
-        try {
-          v = std::stoi(item, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        HACK_CHECK(used == item.size(), "--prompt-ids: '{}' is not a token id", item);
-        ids.push_back(v);
-        item.clear();
-      }
-    } else {
-      item += c;
-    }
-  }
-  return ids;
-}
-
 int run(int argc, char** argv) {
   RunConfig c;
   hack::FlagSet flags("hack-run",
@@ -157,7 +133,7 @@ int run(int argc, char** argv) {
 
   std::vector<int> prompt;
   if (!c.prompt_ids.empty()) {
-    prompt = parse_ids(c.prompt_ids);
+    prompt = hack::parse_id_list(c.prompt_ids, "prompt-ids");
   } else {
     HACK_CHECK(tokenizer.has_value(), "--synthetic models have no tokenizer: use --prompt-ids");
     std::string text;

@@ -38,46 +38,13 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Ids as a JSON array or separated by whitespace / commas.
+// Ids as a JSON array or separated by whitespace / commas; bad ids are a usage error (exit 2).
 std::vector<int> parse_ids(const std::string& text) {
-  std::vector<int> ids;
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '[') {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw UsageError(std::string("ids: malformed JSON array: ") + e.what());
-    }
-    for (const auto& v : j) {
-      if (!v.is_number_integer()) throw UsageError("ids: the JSON array must hold integers");
-      ids.push_back(v.get<int>());
-    }
-    return ids;
+  try {
+    return hack::parse_id_list(text, "decode");
+  } catch (const hack::Error& e) {
+    throw UsageError(e.what());
   }
-  std::string item;
-  auto flush = [&] {
-    if (item.empty()) return;
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size()) throw UsageError("ids: '" + item + "' is not an integer");
-    ids.push_back(v);
-    item.clear();
-  };
-  for (char c : text) {
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',') {
-      flush();
-    } else {
-      item += c;
-    }
-  }
-  flush();
-  return ids;
 }
 
 void print_ids(const std::vector<int>& ids, bool as_json) {

@@ -62,5 +62,8 @@ class FlagSet {
 std::vector<std::string> split_list(std::string_view text, char sep = ',');
 /// Integers of a list-valued flag; throws hack::Error naming --`flag` on a malformed item.
 std::vector<int> parse_int_list(std::string_view text, const std::string& flag);
+/// Token ids as users type them: "1,2,3", "1 2 3" or a JSON array "[1, 2, 3]" (commas,
+/// whitespace and brackets separate); throws hack::Error naming --`flag` on a non-integer.
+std::vector<int> parse_id_list(std::string_view text, const std::string& flag);
 
 }  // namespace hack

@@ -70,3 +70,12 @@ TEST_CASE("flags: list values", "[core][flags]") {
   REQUIRE_THROWS_WITH(parse_int_list("1,x", "batch"), Catch::Contains("--batch"));
   REQUIRE_THROWS_WITH(parse_int_list("99999999999", "batch"), Catch::Contains("out of range"));
 }
+
+TEST_CASE("flags: token id lists in every form users type", "[core][flags]") {
+  const std::vector<int> ids{1, 22, 333};
+  REQUIRE(parse_id_list("1,22,333", "prompt-ids") == ids);
+  REQUIRE(parse_id_list("1 22\n333", "prompt-ids") == ids);
+  REQUIRE(parse_id_list("[1, 22, 333]", "prompt-ids") == ids);
+  REQUIRE(parse_id_list(" [ ] ", "prompt-ids").empty());
+  REQUIRE_THROWS_WITH(parse_id_list("[1, 2.5]", "prompt-ids"), Catch::Contains("--prompt-ids"));
+}
