@@ -467,14 +467,8 @@ void hack_decode_attention(const HackPageGeometry& g, const HackDecodeBatch& in,
       "workspace smaller than hack_decode_workspace_bytes");
 
   const SmemLayout l = smem_layout(in.group_size, g.head_dim, g.block_tokens, g.head_dim / g.k_group);
-  int device = 0, optin = 0;
-  HACK_CUDA_CU_CHECK(cudaGetDevice(&device));
-  HACK_CUDA_CU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  HACK_CUDA_ARG_CHECK(l.bytes <= static_cast<size_t>(optin),
-                      "shared memory of this head_dim and block size exceeds the device's");
-  if (l.bytes > 48 * 1024)
-    HACK_CUDA_CU_CHECK(cudaFuncSetAttribute(decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(l.bytes)));
+  allow_dynamic_smem(reinterpret_cast<const void*>(&decode_split_kernel), l.bytes,
+                     "hack_decode_attention (this head_dim and block size)");
 
   float* part_ml = static_cast<float*>(workspace);
   float* part_acc =

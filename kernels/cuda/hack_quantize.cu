@@ -153,9 +153,7 @@ void hack_quantize_blocks(const HackPageGeometry& g, const HackQuantizeBlocks& i
   const size_t code_bytes =
       static_cast<size_t>(g.block_tokens) * static_cast<size_t>(g.head_dim) * static_cast<size_t>(g.bits) / 8;
   const size_t smem = code_bytes + 3 * static_cast<size_t>(g.head_dim) * 4;
-  if (smem > 48 * 1024)
-    HACK_CUDA_CU_CHECK(cudaFuncSetAttribute(quantize_blocks_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
+  allow_dynamic_smem(reinterpret_cast<const void*>(&quantize_blocks_kernel), smem, "hack_quantize_blocks");
   const dim3 grid(static_cast<unsigned>(g.num_heads), static_cast<unsigned>(in.blocks));
   quantize_blocks_kernel<<<grid, kQuantizeThreads, smem, stream>>>(g, in);
   HACK_CUDA_CU_CHECK(cudaGetLastError());

@@ -13,7 +13,6 @@ namespace {
 
 constexpr int kAttentionThreads = 128;
 constexpr int kWarps = kAttentionThreads / 32;
-constexpr size_t kDefaultSmemBytes = 48 * 1024;
 
 __device__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -259,10 +258,6 @@ __global__ void prefill_attention_kernel(PrefillAttentionArgs a) {
   }
 }
 
-void set_smem(const void* kernel, size_t bytes) {
-  if (bytes > kDefaultSmemBytes)
-    HACK_CUDA_CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
 
 }  // namespace
 
@@ -284,7 +279,7 @@ size_t prefill_attention_smem_bytes(int head_dim) {
 void decode_attention(const DecodeAttentionArgs& args, cudaStream_t stream) {
   if (args.n_seqs == 0) return;
   const size_t smem = decode_attention_smem_bytes(args.group_size, args.kv.head_dim, args.kv.page_tokens);
-  set_smem(reinterpret_cast<const void*>(&decode_attention_kernel), smem);
+  allow_dynamic_smem(reinterpret_cast<const void*>(&decode_attention_kernel), smem, "decode attention");
   const dim3 grid(static_cast<unsigned>(args.n_splits), static_cast<unsigned>(args.kv.kv_heads),
                   static_cast<unsigned>(args.n_seqs));
   decode_attention_kernel<<<grid, kAttentionThreads, smem, stream>>>(args);
@@ -298,7 +293,7 @@ void decode_attention(const DecodeAttentionArgs& args, cudaStream_t stream) {
 void prefill_attention(const PrefillAttentionArgs& args, cudaStream_t stream) {
   if (args.n_chunks == 0 || args.max_tokens == 0) return;
   const size_t smem = prefill_attention_smem_bytes(args.kv.head_dim);
-  set_smem(reinterpret_cast<const void*>(&prefill_attention_kernel), smem);
+  allow_dynamic_smem(reinterpret_cast<const void*>(&prefill_attention_kernel), smem, "prefill attention");
   const dim3 grid(static_cast<unsigned>((args.max_tokens + kPrefillQueryTile - 1) / kPrefillQueryTile),
                   static_cast<unsigned>(args.q_heads), static_cast<unsigned>(args.n_chunks));
   prefill_attention_kernel<<<grid, kAttentionThreads, smem, stream>>>(args);

@@ -25,6 +25,11 @@ using bf16 = __nv_bfloat16;
       ::hack::cuda::cuda_fail(hack_cuda_cu_status_, #expr, __FILE__, __LINE__);             \
   } while (0)
 
+/// Lets `kernel` launch with `bytes` of dynamic shared memory: above the 48 KiB default it
+/// opts in (cudaFuncSetAttribute); beyond the current device's opt-in limit (queried once
+/// per device) it throws naming `what`. Call before each launch that may need it.
+void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what);
+
 /// y[rows][out] = x[rows][in] · w^T with cuBLAS (cublasGemmEx, bf16 in, fp32 compute and
 /// out) on the handle's stream; w is a HF weight [out][in] bf16. Throws on a cuBLAS error.
 /// (src/backend/cuda/cuda_gemm.cpp)
