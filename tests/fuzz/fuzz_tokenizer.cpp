@@ -33,7 +33,7 @@ std::vector<Fixture>* load_fixtures() {
   std::sort(files.begin(), files.end());
   for (const auto& path : files) {
     if (path.extension() != ".json") continue;
-    const nlohmann::json golden = nlohmann::json::parse(hack::test::read_text(path));
+    const nlohmann::json golden = nlohmann::json::parse(hack::read_file(path, "fixture"));
     fixtures->push_back({path.stem().string(), hack::test::load_golden_tokenizer(golden)});
   }
   if (fixtures->empty()) {

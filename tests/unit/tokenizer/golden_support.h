@@ -3,9 +3,7 @@
 #pragma once
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,7 +13,6 @@
 
 namespace hack::test {
 
-inline std::string read_text(const std::filesystem::path& path) { return read_file(path, "golden"); }
 
 inline std::filesystem::path golden_dir() { return fixtures_dir() / "tokenizers" / "goldens"; }
 
@@ -30,9 +27,9 @@ inline std::filesystem::path resolve_source(const std::string& source) {
 inline Tokenizer load_golden_tokenizer(const nlohmann::json& golden) {
   const std::filesystem::path dir = resolve_source(golden.at("source").get<std::string>());
   if (!golden.contains("patch")) return Tokenizer::load(dir);
-  nlohmann::json tok = nlohmann::json::parse(read_text(dir / "tokenizer.json"));
+  nlohmann::json tok = nlohmann::json::parse(read_file(dir / "tokenizer.json", "fixture"));
   nlohmann::json config = std::filesystem::exists(dir / "tokenizer_config.json")
-                              ? nlohmann::json::parse(read_text(dir / "tokenizer_config.json"))
+                              ? nlohmann::json::parse(read_file(dir / "tokenizer_config.json", "fixture"))
                               : nlohmann::json::object();
   for (const auto& [key, value] : golden["patch"].items()) {
     if (key == "added_tokens_extra") {

@@ -19,7 +19,7 @@ TEST_CASE("shared expected.json: encode matches exactly", "[tokenizer][golden]")
     DYNAMIC_SECTION(name) {
       const auto dir = hack::test::shared_fixtures_dir() / "tokenizers" / name;
       const hack::Tokenizer tok = hack::Tokenizer::load(dir);
-      const nlohmann::json expected = nlohmann::json::parse(hack::test::read_text(dir / "expected.json"));
+      const nlohmann::json expected = nlohmann::json::parse(hack::read_file(dir / "expected.json", "fixture"));
       REQUIRE(expected["cases"].size() >= 20);
       for (const auto& c : expected["cases"]) {
         const std::string text = c["text"].get<std::string>();
@@ -37,7 +37,7 @@ TEST_CASE("shared expected.json: encode matches exactly", "[tokenizer][golden]")
 TEST_CASE("kjv-bpe tokenizer_goldens.json: ids, tokens, decode", "[tokenizer][golden]") {
   const auto dir = hack::test::fixtures_dir() / "tokenizers" / "kjv-bpe";
   const hack::Tokenizer tok = hack::Tokenizer::load(dir);
-  const nlohmann::json g = nlohmann::json::parse(hack::test::read_text(dir / "tokenizer_goldens.json"));
+  const nlohmann::json g = nlohmann::json::parse(hack::read_file(dir / "tokenizer_goldens.json", "fixture"));
   CHECK(tok.bos_id() == g["bos_id"].get<int>());
   CHECK(tok.eos_id() == g["eos_id"].get<int>());
   REQUIRE(g["cases"].size() > 0);

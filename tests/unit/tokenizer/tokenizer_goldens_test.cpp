@@ -46,7 +46,7 @@ TEST_CASE("golden files exist for the fixture tokenizers", "[tokenizer][golden]"
 TEST_CASE("encode and decode match HF tokenizers on every golden", "[tokenizer][golden]") {
   for (const auto& path : golden_files()) {
     DYNAMIC_SECTION(path.stem().string()) {
-      const nlohmann::json golden = nlohmann::json::parse(hack::test::read_text(path));
+      const nlohmann::json golden = nlohmann::json::parse(hack::read_file(path, "fixture"));
       const hack::Tokenizer tok = hack::test::load_golden_tokenizer(golden);
       const std::vector<int> prefix = ids_of(golden["special_prefix"]);
       const std::vector<int> suffix = ids_of(golden["special_suffix"]);
