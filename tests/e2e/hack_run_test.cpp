@@ -4,7 +4,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 
 #include "hack/core/tensor.h"
 #include "support/run_process.h"
@@ -110,14 +109,12 @@ TEST_CASE("hack-run --kv hack generates from hack-tiny over closed HACK blocks",
   std::ifstream in(test::source_dir() / "tests" / "fixtures" / "tokenizers" / "kjv-bpe" / "heldout.txt");
   std::string text(1500, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  const auto prompt_path = std::filesystem::temp_directory_path() / ("hack_run_e2e_prompt_" + std::to_string(::getpid()));
-  std::ofstream(prompt_path) << text;
-  const std::string common = "--model " + dir.string() + " --prompt-file " + prompt_path.string() +
+  const test::TempFile prompt("prompt.txt", text);
+  const std::string common = "--model " + dir.string() + " --prompt-file " + prompt.arg() +
                              " --max-tokens 32 --temperature 0 --json";
   const Result fp = run_hack_run(common + " --kv fp");
   const Result h8 = run_hack_run(common + " --kv hack --hack-bits 8");
   const Result h2 = run_hack_run(common + " --kv hack --hack-bits 2 --hack-rounding stochastic --seed 5");
-  std::filesystem::remove(prompt_path);
   for (const Result* r : {&fp, &h8, &h2}) {
     INFO(r->err);
     REQUIRE(r->exit_code == 0);

@@ -3,10 +3,8 @@
 // the library it fronts.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -17,7 +15,8 @@
 #include "support/test_support.h"
 
 using namespace hack;
-namespace fs = std::filesystem;
+
+using test::TempFile;
 
 namespace {
 
@@ -29,16 +28,6 @@ std::string tokenizer_dir(const char* name) {
   return test::shell_quote((test::shared_fixtures_dir() / "tokenizers" / name).string());
 }
 
-// A file in the temp directory, removed when the test ends.
-struct TempFile {
-  explicit TempFile(const std::string& name, const std::string& text)
-      : path(fs::temp_directory_path() / ("hack_tokenize_e2e_" + std::to_string(::getpid()) + "_" + name)) {
-    std::ofstream(path, std::ios::binary) << text;
-  }
-  ~TempFile() { fs::remove(path); }
-  std::string arg() const { return test::shell_quote(path.string()); }
-  fs::path path;
-};
 
 }  // namespace
 

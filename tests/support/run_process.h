@@ -47,4 +47,18 @@ inline std::string shell_quote(const std::string& text) {
   return q + "'";
 }
 
+/// A file in the temp directory holding `text`, removed when it goes out of scope.
+struct TempFile {
+  TempFile(const std::string& name, const std::string& text)
+      : path(std::filesystem::temp_directory_path() / ("hack_e2e_" + std::to_string(::getpid()) + "_" + name)) {
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  ~TempFile() { std::filesystem::remove(path); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  /// The path as one shell word.
+  std::string arg() const { return shell_quote(path.string()); }
+  std::filesystem::path path;
+};
+
 }  // namespace hack::test
