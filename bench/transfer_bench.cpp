@@ -362,7 +362,7 @@ class Link {
       ++arrivals_.layers_done;
       arrivals_.changed.notify_all();
     };
-    cb.on_request_done = [this](uint64_t id) {
+    cb.on_request_done = [this](uint64_t id, std::span<const std::byte>) {
       const auto now = Clock::now();
       std::lock_guard lock(arrivals_.mutex);
       if (id != arrivals_.request_id) return;

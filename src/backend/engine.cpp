@@ -19,6 +19,20 @@ void Engine::add_sequence(int seq_id, int max_tokens) {
   positions_[seq_id] = 0;
 }
 
+std::string_view finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }
+
+void Engine::adopt_sequence(int seq_id) {
+  auto it = positions_.find(seq_id);
+  HACK_CHECK(it == positions_.end() || it->second == 0, "adopt: sequence {} has already run {} tokens", seq_id,
+             it == positions_.end() ? 0 : it->second);
+  HACK_CHECK(kv_.has_sequence(seq_id), "adopt: sequence {} is not in the KV cache", seq_id);
+  const int length = kv_.length(seq_id, 0);
+  for (int l = 1; l < kv_.shape().num_layers; ++l)
+    HACK_CHECK(kv_.length(seq_id, l) == length, "adopt: sequence {} holds {} tokens in layer 0 but {} in layer {}",
+               seq_id, length, kv_.length(seq_id, l), l);
+  positions_[seq_id] = length;
+}
+
 void Engine::remove_sequence(int seq_id) {
   kv_.remove_sequence(seq_id);
   positions_.erase(seq_id);
@@ -30,7 +44,8 @@ int Engine::position(int seq_id) const {
   return it->second;
 }
 
-void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits) {
+void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits,
+                     const std::function<void(int layer, bool last_chunk)>& on_layer_done) {
   HACK_CHECK(!tokens.empty(), "sequence {}: empty prompt", seq_id);
   const size_t vocab = static_cast<size_t>(config().vocab_size);
   int& pos = positions_.at(seq_id);
@@ -40,7 +55,10 @@ void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>
   while (done < tokens.size()) {
     const size_t n = std::min(tokens.size() - done, static_cast<size_t>(options_.prefill_chunk_tokens));
     SequenceChunk c{seq_id, pos, tokens.subspan(done, n), all_logits};
-    backend_.forward(std::span<const SequenceChunk>(&c, 1), kv_, chunk_logits);
+    const bool last_chunk = done + n == tokens.size();
+    LayerDoneFn layer_done;
+    if (on_layer_done) layer_done = [&](int layer) { on_layer_done(layer, last_chunk); };
+    backend_.forward(std::span<const SequenceChunk>(&c, 1), kv_, chunk_logits, layer_done);
     if (all_logits) std::copy(chunk_logits.begin(), chunk_logits.end(), logits.begin() + static_cast<std::ptrdiff_t>(done * vocab));
     pos += static_cast<int>(n);
     done += n;

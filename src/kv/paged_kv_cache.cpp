@@ -130,6 +130,18 @@ void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
   sequences_.emplace(seq_id, std::move(s));
 }
 
+bool PagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
+  Sequence& s = get(seq_id);
+  if (max_tokens <= s.max_tokens) return true;
+  const size_t bytes = reserve_bytes_for(max_tokens);
+  if (bytes > s.reserved_bytes && !budget_.try_reserve(bytes - s.reserved_bytes)) return false;
+  if (bytes > s.reserved_bytes) s.reserved_bytes = bytes;
+  s.max_tokens = max_tokens;
+  const size_t max_pages = static_cast<size_t>((max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1);
+  for (auto& lp : s.layers) lp.pages.reserve(max_pages);
+  return true;
+}
+
 void PagedKvCache::release_pages(Sequence& s) {
   for (auto& lp : s.layers) {
     for (PageRef p : lp.pages) block_pool_->release(p);
@@ -582,6 +594,87 @@ void PagedKvCache::close_pending_blocks(int seq_id) {
   for (size_t l = 0; l < s.layers.size(); ++l) quantize_pending(static_cast<int>(l), s.layers[l]);
 }
 
+void PagedKvCache::close_pending_blocks(int seq_id, int layer) {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
+  if (options_.mode != KvMode::hack) return;
+  quantize_pending(layer, get(seq_id).layers[static_cast<size_t>(layer)]);
+}
+
+int PagedKvCache::pending_block_count(int seq_id, int layer) const {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
+  return static_cast<int>(get(seq_id).layers[static_cast<size_t>(layer)].pending.size());
+}
+
+int PagedKvCache::max_tokens(int seq_id) const { return get(seq_id).max_tokens; }
+
+DType PagedKvCache::exact_dtype() const { return options_.mode == KvMode::fp ? options_.fp_dtype : DType::bf16; }
+
+const std::byte* PagedKvCache::exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,
+                                              int& capacity) const {
+  HACK_CHECK(pos >= 0 && pos < lp.length, "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer,
+             pos, lp.length);
+  const int T = options_.block_tokens;
+  if (options_.mode == KvMode::fp) {
+    slot = pos % T;
+    capacity = T;
+    return lp.pages[static_cast<size_t>(pos / T)].data;
+  }
+  const int S = options_.sinks;
+  if (pos < S) {
+    slot = pos;
+    capacity = S;
+    return lp.sink.data;
+  }
+  const size_t block = static_cast<size_t>((pos - S) / T);
+  HACK_CHECK(block >= lp.pages.size(), "sequence {} layer {}: token {} lies in a quantized block", seq_id, layer, pos);
+  const size_t b = block - lp.pages.size();
+  slot = (pos - S) % T;
+  capacity = T;
+  return b < lp.pending.size() ? lp.pending[b].data : lp.open.data;
+}
+
+void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k,
+                                     std::byte* v) const {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
+  HACK_CHECK(n_tokens >= 0, "copy_exact_tokens: negative token count {}", n_tokens);
+  const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
+  const size_t H = static_cast<size_t>(shape_.num_kv_heads), d = static_cast<size_t>(shape_.head_dim);
+  const size_t row_bytes = d * exact_elem_bytes_;
+  // Check the whole range first so nothing is written for a bad one.
+  for (int i = 0; i < n_tokens; ++i) {
+    int slot = 0, capacity = 0;
+    exact_location(lp, seq_id, layer, first_token + i, slot, capacity);
+  }
+  for (int i = 0; i < n_tokens; ++i) {
+    int slot = 0, capacity = 0;
+    const std::byte* base = exact_location(lp, seq_id, layer, first_token + i, slot, capacity);
+    const size_t cap = static_cast<size_t>(capacity);
+    for (size_t h = 0; h < H; ++h) {
+      const size_t src = (h * cap + static_cast<size_t>(slot)) * row_bytes;
+      const size_t dst = (static_cast<size_t>(i) * H + h) * row_bytes;
+      std::memcpy(k + dst, base + src, row_bytes);
+      std::memcpy(v + dst, base + H * cap * row_bytes + src, row_bytes);
+    }
+  }
+}
+
+void PagedKvCache::read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const {
+  const size_t elems = static_cast<size_t>(std::max(n_tokens, 0)) * static_cast<size_t>(shape_.num_kv_heads) *
+                       static_cast<size_t>(shape_.head_dim);
+  if (exact_elem_bytes_ == 4) {
+    copy_exact_tokens(seq_id, layer, first_token, n_tokens, reinterpret_cast<std::byte*>(k),
+                      reinterpret_cast<std::byte*>(v));
+    return;
+  }
+  std::vector<uint16_t> kb(elems), vb(elems);
+  copy_exact_tokens(seq_id, layer, first_token, n_tokens, reinterpret_cast<std::byte*>(kb.data()),
+                    reinterpret_cast<std::byte*>(vb.data()));
+  for (size_t i = 0; i < elems; ++i) {
+    k[i] = bf16_to_f32(kb[i]);
+    v[i] = bf16_to_f32(vb[i]);
+  }
+}
+
 double PagedKvCache::bytes_per_token() const { return kv_bytes_per_token(shape_, options_); }
 
 size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
@@ -641,6 +734,7 @@ KvCacheStats PagedKvCache::stats() const {
   if (open_pool_) st.bytes_used += open_pool_->bytes_in_use();
   if (sink_pool_) st.bytes_used += sink_pool_->bytes_in_use();
   st.bytes_capacity = budget_.capacity();
+  st.bytes_reserved = budget_.reserved();
   return st;
 }
 

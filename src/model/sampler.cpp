@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "hack/core/error.h"
 
@@ -34,11 +35,26 @@ bool better(const std::pair<float, int>& a, const std::pair<float, int>& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
 
-// Uniform double in [0, 1) from 53 random bits; defined by us, so reproducible across
-// standard libraries (std::uniform_real_distribution is not).
-double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+// splitmix64's finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mix.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
 
 }  // namespace
+
+// Defined by us, so reproducible across standard libraries (std::uniform_real_distribution
+// is not) and across processes: one draw per step, from (seed, step) alone.
+double uniform_for_step(uint64_t seed, uint64_t step) {
+  return static_cast<double>(splitmix64(seed + splitmix64(step)) >> 11) * 0x1.0p-53;
+}
 
 void SamplingParams::validate(int vocab_size) const {
   HACK_CHECK(vocab_size > 0, "vocab_size must be > 0, got {}", vocab_size);
@@ -64,7 +80,7 @@ void SamplingParams::validate(int vocab_size) const {
 Sampler::Sampler(const SamplingParams& params, int vocab_size)
     : params_(params),
       vocab_size_(vocab_size),
-      rng_(params.seed ? *params.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
+      seed_(params.seed ? *params.seed : random_seed()),
       seen_in_prompt_or_output_(static_cast<size_t>(std::max(vocab_size, 0)), 0) {
   params_.validate(vocab_size);
 }
@@ -80,6 +96,12 @@ void Sampler::mark_seen(int token) {
 
 void Sampler::add_prompt_tokens(std::span<const int> tokens) {
   for (int t : tokens) mark_seen(t);
+}
+
+void Sampler::record_token(int token) {
+  mark_seen(token);  // validates the id
+  ++output_counts_[token];
+  ++step_;
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
@@ -117,16 +139,18 @@ SampleResult Sampler::sample(std::span<float> logits) {
     HACK_CHECK(!std::isnan(logits[best]), "sample: logits contain NaN");
     result.token = static_cast<int>(best);
   } else {
-    result.token = sample_random(logits);
+    result.token = sample_random(logits, uniform_for_step(seed_, static_cast<uint64_t>(step_)));
   }
 
   if (want_logprobs) fill_logprobs(result);
   ++output_counts_[result.token];
   mark_seen(result.token);
+  ++step_;
   return result;
 }
 
-int Sampler::sample_random(std::span<float> logits) {
+// u: this step's uniform draw in [0, 1).
+int Sampler::sample_random(std::span<float> logits, double u01) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const float inv_t = 1.0f / params_.temperature;
   float max_logit = kNegInf;
@@ -144,7 +168,7 @@ int Sampler::sample_random(std::span<float> logits) {
     // Plain temperature sampling: weights in place, no candidate list.
     double total = 0;
     for (float& l : logits) total += (l = std::exp(l - max_logit));
-    const double u = uniform01(rng_) * total;
+    const double u = u01 * total;
     double acc = 0;
     int last_positive = 0;
     for (size_t i = 0; i < logits.size(); ++i) {
@@ -183,7 +207,7 @@ int Sampler::sample_random(std::span<float> logits) {
   }
 
   // One draw from the renormalised distribution over scratch_[0, n).
-  const double u = uniform01(rng_) * total;
+  const double u = u01 * total;
   double acc = 0;
   for (size_t i = 0; i < n; ++i) {
     acc += std::exp(scratch_[i].first - max_logit);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -14,9 +15,10 @@ namespace hack::net {
 
 namespace {
 
-// Messages of one request that arrived ahead of an earlier one (a rendezvous page still
-// being fetched) wait here; more than this many means the sender is broken.
-constexpr size_t kMaxEarlyMessages = 4096;
+// Ids of requests that ended by cancel or error, remembered so that their messages still
+// in flight (a rendezvous page fetched after the cancel) do not open a request that never
+// ends. A message with seq 0 starts the id afresh.
+constexpr size_t kEndedIdsKept = 4096;
 
 std::vector<std::byte> encode(const WireHeader& header) {
   std::vector<std::byte> out(kWireHeaderBytes);
@@ -53,6 +55,16 @@ struct KvReceiver::State {
   UcxWorker& worker;
   KvReceiverCallbacks callbacks;
   std::unordered_map<uint64_t, Request> requests;
+  std::unordered_set<uint64_t> ended;
+  std::deque<uint64_t> ended_order;
+
+  void remember_ended(uint64_t id) {
+    if (ended.insert(id).second) ended_order.push_back(id);
+    while (ended_order.size() > kEndedIdsKept) {
+      ended.erase(ended_order.front());
+      ended_order.pop_front();
+    }
+  }
 
   State(UcxWorker& w, KvReceiverCallbacks c) : worker(w), callbacks(std::move(c)) {}
 
@@ -77,6 +89,11 @@ struct KvReceiver::State {
     WireHeader header;
     if (Status s = decode_wire_header(header_bytes, header); !s) return bad_message(from, s);
     const uint64_t id = header.request_id;
+    const bool control = header.type == WireType::request_cancel || header.type == WireType::request_error;
+    if (!requests.contains(id) && ended.contains(id)) {
+      if (control || header.seq != 0) return;  // a straggler of a request that has ended
+      ended.erase(id);
+    }
     auto [it, started] = requests.try_emplace(id);
     Request& request = it->second;
     if (started) request.from = from;
@@ -87,7 +104,6 @@ struct KvReceiver::State {
     }
     // Data messages are verified in stream order (deliver), so a bad message fails its
     // request after everything sent before it; control messages act on arrival.
-    const bool control = header.type == WireType::request_cancel || header.type == WireType::request_error;
     if (control) {
       if (Status s = verify_wire_payload(header, payload); !s) return fail(id, request, s);
     }
@@ -96,6 +112,7 @@ struct KvReceiver::State {
         callbacks.on_request_error(id, Status::error(fmt::format("request {} cancelled by the sender: {}", id,
                                                                   payload.empty() ? "no reason given" : bytes_text(payload))));
       requests.erase(it);
+      remember_ended(id);
       return;
     }
     if (header.type == WireType::request_error) {
@@ -103,13 +120,14 @@ struct KvReceiver::State {
       if (!request.failed && callbacks.on_request_error)
         callbacks.on_request_error(id, Status::error(fmt::format("request {} failed at the sender: {}", id, bytes_text(payload))));
       requests.erase(it);
+      remember_ended(id);
       return;
     }
     if (request.failed) return;  // dropped until the sender ends it
     if (header.seq != request.next_seq) {
       if (header.seq < request.next_seq || request.early.contains(header.seq))
         return fail(id, request, Status::error(fmt::format("request {}: message {} arrived twice", id, header.seq)));
-      if (request.early.size() >= kMaxEarlyMessages)
+      if (request.early.size() >= kKvMaxEarlyMessages)
         return fail(id, request, Status::error(fmt::format("request {}: message {} never arrived", id, request.next_seq)));
       request.early.emplace(header.seq, Early{header, {payload.begin(), payload.end()}});
       return;
@@ -138,12 +156,15 @@ struct KvReceiver::State {
       case WireType::kv_page:
         if (callbacks.on_page) callbacks.on_page(id, header.layer, payload);
         return true;
+      case WireType::kv_exact:
+        if (callbacks.on_exact) callbacks.on_exact(id, header.layer, payload);
+        return true;
       case WireType::kv_layer_done:
         if (callbacks.on_layer_done) callbacks.on_layer_done(id, header.layer);
         return true;
       case WireType::request_done:
         requests.erase(it);
-        if (callbacks.on_request_done) callbacks.on_request_done(id);
+        if (callbacks.on_request_done) callbacks.on_request_done(id, payload);
         return false;
       case WireType::request_error:
       case WireType::request_cancel:
@@ -180,6 +201,7 @@ KvReceiver::KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks)
         if (!decode_wire_header(header_bytes, header)) return state->bad_message(from, error);
         auto it = state->requests.find(header.request_id);
         if (it == state->requests.end()) {
+          if (state->ended.contains(header.request_id)) return;  // a straggler of an ended request
           it = state->requests.try_emplace(header.request_id).first;
           it->second.from = from;
         }
@@ -212,86 +234,213 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   struct Request {
     EndpointId peer = 0;
     uint32_t next_seq = 0;
-    uint32_t in_flight = 0;
+    uint32_t in_flight = 0;  // messages queued or handed to UCX, not yet completed
     bool ended = false;
     bool failed = false;
     bool cancelled = false;
     Status error;
   };
+  // One message waiting for its endpoint's window.
+  struct Outgoing {
+    uint64_t request_id = 0;
+    bool counted = false;  // one of the request's messages (not an out-of-sequence cancel)
+    std::vector<std::byte> header, payload;
+  };
+  // Per endpoint: messages handed to UCX are numbered; [oldest, next_index) is the window.
+  struct Endpoint {
+    std::deque<Outgoing> waiting;
+    uint64_t next_index = 0;
+    uint64_t oldest = 0;            // first index not yet completed (== next_index when none)
+    std::deque<uint8_t> completed;  // [oldest, next_index): 1 once completed
+    size_t bytes = 0;               // payload bytes handed out and not completed
+    bool draining = false;          // a thread is handing messages to UCX
+  };
+  static constexpr size_t kOutcomesKept = 4096;
 
   UcxWorker& worker;
-  std::mutex mutex;
+  KvSenderOptions options;
+  mutable std::mutex mutex;
   std::condition_variable idle;
   KvSenderCallbacks callbacks;  // emptied by ~KvSender
   std::unordered_map<uint64_t, Request> requests;
+  std::unordered_map<EndpointId, Endpoint> endpoints;  // references stay valid on insert
+  std::unordered_map<uint64_t, Status> outcomes;       // of requests that finished, for wait_request
+  std::deque<uint64_t> outcome_order;
   std::unordered_set<uint64_t> corrupt_next_page;  // test hook
-  size_t in_flight = 0;
+  size_t in_flight = 0;                            // all messages queued or handed out
+  KvSenderStats counters;
 
-  Shared(UcxWorker& w, KvSenderCallbacks c) : worker(w), callbacks(std::move(c)) {}
+  Shared(UcxWorker& w, KvSenderCallbacks c, KvSenderOptions o)
+      : worker(w), options(o), callbacks(std::move(c)) {}
 
-  // Marks a request failed (once) and reports it.
+  // Under the lock: a request whose messages are all done leaves the table.
+  void maybe_finish(std::unordered_map<uint64_t, Request>::iterator it) {
+    const Request& r = it->second;
+    if (!r.ended || r.in_flight != 0) return;
+    Status outcome = r.failed ? r.error
+                     : r.cancelled ? Status::error(fmt::format("request {} was cancelled", it->first))
+                                   : Status::ok();
+    if (outcomes.insert_or_assign(it->first, std::move(outcome)).second) outcome_order.push_back(it->first);
+    while (outcome_order.size() > kOutcomesKept) {
+      outcomes.erase(outcome_order.front());
+      outcome_order.pop_front();
+    }
+    requests.erase(it);
+  }
+
+  // Marks a request failed (once) and reports it; its waiting messages are then dropped.
   void fail(uint64_t id, const Status& error) {
     std::function<void(uint64_t, const Status&)> report;
+    EndpointId peer = 0;
     {
       std::lock_guard lock(mutex);
       auto it = requests.find(id);
       if (it == requests.end() || it->second.failed || it->second.cancelled) return;
       it->second.failed = true;
       it->second.error = error;
+      peer = it->second.peer;
       report = callbacks.on_request_error;
+      idle.notify_all();
     }
     spdlog::warn("kv sender: request {} failed: {}", id, error.message());
     if (report) report(id, error);
+    drain(peer);
   }
 
-  void sent(uint64_t id, const Status& status) {
-    {
-      std::lock_guard lock(mutex);
-      --in_flight;
+  // Under the lock: one message of request `id` is finished (completed or dropped).
+  void message_finished(uint64_t id, bool counted) {
+    --in_flight;
+    if (counted) {
       auto it = requests.find(id);
       if (it != requests.end()) {
         --it->second.in_flight;
-        if (it->second.ended && it->second.in_flight == 0) requests.erase(it);
+        maybe_finish(it);
       }
-      idle.notify_all();
     }
-    if (!status) fail(id, status);
+    idle.notify_all();
+  }
+
+  void sent(EndpointId peer, uint64_t index, size_t bytes, uint64_t id, bool counted, const Status& status) {
+    std::function<void(uint64_t, const Status&)> report;
+    Status error;
+    {
+      std::lock_guard lock(mutex);
+      Endpoint& ep = endpoints[peer];
+      ep.completed[static_cast<size_t>(index - ep.oldest)] = 1;
+      ep.bytes -= bytes;
+      while (!ep.completed.empty() && ep.completed.front() != 0) {
+        ep.completed.pop_front();
+        ++ep.oldest;
+      }
+      if (status) {
+        ++counters.messages_sent;
+        counters.bytes_sent += bytes;
+      } else if (counted) {
+        // Marked here, before the request can finish, so its outcome keeps the error.
+        auto it = requests.find(id);
+        if (it != requests.end() && !it->second.failed && !it->second.cancelled) {
+          error = Status::error(
+              fmt::format("request {}: a send to endpoint {} failed: {}", id, peer, status.message()));
+          it->second.failed = true;
+          it->second.error = error;
+          report = callbacks.on_request_error;
+        }
+      }
+      message_finished(id, counted);
+    }
+    if (!error.is_ok()) {
+      spdlog::warn("kv sender: request {} failed: {}", id, error.message());
+      if (report) report(id, error);
+    }
+    drain(peer);
+  }
+
+  // Hands waiting messages of `peer` to UCX while its window has room. One thread at a
+  // time per endpoint (so messages leave in queue order); the lock is never held across
+  // worker.send, whose completion may run inline.
+  void drain(EndpointId peer) {
+    std::unique_lock lock(mutex);
+    Endpoint& ep = endpoints[peer];
+    if (ep.draining) return;
+    ep.draining = true;
+    while (!ep.waiting.empty()) {
+      Outgoing& front = ep.waiting.front();
+      if (front.counted) {
+        auto it = requests.find(front.request_id);
+        if (it == requests.end() || it->second.failed || it->second.cancelled) {
+          const uint64_t id = front.request_id;
+          ep.waiting.pop_front();
+          --counters.messages_waiting;
+          message_finished(id, true);
+          continue;
+        }
+      }
+      const size_t in_window = static_cast<size_t>(ep.next_index - ep.oldest);
+      const size_t size = front.payload.size();
+      if (in_window >= options.max_in_flight_messages) break;
+      if (in_window > 0 && ep.bytes + size > options.max_in_flight_bytes) break;
+      Outgoing message = std::move(front);
+      ep.waiting.pop_front();
+      --counters.messages_waiting;
+      const uint64_t index = ep.next_index++;
+      ep.completed.push_back(0);
+      ep.bytes += size;
+      counters.max_window_messages = std::max<uint64_t>(counters.max_window_messages, ep.next_index - ep.oldest);
+      counters.max_window_bytes = std::max<uint64_t>(counters.max_window_bytes, ep.bytes);
+      lock.unlock();
+      worker.send(peer, kKvDataAmId, std::move(message.header), std::move(message.payload),
+                  [self = shared_from_this(), peer, index, size, id = message.request_id,
+                   counted = message.counted](const Status& status) {
+                    self->sent(peer, index, size, id, counted, status);
+                  });
+      lock.lock();
+    }
+    ep.draining = false;
+  }
+
+  // Under the lock: appends a message to its endpoint's queue.
+  void enqueue(EndpointId peer, Outgoing message) {
+    ++in_flight;
+    endpoints[peer].waiting.push_back(std::move(message));
+    ++counters.messages_waiting;
+    counters.max_waiting = std::max(counters.max_waiting, counters.messages_waiting);
   }
 
   // Queues one message of a request; `end` marks the request's last message.
   Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end) {
-    WireHeader header;
     {
       std::lock_guard lock(mutex);
       auto [it, started] = requests.try_emplace(id);
       Request& request = it->second;
-      if (started) request.peer = peer;
+      if (started) {
+        request.peer = peer;
+        outcomes.erase(id);
+      }
       if (request.peer != peer)
         return Status::error(fmt::format("request {} streams to endpoint {}, not {}", id, request.peer, peer));
       if (request.ended) return Status::error(fmt::format("request {} has already ended", id));
       if (request.failed) return request.error;
-      header = make_wire_header(type, id, layer, request.next_seq++, payload);
-      if (type == WireType::kv_page && !payload.empty() && corrupt_next_page.erase(id) != 0)
+      const WireHeader header = make_wire_header(type, id, layer, request.next_seq++, payload);
+      if ((type == WireType::kv_page || type == WireType::kv_exact) && !payload.empty() && corrupt_next_page.erase(id) != 0)
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       ++request.in_flight;
-      ++in_flight;
       request.ended = end;
+      enqueue(peer, Outgoing{id, true, encode(header), std::move(payload)});
     }
-    worker.send(peer, kKvDataAmId, encode(header), std::move(payload),
-                [self = shared_from_this(), id](const Status& status) { self->sent(id, status); });
+    drain(peer);
     return Status::ok();
   }
 
-  // A request_cancel outside any request's sequence (the receiver handles it on arrival).
+  // A request_cancel outside any request's sequence (the receiver handles it on arrival);
+  // it follows the request's earlier messages through the same queue.
   void send_cancel(EndpointId peer, uint64_t id, std::string_view reason) {
     auto payload = text_bytes(reason);
+    auto header = encode(make_wire_header(WireType::request_cancel, id, 0, 0, payload));
     {
       std::lock_guard lock(mutex);
-      ++in_flight;
+      enqueue(peer, Outgoing{id, false, std::move(header), std::move(payload)});
     }
-    auto header = encode(make_wire_header(WireType::request_cancel, id, 0, 0, payload));
-    worker.send(peer, kKvDataAmId, std::move(header), std::move(payload),
-                [self = shared_from_this()](const Status&) { self->sent(0, Status::ok()); });
+    drain(peer);
   }
 
   void on_reply(std::span<const std::byte> header_bytes, std::span<const std::byte> payload) {
@@ -318,11 +467,17 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     }
     for (uint64_t id : lost)
       fail(id, Status::error(fmt::format("request {}: lost the receiver: {}", id, reason.message())));
+    drain(endpoint);  // what still waits goes to UCX, which fails it at once
   }
 };
 
-KvSender::KvSender(UcxWorker& worker, KvSenderCallbacks callbacks)
-    : worker_(worker), shared_(std::make_shared<Shared>(worker, std::move(callbacks))) {
+KvSender::KvSender(UcxWorker& worker, KvSenderCallbacks callbacks, KvSenderOptions options)
+    : worker_(worker) {
+  HACK_CHECK(options.max_in_flight_messages >= 1 && options.max_in_flight_messages <= kKvMaxEarlyMessages,
+             "kv sender: max_in_flight_messages must be in [1, {}], got {}", kKvMaxEarlyMessages,
+             options.max_in_flight_messages);
+  HACK_CHECK(options.max_in_flight_bytes >= 1, "kv sender: max_in_flight_bytes must be positive");
+  shared_ = std::make_shared<Shared>(worker, std::move(callbacks), options);
   Shared* shared = shared_.get();
   worker_.set_message_handler(kKvReplyAmId,
                               [shared](EndpointId, std::span<const std::byte> header, std::span<const std::byte> payload) {
@@ -353,11 +508,21 @@ Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer,
   return send_page(peer, request_id, layer, std::vector<std::byte>(page.begin(), page.end()));
 }
 
+Status KvSender::send_exact(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact) {
+  if (exact.size() > kWireMaxPayloadBytes)
+    return Status::error(fmt::format("request {}: a {}-byte exact message exceeds the wire limit", request_id,
+                                     exact.size()));
+  return shared_->queue(peer, request_id, WireType::kv_exact, layer, std::move(exact), false);
+}
+
 Status KvSender::layer_done(EndpointId peer, uint64_t request_id, uint32_t layer) {
   return shared_->queue(peer, request_id, WireType::kv_layer_done, layer, {}, false);
 }
 
-Status KvSender::request_done(EndpointId peer, uint64_t request_id) {
+Status KvSender::request_done(EndpointId peer, uint64_t request_id, std::vector<std::byte> payload) {
+  if (payload.size() > kWireMaxDoneBytes)
+    return Status::error(fmt::format("request {}: a {}-byte request_done payload exceeds the limit of {}", request_id,
+                                     payload.size(), kWireMaxDoneBytes));
   Status error;
   {
     std::lock_guard lock(shared_->mutex);
@@ -365,14 +530,14 @@ Status KvSender::request_done(EndpointId peer, uint64_t request_id) {
     if (it != shared_->requests.end() && it->second.failed) {
       error = it->second.error;
       it->second.ended = true;
-      if (it->second.in_flight == 0) shared_->requests.erase(it);
+      shared_->maybe_finish(it);
     }
   }
   if (!error) {
     shared_->send_cancel(peer, request_id, "ended by the sender after an error");
     return error;
   }
-  return shared_->queue(peer, request_id, WireType::request_done, 0, {}, true);
+  return shared_->queue(peer, request_id, WireType::request_done, 0, std::move(payload), true);
 }
 
 void KvSender::cancel(EndpointId peer, uint64_t request_id, std::string reason) {
@@ -382,7 +547,8 @@ void KvSender::cancel(EndpointId peer, uint64_t request_id, std::string reason) 
     if (it != shared_->requests.end()) {
       it->second.ended = true;
       it->second.cancelled = true;
-      if (it->second.in_flight == 0) shared_->requests.erase(it);
+      shared_->idle.notify_all();
+      shared_->maybe_finish(it);
     }
   }
   shared_->send_cancel(peer, request_id, reason);
@@ -395,6 +561,37 @@ Status KvSender::wait_idle(double timeout_s) {
   if (!done)
     return Status::error(fmt::format("kv sender: {} messages still queued after {} s", shared_->in_flight, timeout_s));
   return Status::ok();
+}
+
+Status KvSender::wait_request(uint64_t request_id, double timeout_s) {
+  std::unique_lock lock(shared_->mutex);
+  auto settled = [&] {
+    auto it = shared_->requests.find(request_id);
+    return it == shared_->requests.end() || it->second.failed || it->second.cancelled;
+  };
+  if (!shared_->idle.wait_for(lock, std::chrono::duration<double>(timeout_s), settled)) {
+    const auto& r = shared_->requests.at(request_id);
+    return Status::error(fmt::format("request {}: {} messages not yet sent after {} s{}", request_id, r.in_flight,
+                                     timeout_s, r.ended ? "" : " (the request was never ended)"));
+  }
+  auto it = shared_->requests.find(request_id);
+  if (it != shared_->requests.end()) {
+    return it->second.failed ? it->second.error
+                             : Status::error(fmt::format("request {} was cancelled", request_id));
+  }
+  auto outcome = shared_->outcomes.find(request_id);
+  return outcome == shared_->outcomes.end() ? Status::ok() : outcome->second;
+}
+
+bool KvSender::request_pending(uint64_t request_id) const {
+  std::lock_guard lock(shared_->mutex);
+  auto it = shared_->requests.find(request_id);
+  return it != shared_->requests.end() && !it->second.failed && !it->second.cancelled;
+}
+
+KvSenderStats KvSender::stats() const {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->counters;
 }
 
 void KvSender::corrupt_next_page_for_test(uint64_t request_id) {

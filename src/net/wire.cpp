@@ -24,7 +24,7 @@ T get(const std::byte* in, size_t& at) {
   return value;
 }
 
-bool known_type(uint16_t type) { return type >= 1 && type <= 5; }
+bool known_type(uint16_t type) { return type >= 1 && type <= 6; }
 
 }  // namespace
 
@@ -35,6 +35,7 @@ const char* wire_type_name(WireType type) {
     case WireType::request_done: return "request_done";
     case WireType::request_error: return "request_error";
     case WireType::request_cancel: return "request_cancel";
+    case WireType::kv_exact: return "kv_exact";
   }
   return "unknown";
 }
@@ -87,11 +88,12 @@ Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out) {
   h.payload_checksum = get<uint64_t>(bytes.data(), at);
   uint64_t limit = 0;
   switch (h.type) {
-    case WireType::kv_page: limit = kWireMaxPayloadBytes; break;
+    case WireType::kv_page:
+    case WireType::kv_exact: limit = kWireMaxPayloadBytes; break;
     case WireType::request_error:
     case WireType::request_cancel: limit = kWireMaxErrorBytes; break;
-    case WireType::kv_layer_done:
-    case WireType::request_done: limit = 0; break;
+    case WireType::request_done: limit = kWireMaxDoneBytes; break;
+    case WireType::kv_layer_done: limit = 0; break;
   }
   if (h.payload_bytes > limit)
     return Status::error(fmt::format("request {}: {} declares a {}-byte payload, limit {}", h.request_id,

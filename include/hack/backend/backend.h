@@ -3,6 +3,7 @@
 /// over a batch of sequence chunks, storing KV and returning logits.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -26,6 +27,12 @@ struct SequenceChunk {
   bool all_logits = false;       ///< logits for every token (else only the last)
 };
 
+/// Called by forward() once per layer, after that layer's K/V of every chunk are appended
+/// and its attention is computed, before the next layer starts (e.g. to export the layer's
+/// KV while later layers run). On the host the KV is final when it is called; a device
+/// backend synchronises its stream first (it is only called when set).
+using LayerDoneFn = std::function<void(int layer)>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -35,8 +42,10 @@ class Backend {
   /// Runs every chunk through the model, appending its K/V to `kv` (the chunk's
   /// sequence must exist there), and writes logits rows into `logits`:
   /// for each chunk in order, n_tokens rows if all_logits else 1 row; each row vocab floats.
-  /// Returns the number of rows written.
-  virtual size_t forward(std::span<const SequenceChunk> batch, KvCache& kv, std::vector<float>& logits) = 0;
+  /// Returns the number of rows written. `on_layer_done` (optional) runs after each layer; an
+  /// exception it throws aborts the forward (the KV of the layers done so far stays stored).
+  virtual size_t forward(std::span<const SequenceChunk> batch, KvCache& kv, std::vector<float>& logits,
+                         const LayerDoneFn& on_layer_done = {}) = 0;
 };
 
 /// The CPU reference backend. `pool` runs every kernel; it must outlive the backend.

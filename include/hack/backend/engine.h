@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -27,13 +28,21 @@ class Engine {
 
   /// Opens a sequence able to hold max_tokens (prompt + generated).
   void add_sequence(int seq_id, int max_tokens);
+  /// Takes over a sequence that already holds KV in kv() (e.g. imported from a prefill
+  /// node): its position is its stored length, which must be the same in every layer. The
+  /// sequence may have been opened with add_sequence (the usual way to reserve its KV)
+  /// as long as the engine has not run it yet.
+  void adopt_sequence(int seq_id);
   void remove_sequence(int seq_id);
   /// Tokens processed so far for the sequence (its next position).
   int position(int seq_id) const;
 
   /// Runs `tokens` through the model in chunks; `logits` gets the last token's logits
-  /// (vocab floats), or every token's ([n][vocab]) when all_logits.
-  void prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits = false);
+  /// (vocab floats), or every token's ([n][vocab]) when all_logits. `on_layer_done(layer,
+  /// last_chunk)` runs after each layer of each chunk (Backend::forward's LayerDoneFn);
+  /// last_chunk is true in the chunk that ends the prompt, when the layer's KV is final.
+  void prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits = false,
+               const std::function<void(int layer, bool last_chunk)>& on_layer_done = {});
   /// One decode step: tokens[i] is the next token of seq_ids[i]; logits [n][vocab].
   void decode(std::span<const int> seq_ids, std::span<const int> tokens, std::vector<float>& logits);
 
@@ -46,6 +55,8 @@ class Engine {
 };
 
 enum class FinishReason { stop, length };
+/// "stop" | "length", as the OpenAI API names them.
+std::string_view finish_reason_name(FinishReason reason);
 
 struct GenerationStats {
   int prompt_tokens = 0;

@@ -23,6 +23,7 @@ struct KvCacheStats {
   int64_t tokens = 0;          ///< tokens stored, summed over sequences (one layer's worth)
   size_t bytes_used = 0;       ///< bytes held for stored tokens, all layers
   size_t bytes_capacity = 0;   ///< bytes the cache may use (0 = unbounded)
+  size_t bytes_reserved = 0;   ///< bytes committed to open sequences (their reservations)
 };
 
 class KvCache {

@@ -88,6 +88,11 @@ class PagedKvCache final : public KvCache {
   /// add/remove/fork must not run concurrently with append/attend.
   void add_sequence(int seq_id, int max_tokens) override;
   void remove_sequence(int seq_id) override;
+  /// Grows a sequence's reservation to max_tokens (never shrinks it). False, with nothing
+  /// changed, when the budget cannot hold the difference.
+  bool try_extend_sequence(int seq_id, int max_tokens);
+  /// Bytes add_sequence(…, max_tokens) reserves (for admission decisions).
+  size_t sequence_bytes(int max_tokens) const { return reserve_bytes_for(max_tokens); }
   bool has_sequence(int seq_id) const override;
   int length(int seq_id, int layer) const override;
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
@@ -123,8 +128,26 @@ class PagedKvCache final : public KvCache {
   size_t attend_bytes(int seq_id, int layer) const;
 
   /// Quantizes the blocks the latest append filled (normally the next append does), e.g.
-  /// before exporting a prefilled sequence's pages. No-op in fp mode.
+  /// before exporting a prefilled sequence's pages. No-op in fp mode. The result is the
+  /// state the next append would produce before storing its tokens (same page bytes).
   void close_pending_blocks(int seq_id);
+  /// The same for one layer (so a layer can be exported as soon as its prefill is done).
+  void close_pending_blocks(int seq_id, int layer);
+  /// Blocks of a layer that are full but not yet quantized (hack mode; 0 in fp mode).
+  int pending_block_count(int seq_id, int layer) const;
+  /// Tokens the sequence was opened for (add_sequence's max_tokens).
+  int max_tokens(int seq_id) const;
+
+  /// Element type of tokens kept exactly: bf16 in hack mode (sinks, pending and open
+  /// blocks), the fp page type (bf16 or f32) in fp mode.
+  DType exact_dtype() const;
+  /// Copies tokens [first_token, first_token + n_tokens) of a layer that are stored
+  /// exactly, converted to f32. k, v: [n_tokens][num_kv_heads][head_dim]. Valid for sink,
+  /// pending and open-block tokens (hack mode) and every token (fp mode); throws
+  /// hack::Error for a token that is quantized or not stored.
+  void read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const;
+  /// The same without conversion: k, v receive exact_dtype() elements (bit copies).
+  void copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k, std::byte* v) const;
 
   /// Full HACK pages of a sequence's layer, as opaque bytes (hack mode).
   int hack_page_count(int seq_id, int layer) const;
@@ -168,6 +191,10 @@ class PagedKvCache final : public KvCache {
   cpu::HackHeadView hack_view(const std::byte* page, int kv_head) const;
   // Quantizes the pending blocks into HACK pages.
   void quantize_pending(int layer, LayerPages& lp);
+  // Page region holding exact token `pos` of a layer: its K region start, slot and token
+  // capacity per head (the V region follows K's num_kv_heads · capacity rows).
+  const std::byte* exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,
+                                  int& capacity) const;
   // Runs segments [seg_begin, seg_end) for heads [head_begin, head_end), rows[h − head_begin]
   // holding head h's n_tokens·group rows; a segment is done for every head before the next.
   void attend_rows(const LayerPages& lp, int end, int head_begin, int head_end, int start_pos, int n_tokens,

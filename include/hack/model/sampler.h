@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -42,11 +41,31 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs; ///< top `logprobs` tokens, best first
 };
 
-/// One sequence's sampler: owns its RNG and the counts needed for penalties.
+/// The uniform double in [0, 1) (53 random bits) for step `step` of the sequence seeded
+/// with `seed`: splitmix64(seed + splitmix64(step)).
+double uniform_for_step(uint64_t seed, uint64_t step);
+
+/// One sequence's sampler: owns its seed, step count and the counts needed for penalties.
+///
+/// Randomness is a pure function of (seed, step): the draw for generated token i uses
+/// uniform_for_step(seed, i) only, so generation can move between processes — prefill
+/// samples token 0, decode records it (record_token) and samples tokens 1, 2, ... with the
+/// same seed, drawing exactly what one process would have drawn.
 class Sampler {
  public:
-  /// Validates `params` (throws hack::Error like SamplingParams::validate).
+  /// Validates `params` (throws hack::Error like SamplingParams::validate). Without
+  /// params.seed a random seed is picked (see seed()).
   Sampler(const SamplingParams& params, int vocab_size);
+
+  /// The seed in use: params.seed, or the one picked at construction (hand it to the
+  /// process that continues the sequence).
+  uint64_t seed() const { return seed_; }
+  /// Tokens generated or recorded so far (the step index of the next sample).
+  int64_t step() const { return step_; }
+  /// Records a token generated elsewhere (e.g. the first token, sampled by the prefill
+  /// node) as if this sampler had produced it: it counts for penalties and advances the
+  /// step, without drawing.
+  void record_token(int token);
 
   /// Records prompt tokens (they count for the repetition penalty only).
   void add_prompt_tokens(std::span<const int> tokens);
@@ -61,14 +80,15 @@ class Sampler {
  private:
   void mark_seen(int token);
   void apply_penalties(std::span<float> logits) const;
-  int sample_random(std::span<float> logits);
+  int sample_random(std::span<float> logits, double u01);
   void select_top(std::span<const float> logits, size_t k, float min_logit);
   size_t nucleus(float max_logit, double* kept_mass);
   void fill_logprobs(SampleResult& result);
 
   SamplingParams params_;
   int vocab_size_;
-  std::mt19937_64 rng_;
+  uint64_t seed_;
+  int64_t step_ = 0;
   std::unordered_map<int, int> output_counts_;
   std::vector<uint8_t> seen_in_prompt_or_output_;
   std::vector<int> seen_ids_;             // the tokens flagged in seen_in_prompt_or_output_

@@ -4,12 +4,20 @@
 /// request end to callbacks, in the order they were sent, and reports per-request errors.
 ///
 /// Protocol (wire.h headers; `seq` numbers the messages of one request from 0):
-///   sender → receiver, AM id kKvDataAmId: kv_page* kv_layer_done ... request_done, or
-///                                         request_cancel at any point
+///   sender → receiver, AM id kKvDataAmId: (kv_page | kv_exact)* kv_layer_done ...
+///                                         request_done (with an optional small payload),
+///                                         or request_cancel at any point
 ///   receiver → sender, AM id kKvReplyAmId: request_error (a bad page, a checksum mismatch)
 /// A failed request stays failed on both sides until the sender ends it (request_done or
 /// cancel, which then sends request_cancel so the receiver forgets it). A lost endpoint
 /// fails every request on it, on both sides. Errors of one request never touch another.
+///
+/// Flow control: the receiver delivers a request's messages in order and holds at most
+/// kKvMaxEarlyMessages that arrive ahead of one still being fetched (a rendezvous page), so
+/// the sender keeps a window per endpoint: at most max_in_flight_messages messages from
+/// the oldest one not yet send-completed to the newest handed to UCX, and at most
+/// max_in_flight_bytes of payload in them. Messages beyond the window wait in a local
+/// queue, in order, and go out as completions open it; no call ever blocks on it.
 #pragma once
 
 #include <cstddef>
@@ -28,13 +36,19 @@ namespace hack::net {
 
 inline constexpr uint16_t kKvDataAmId = 10;
 inline constexpr uint16_t kKvReplyAmId = 11;
+/// Messages of one request a receiver holds while an earlier one is still arriving; one
+/// more fails the request (a sender whose window is larger is broken).
+inline constexpr size_t kKvMaxEarlyMessages = 4096;
 
 /// All run on the worker's progress thread; they must not block.
 struct KvReceiverCallbacks {
   /// page: one HACK page of `layer`, valid only during the call.
   std::function<void(uint64_t request_id, uint32_t layer, std::span<const std::byte> page)> on_page;
+  /// exact: one exact-tokens message of `layer` (kv/kv_stream.h), valid only during the call.
+  std::function<void(uint64_t request_id, uint32_t layer, std::span<const std::byte> exact)> on_exact;
   std::function<void(uint64_t request_id, uint32_t layer)> on_layer_done;
-  std::function<void(uint64_t request_id)> on_request_done;
+  /// payload: what the sender passed to request_done (may be empty), valid during the call.
+  std::function<void(uint64_t request_id, std::span<const std::byte> payload)> on_request_done;
   /// Called at most once per request; nothing more arrives for it afterwards.
   std::function<void(uint64_t request_id, const Status& error)> on_request_error;
   /// A message whose header could not be read, so no request can be blamed.
@@ -66,12 +80,30 @@ struct KvSenderCallbacks {
   std::function<void(uint64_t request_id, const Status& error)> on_request_error;
 };
 
+struct KvSenderOptions {
+  /// Window per endpoint (see the file comment). At most kKvMaxEarlyMessages messages; a
+  /// single message larger than max_in_flight_bytes still goes out, alone.
+  size_t max_in_flight_messages = 1024;
+  size_t max_in_flight_bytes = size_t{64} << 20;
+};
+
+/// Counters (read from any thread).
+struct KvSenderStats {
+  uint64_t messages_sent = 0;    ///< send-completed successfully
+  uint64_t bytes_sent = 0;       ///< their payload bytes
+  uint64_t messages_waiting = 0; ///< now waiting for the window (not yet handed to UCX)
+  uint64_t max_waiting = 0;      ///< the most ever waiting at once
+  uint64_t max_window_messages = 0;  ///< the widest window any endpoint reached (messages)
+  uint64_t max_window_bytes = 0;     ///< the most payload bytes any endpoint had in its window
+};
+
 /// Streams requests to any number of receivers over one worker (one sender per worker).
 /// Calls are thread-safe and never wait for the network; a call on a failed request
 /// returns its error.
 class KvSender {
  public:
-  KvSender(UcxWorker& worker, KvSenderCallbacks callbacks = {});
+  /// Throws hack::Error for options out of range.
+  KvSender(UcxWorker& worker, KvSenderCallbacks callbacks = {}, KvSenderOptions options = {});
   ~KvSender();
   KvSender(const KvSender&) = delete;
   KvSender& operator=(const KvSender&) = delete;
@@ -79,15 +111,27 @@ class KvSender {
   /// Queues one HACK page of `layer`. The first message of a request binds it to `peer`.
   Status send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> page);
   Status send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page);
+  /// Queues one exact-tokens message (kv/kv_stream.h) of `layer`.
+  Status send_exact(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact);
   Status layer_done(EndpointId peer, uint64_t request_id, uint32_t layer);
-  /// Ends a request. On a failed request it sends request_cancel and returns the error.
-  Status request_done(EndpointId peer, uint64_t request_id);
+  /// Ends a request; `payload` (≤ kWireMaxDoneBytes, e.g. JSON with the first token) goes
+  /// to the receiver's on_request_done. On a failed request it sends request_cancel and
+  /// returns the error.
+  Status request_done(EndpointId peer, uint64_t request_id, std::vector<std::byte> payload = {});
   /// Abandons a request (the receiver reports it as cancelled unless it already failed).
   void cancel(EndpointId peer, uint64_t request_id, std::string reason);
 
   /// Waits until every queued message has been handed to the transport or failed.
   Status wait_idle(double timeout_s);
-  /// Test hook: the next page of request_id gets one byte flipped after its checksum.
+  /// Waits until every message of a request has send-completed: ok once it has ended
+  /// (request_done) and all its messages are out, its error if it failed or was cancelled
+  /// meanwhile, an error after timeout_s. An unknown (or finished) id is ok.
+  Status wait_request(uint64_t request_id, double timeout_s);
+  /// Whether a request still has messages on their way and has neither failed nor been
+  /// cancelled (so a wait_request timeout was only a timeout).
+  bool request_pending(uint64_t request_id) const;
+  KvSenderStats stats() const;
+  /// Test hook: the next KV message (page or exact tokens) of request_id gets one byte flipped after its checksum.
   void corrupt_next_page_for_test(uint64_t request_id);
 
  private:

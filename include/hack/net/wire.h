@@ -26,13 +26,16 @@ inline constexpr size_t kWireHeaderBytes = 40;
 inline constexpr uint64_t kWireMaxPayloadBytes = uint64_t{1} << 30;
 /// Largest request_error payload (a UTF-8 message).
 inline constexpr uint64_t kWireMaxErrorBytes = 4096;
+/// Largest request_done payload (a small JSON document: the first token, the seed, ...).
+inline constexpr uint64_t kWireMaxDoneBytes = 64 * 1024;
 
 enum class WireType : uint16_t {
   kv_page = 1,        ///< payload: one HACK page of `layer` for `request_id`
   kv_layer_done = 2,  ///< every page of `layer` has been sent; empty payload
-  request_done = 3,   ///< every layer has been sent; empty payload
+  request_done = 3,   ///< every layer has been sent; payload: up to kWireMaxDoneBytes for the receiver
   request_error = 4,  ///< the request failed at the sender or receiver; payload: message
   request_cancel = 5, ///< the sender abandons the request; payload: reason (may be empty)
+  kv_exact = 6,       ///< payload: exact (unquantized) tokens of `layer` (kv/kv_stream.h exact message)
 };
 
 /// Printable name of a type ("kv_page"), "unknown" for a value outside the enum.

@@ -37,7 +37,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   const ModelConfig& config() const override { return cfg_; }
 
-  size_t forward(std::span<const SequenceChunk> batch, KvCache& kv, std::vector<float>& logits) override {
+  size_t forward(std::span<const SequenceChunk> batch, KvCache& kv, std::vector<float>& logits,
+                 const LayerDoneFn& on_layer_done) override {
     size_t total = 0;
     size_t logit_rows = 0;
     for (const SequenceChunk& c : batch) {
@@ -91,6 +92,7 @@ class CpuBackend final : public Backend {
         t0 += c.tokens.size();
       }
       attention(batch, kv, l, scale);
+      if (on_layer_done) on_layer_done(l);
 
       cpu::matmul(attn_.data(), total, w.wo, tmp_.data(), pool_, mm_ws_);
       if (w.bo.defined()) add_bias(tmp_.data(), w.bo, total, H);

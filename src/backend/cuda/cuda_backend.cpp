@@ -1,7 +1,8 @@
 // The CUDA backend of the fp path. Plan on the host, run on the device: forward() validates
 // the batch and packs every index the kernels need (tokens, positions, KV slots, page
 // tables, logits rows) into one pinned int array, uploads it with one copy, then enqueues
-// the whole model on one stream and waits once, for the logits.
+// the whole model on one stream and waits once, for the logits (and after every layer when
+// a layer callback is set, so the callback sees that layer's KV complete).
 //
 // Per layer (T token rows, fp32 unless marked):
 //   xn(bf16) = rmsnorm(x)                 q, k, v = xn · Wq/Wk/Wv^T  (cuBLAS, fp32 out)
@@ -158,7 +159,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   const ModelConfig& config() const override { return cfg_; }
 
-  size_t forward(std::span<const SequenceChunk> batch, KvCache& kv_base, std::vector<float>& logits) override {
+  size_t forward(std::span<const SequenceChunk> batch, KvCache& kv_base, std::vector<float>& logits,
+                 const LayerDoneFn& on_layer_done) override {
     auto* kv = dynamic_cast<CudaPagedKvCache*>(&kv_base);
     HACK_CHECK(kv != nullptr,
                "CUDA backend: the KV cache '{}' lives on the host; the CUDA backend needs a CudaPagedKvCache "
@@ -216,6 +218,12 @@ class CudaBackend final : public Backend {
       for (const SequenceChunk& c : batch)
         kv->commit_append(l, c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()));
       attention(kv_layer, q, attn, scale);
+      if (on_layer_done) {
+        // The layer's K/V (and attention) are enqueued, not finished: wait for them so the
+        // callback sees the layer's final KV. Costs one sync per layer, only when set.
+        HACK_CUDA_CHECK(cudaStreamSynchronize(s));
+        on_layer_done(l);
+      }
 
       gemm(w.wo, attn, Ti, tmp);
       cuda::add_residual(x, tmp, f32_ptr(w.bo), Ti, H, s);

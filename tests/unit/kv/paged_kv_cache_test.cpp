@@ -227,6 +227,34 @@ TEST_CASE("byte budget admits sequences by their worst case", "[kv][paged]") {
   REQUIRE(cache->stats().sequences == 2);
 }
 
+TEST_CASE("reservations grow within the budget and are returned on removal", "[kv][paged]") {
+  KvCacheOptions o = hack_options(2, 64);
+  const KvShape shape{4, 8, 128, 4};
+  o.capacity_bytes = 0;
+  auto probe = make_paged_kv_cache(shape, o);
+  const size_t small = probe->sequence_bytes(100), large = probe->sequence_bytes(1000);
+  REQUIRE(large > small);
+  o.capacity_bytes = large + small;
+  auto cache = make_paged_kv_cache(shape, o);
+  cache->add_sequence(1, 100);
+  cache->add_sequence(2, 100);
+  REQUIRE(cache->stats().bytes_reserved == 2 * small);
+  REQUIRE(cache->try_extend_sequence(1, 1000));  // small + (large - small) + small fits exactly
+  REQUIRE(cache->stats().bytes_reserved == large + small);
+  REQUIRE(cache->max_tokens(1) == 1000);
+  REQUIRE_FALSE(cache->try_extend_sequence(2, 1000));  // nothing changes on refusal
+  REQUIRE(cache->max_tokens(2) == 100);
+  REQUIRE(cache->stats().bytes_reserved == large + small);
+  REQUIRE(cache->try_extend_sequence(2, 50));  // never shrinks
+  REQUIRE(cache->max_tokens(2) == 100);
+  std::vector<float> k(static_cast<size_t>(200) * 8 * 128, 0.5f);
+  for (int l = 0; l < shape.num_layers; ++l) cache->append(l, 1, 0, 200, k.data(), k.data());  // past the old 100
+  cache->remove_sequence(1);
+  cache->remove_sequence(2);
+  REQUIRE(cache->stats().bytes_reserved == 0);
+  REQUIRE(cache->stats().bytes_used == 0);
+}
+
 TEST_CASE("kv bytes per token", "[kv][paged]") {
   const KvShape llama8b{32, 8, 128, 4};
   const double bf16 = kv_bytes_per_token(llama8b, fp_options(DType::bf16, 64));

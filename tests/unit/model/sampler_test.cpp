@@ -400,3 +400,80 @@ TEST_CASE("SamplingParams::validate names the field", "[model][sampler]") {
   CHECK_NOTHROW(ok.validate(100));
   REQUIRE_THROWS_WITH(ok.validate(0), Contains("vocab_size must be > 0"));
 }
+
+TEST_CASE("sampler: a second sampler continues a sequence after record_token", "[model][sampler]") {
+  // Process A samples tokens 0..9; process B learns token 0 from A (the prefill node's first
+  // token), records it and samples 1..9 from the same logits: same tokens, since every draw
+  // is a function of (seed, step) and the penalties see the same history.
+  const int vocab = 300;
+  std::vector<std::vector<float>> logits;
+  for (uint64_t i = 0; i < 10; ++i) logits.push_back(random_logits(vocab, 100 + i, 1.0f));
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.presence_penalty = 0.7f;
+  p.repetition_penalty = 1.2f;
+  p.max_tokens = 10;
+  const std::vector<int> prompt = {3, 5, 7};
+  for (const bool seeded : {true, false}) {
+    INFO("seeded " << seeded);
+    SamplingParams pa = p;
+    if (seeded) pa.seed = 424242;
+    Sampler a(pa, vocab);
+    a.add_prompt_tokens(prompt);
+    std::vector<int> from_a;
+    for (int i = 0; i < 10; ++i) {
+      std::vector<float> l = logits[static_cast<size_t>(i)];
+      from_a.push_back(a.sample(l).token);
+    }
+    if (seeded) CHECK(a.seed() == 424242);
+    CHECK(a.step() == 10);
+    CHECK(std::set<int>(from_a.begin(), from_a.end()).size() > 3);  // really sampled
+
+    SamplingParams pb = p;
+    pb.seed = a.seed();
+    Sampler b(pb, vocab);
+    b.add_prompt_tokens(prompt);
+    b.record_token(from_a[0]);
+    CHECK(b.step() == 1);
+    std::vector<int> from_b = {from_a[0]};
+    for (int i = 1; i < 10; ++i) {
+      std::vector<float> l = logits[static_cast<size_t>(i)];
+      from_b.push_back(b.sample(l).token);
+    }
+    CHECK(from_b == from_a);
+
+    // Without the recorded token, B draws step 0's number for token 1: a different stream.
+    Sampler c(pb, vocab);
+    c.add_prompt_tokens(prompt);
+    std::vector<int> from_c = {from_a[0]};
+    for (int i = 1; i < 10; ++i) {
+      std::vector<float> l = logits[static_cast<size_t>(i)];
+      from_c.push_back(c.sample(l).token);
+    }
+    CHECK(from_c != from_a);
+  }
+  // Unseeded samplers pick different seeds.
+  CHECK(Sampler(p, vocab).seed() != Sampler(p, vocab).seed());
+  REQUIRE_THROWS_WITH(Sampler(p, vocab).record_token(vocab), Contains("outside the vocabulary"));
+}
+
+TEST_CASE("sampler: the per-step uniform is a function of (seed, step) and looks uniform", "[model][sampler]") {
+  CHECK(uniform_for_step(7, 3) == uniform_for_step(7, 3));
+  CHECK(uniform_for_step(7, 3) != uniform_for_step(7, 4));
+  CHECK(uniform_for_step(7, 3) != uniform_for_step(8, 3));
+  // 16 equal bins over 64k consecutive steps: chi-square with 15 degrees of freedom, whose
+  // 0.9999 quantile is ~44.3.
+  std::vector<int> bins(16, 0);
+  const int n = 1 << 16;
+  for (int i = 0; i < n; ++i) {
+    const double u = uniform_for_step(12345, static_cast<uint64_t>(i));
+    REQUIRE(u >= 0.0);
+    REQUIRE(u < 1.0);
+    ++bins[static_cast<size_t>(u * 16)];
+  }
+  double chi2 = 0;
+  for (int b : bins) chi2 += (b - n / 16.0) * (b - n / 16.0) / (n / 16.0);
+  INFO("chi2 " << chi2);
+  CHECK(chi2 < 44.3);
+}

@@ -27,7 +27,10 @@ struct Link {
     KvReceiverCallbacks callbacks;
     callbacks.on_page = [this](uint64_t id, uint32_t layer, std::span<const std::byte> page) { rx.page(id, layer, page); };
     callbacks.on_layer_done = [this](uint64_t id, uint32_t layer) { rx.layer_done(id, layer); };
-    callbacks.on_request_done = [this](uint64_t id) { rx.done(id); };
+    callbacks.on_exact = [this](uint64_t id, uint32_t layer, std::span<const std::byte> exact) {
+      rx.exact(id, layer, exact);
+    };
+    callbacks.on_request_done = [this](uint64_t id, std::span<const std::byte> payload) { rx.done(id, payload); };
     callbacks.on_request_error = [this](uint64_t id, const Status& s) { rx.error(id, s); };
     callbacks.on_bad_message = [this](EndpointId, const Status& s) { rx.bad_message(s); };
     receiver = std::make_unique<KvReceiver>(*receiver_worker, callbacks);
@@ -223,7 +226,97 @@ TEST_CASE("kv transfer: losing the receiver mid-transfer fails the sender's requ
   REQUIRE(link.tx.wait([&] { return link.tx.has_error(9); }));
   // Everything queued has completed (with errors); later calls fail fast.
   CHECK(link.sender->wait_idle(test::kWaitS).is_ok());
+  CHECK_FALSE(link.sender->wait_request(9, test::kWaitS).is_ok());
   CHECK_FALSE(link.sender->send_page(link.peer, 9, 0, page_bytes(9, 0, 99, 10)).is_ok());
   std::lock_guard lock(link.tx.mutex);
   CHECK_FALSE(link.tx.errors[9].empty());
+}
+
+TEST_CASE("kv transfer: exact messages and the request_done payload arrive in order", "[net][kv]") {
+  Link link("tcp");
+  const std::string json = R"({"token":17,"seed":42})";
+  const auto* b = reinterpret_cast<const std::byte*>(json.data());
+  REQUIRE(link.sender->send_exact(link.peer, 4, 0, page_bytes(4, 0, 0, 300)).is_ok());
+  REQUIRE(link.sender->send_page(link.peer, 4, 0, page_bytes(4, 0, 1, 5000)).is_ok());
+  REQUIRE(link.sender->send_exact(link.peer, 4, 0, page_bytes(4, 0, 2, (size_t{3} << 20) + 1)).is_ok());  // rendezvous
+  REQUIRE(link.sender->layer_done(link.peer, 4, 0).is_ok());
+  // Too large a done payload is refused before anything is queued.
+  CHECK_THAT(link.sender->request_done(link.peer, 4, std::vector<std::byte>(kWireMaxDoneBytes + 1)).message(),
+             Catch::Contains("exceeds the limit"));
+  REQUIRE(link.sender->request_done(link.peer, 4, std::vector<std::byte>(b, b + json.size())).is_ok());
+  CHECK(link.sender->wait_request(4, test::kWaitS).is_ok());
+  REQUIRE(link.rx.wait([&] { return link.rx.is_done(4) || link.rx.has_error(4); }));
+  std::lock_guard lock(link.rx.mutex);
+  CHECK(link.rx.errors.empty());
+  CHECK(link.rx.log[4] == std::vector<std::string>{"exact 0", "page 0", "exact 0", "layer 0", "done"});
+  REQUIRE(link.rx.exacts.size() == 2);
+  CHECK(link.rx.exacts[0].bytes == page_bytes(4, 0, 0, 300));
+  CHECK(link.rx.exacts[1].bytes == page_bytes(4, 0, 2, (size_t{3} << 20) + 1));
+  const auto& got = link.rx.done_payloads[4];
+  CHECK(std::string(reinterpret_cast<const char*>(got.data()), got.size()) == json);
+}
+
+TEST_CASE("kv transfer: a request queued in one go stays within the receiver's reorder bound", "[net][kv]") {
+  // 6000 small pages (more than the receiver holds ahead of a slow one, kKvMaxEarlyMessages)
+  // with a 1.5 MiB rendezvous page every 150, ~70 MiB in all (more than the default byte
+  // window), queued without waiting: the sender's window holds the rest back locally.
+  const std::string tls = GENERATE(from_range(test::loopback_transports()));
+  const int window = GENERATE(0, 8);  // 0: default options; 8: a tiny window (8 messages, 4 MiB)
+  INFO("UCX_TLS=" << tls << " window " << window);
+  test::Events rx;
+  UcxWorker receiver_worker(test::options_for(tls)), sender_worker(test::options_for(tls));
+  KvReceiverCallbacks callbacks;
+  callbacks.on_page = [&](uint64_t id, uint32_t layer, std::span<const std::byte> page) { rx.page(id, layer, page); };
+  callbacks.on_request_done = [&](uint64_t id, std::span<const std::byte> payload) { rx.done(id, payload); };
+  callbacks.on_request_error = [&](uint64_t id, const Status& s) { rx.error(id, s); };
+  KvReceiver receiver(receiver_worker, callbacks);
+  KvSenderOptions options;
+  if (window > 0) {
+    options.max_in_flight_messages = static_cast<size_t>(window);
+    options.max_in_flight_bytes = size_t{4} << 20;
+  }
+  KvSender sender(sender_worker, {}, options);
+  const EndpointId peer = sender_worker.connect("127.0.0.1", receiver_worker.listen("127.0.0.1", 0));
+  constexpr int kPages = 6000;
+  auto size_of = [](int index) -> size_t { return index % 150 == 75 ? (size_t{3} << 19) + index : 1500 + index % 700; };
+  size_t total = 0;
+  for (int index = 0; index < kPages; ++index) {
+    total += size_of(index);
+    REQUIRE(sender.send_page(peer, 21, static_cast<uint32_t>(index / 1000), page_bytes(21, 0, index, size_of(index))).is_ok());
+  }
+  REQUIRE(sender.request_done(peer, 21).is_ok());
+  INFO(total << " bytes queued");
+  REQUIRE(sender.wait_request(21, 120.0).is_ok());
+  REQUIRE(rx.wait([&] { return rx.is_done(21) || rx.has_error(21); }, 120.0));
+  const KvSenderStats stats = sender.stats();
+  // The window held: never more messages between the oldest incomplete one and the newest
+  // than allowed (so never more early messages at the receiver than its bound), never
+  // more bytes than allowed (a single larger message aside); the rest waited locally.
+  const size_t max_messages = window > 0 ? static_cast<size_t>(window) : KvSenderOptions{}.max_in_flight_messages;
+  const size_t max_bytes = window > 0 ? size_t{4} << 20 : KvSenderOptions{}.max_in_flight_bytes;
+  CHECK(stats.max_window_messages <= max_messages);
+  CHECK(stats.max_window_messages >= 2);
+  CHECK(stats.max_window_bytes <= max_bytes);
+  CHECK(stats.max_waiting > 0);
+  CHECK(stats.messages_waiting == 0);
+  CHECK(stats.messages_sent == kPages + 1);
+  CHECK(stats.bytes_sent == total);
+  std::lock_guard lock(rx.mutex);
+  CHECK(rx.errors.empty());
+  REQUIRE(rx.pages.size() == kPages);
+  for (int index = 0; index < kPages; ++index) {
+    const auto& page = rx.pages[static_cast<size_t>(index)];
+    if (page.bytes != page_bytes(21, 0, index, size_of(index)) || page.layer != static_cast<uint32_t>(index / 1000))
+      FAIL("page " << index << " differs");
+  }
+  CHECK(receiver.open_requests() == 0);
+}
+
+TEST_CASE("kv transfer: sender options are validated", "[net][kv]") {
+  UcxWorker worker(test::options_for("tcp"));
+  KvSenderOptions o;
+  o.max_in_flight_messages = kKvMaxEarlyMessages + 1;
+  REQUIRE_THROWS_WITH(KvSender(worker, {}, o), Catch::Contains("max_in_flight_messages"));
+  o.max_in_flight_messages = 0;
+  REQUIRE_THROWS_AS(KvSender(worker, {}, o), Error);
 }

@@ -64,6 +64,8 @@ struct Events {
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<Page> pages;
+  std::vector<Page> exacts;
+  std::map<uint64_t, std::vector<std::byte>> done_payloads;
   std::vector<std::pair<uint64_t, uint32_t>> layers_done;
   std::vector<uint64_t> requests_done;
   std::map<uint64_t, std::string> errors;
@@ -83,9 +85,16 @@ struct Events {
     log[id].push_back("layer " + std::to_string(layer));
     changed.notify_all();
   }
-  void done(uint64_t id) {
+  void exact(uint64_t id, uint32_t layer, std::span<const std::byte> bytes) {
+    std::lock_guard lock(mutex);
+    exacts.push_back({id, layer, {bytes.begin(), bytes.end()}});
+    log[id].push_back("exact " + std::to_string(layer));
+    changed.notify_all();
+  }
+  void done(uint64_t id, std::span<const std::byte> payload = {}) {
     std::lock_guard lock(mutex);
     requests_done.push_back(id);
+    done_payloads[id] = std::vector<std::byte>(payload.begin(), payload.end());
     log[id].push_back("done");
     changed.notify_all();
   }

@@ -70,6 +70,20 @@ TEST_CASE("wire header rejects bad magic, version, type, size and length", "[net
   WireHeader huge = make_wire_header(WireType::kv_page, 6, 0, 0, {});
   huge.payload_bytes = kWireMaxPayloadBytes + 1;
   CHECK_FALSE(decode_wire_header(encoded(huge), out).is_ok());
+  // request_done carries a small document (up to 64 KiB), kv_exact a KV payload.
+  WireHeader done = make_wire_header(WireType::request_done, 7, 0, 9, payload);
+  CHECK(decode_wire_header(encoded(done), out).is_ok());
+  CHECK(out.type == WireType::request_done);
+  CHECK(out.payload_bytes == payload.size());
+  done.payload_bytes = kWireMaxDoneBytes + 1;
+  CHECK_THAT(decode_wire_header(encoded(done), out).message(), Catch::Contains("limit 65536"));
+  const WireHeader exact = make_wire_header(WireType::kv_exact, 8, 3, 1, payload);
+  REQUIRE(decode_wire_header(encoded(exact), out).is_ok());
+  CHECK(out.type == WireType::kv_exact);
+  CHECK(std::string(wire_type_name(WireType::kv_exact)) == "kv_exact");
+  bad = encoded(exact);
+  bad[6] = std::byte{7};  // one past the last type
+  CHECK_THAT(decode_wire_header(bad, out).message(), Catch::Contains("unknown message type 7"));
 }
 
 TEST_CASE("wire payload check catches a flipped byte and a wrong length", "[net][wire]") {

@@ -1,0 +1,90 @@
+/// @file kv_stream.h
+/// @brief What a prefill node sends of one (sequence, layer) of a PagedKvCache, and how a
+/// decode node applies it, so that the decode node's sequence ends up with exactly the
+/// state (same bytes) the prefill node's has after prefill plus close_pending_blocks —
+/// which is the state a single-process run reaches at its next append (DESIGN.md §3.1).
+///
+/// Two kinds of message (the transport carries the kind, e.g. as its wire type):
+///   hack_page  one closed HACK page, as stored (kv/hack_page.h; self-describing)
+///   exact      tokens kept exactly: an ExactTokensHeader + K + V (below)
+///
+/// Per layer the exporter emits, in this order (so plain in-order application rebuilds the
+/// layer: append() fills sinks / the open block, append_hack_page() needs the sinks before
+/// the first page and an empty open block):
+///   hack mode: exact sinks [0, min(length, sinks)) — as soon as they are complete —,
+///              HACK pages in position order as they close, and with `final` the open
+///              block's tokens (fewer than Π) after the pending blocks were closed;
+///   fp mode:   exact tokens in page-sized messages (Π tokens at positions k·Π), full
+///              pages as they fill, the partly filled last page with `final`.
+///
+/// Exact message (version 1), little-endian:
+///   u32 magic "HKEX" | u16 version | u8 dtype (1 bf16, 2 f32) | u8 reserved (0) |
+///   u32 layer | u32 n_tokens | u64 first_token | u16 num_kv_heads | u16 head_dim | u32 0
+///   K [n_tokens][num_kv_heads][head_dim] dtype, then V likewise
+/// dtype is the cache's exact element type (bf16 in hack mode; the fp page type in fp mode),
+/// so an fp cache ships its tokens uncompressed and bit for bit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "hack/kv/paged_kv_cache.h"
+
+namespace hack {
+
+enum class KvMessageKind : uint8_t { hack_page = 1, exact = 2 };
+
+inline constexpr uint32_t kExactTokensMagic = 0x58454B48;  // "HKEX"
+inline constexpr uint16_t kExactTokensVersion = 1;
+inline constexpr size_t kExactTokensHeaderBytes = 32;
+
+/// The decoded header of an exact message.
+struct ExactTokensHeader {
+  DType dtype = DType::bf16;  ///< bf16 or f32
+  uint32_t layer = 0;
+  uint32_t n_tokens = 0;
+  uint64_t first_token = 0;
+  uint16_t num_kv_heads = 0;
+  uint16_t head_dim = 0;
+};
+
+/// Decodes and checks an exact message's header and its total size (header + K + V).
+/// Throws hack::Error naming the first problem.
+ExactTokensHeader decode_exact_header(std::span<const std::byte> payload);
+
+/// Where the export of one sequence stands, per layer. Start with a default one; one
+/// cursor per sequence.
+struct KvExportCursor {
+  std::vector<int> pages_sent;       ///< per layer: HACK pages emitted
+  std::vector<int> exact_sent;       ///< per layer: exact tokens emitted from position 0 (hack: sinks; fp: pages)
+  std::vector<uint8_t> finished;     ///< per layer: the final export ran
+  size_t messages = 0;               ///< messages emitted, all layers
+  size_t bytes = 0;                  ///< payload bytes emitted, all layers
+};
+
+using KvEmitFn = std::function<void(KvMessageKind kind, std::span<const std::byte> payload)>;
+
+/// Emits what of (seq_id, layer) is final and not yet emitted (see the file comment). With
+/// `final` (the sequence's prefill of this layer is complete) it first closes the layer's
+/// pending blocks, then emits everything left, exact tokens last; the layer is then done
+/// and a further call for it throws. `emit` sees payloads valid only during the call; an
+/// exception it throws propagates (the cursor then still counts that message as unsent).
+void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExportCursor& cursor,
+                  const KvEmitFn& emit);
+
+/// Applies one message to (seq_id, layer) of a decode-side cache: a HACK page through
+/// append_hack_page, exact tokens converted to f32 through append(). Everything is
+/// validated first (kind, sizes, dtype, layer, dims, position = the layer's length,
+/// capacity, that exact tokens never fill a quantizable block); a bad message throws
+/// hack::Error and leaves the cache unchanged.
+void import_message(PagedKvCache& cache, int seq_id, int layer, KvMessageKind kind, std::span<const std::byte> payload);
+
+/// An exact message of tokens [first_token, first_token + n_tokens) of a layer, as
+/// export_layer builds it (exposed for tests and tools).
+std::vector<std::byte> encode_exact_tokens(const PagedKvCache& cache, int seq_id, int layer, int first_token,
+                                           int n_tokens);
+
+}  // namespace hack
