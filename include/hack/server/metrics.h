@@ -1,0 +1,50 @@
+/// @file metrics.h
+/// @brief The Prometheus metrics of the router and the nodes (names as in DESIGN.md §5,
+/// following vLLM's with the `hack:` prefix), and their text exposition for GET /metrics.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace hack::server {
+
+/// One registry with every hackserve metric. Thread-safe: record from any thread, serialize
+/// from the HTTP thread. Label values (node names, error types, finish reasons) should come
+/// from a small fixed set; each distinct value is a time series.
+class Metrics {
+ public:
+  Metrics();
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Histograms, seconds.
+  void observe_time_to_first_token_s(double s);   ///< hack:time_to_first_token_seconds
+  void observe_inter_token_latency_s(double s);   ///< hack:inter_token_latency_seconds
+  void observe_e2e_request_latency_s(double s);   ///< hack:e2e_request_latency_seconds
+  void observe_request_queue_time_s(double s);    ///< hack:request_queue_time_seconds
+
+  // Gauges.
+  void set_num_requests_running(double n);  ///< hack:num_requests_running
+  void set_num_requests_waiting(double n);  ///< hack:num_requests_waiting
+  void set_kv_cache_usage_ratio(std::string_view node, double ratio);  ///< hack:kv_cache_usage_ratio{node}
+
+  // Counters.
+  void add_prompt_tokens(uint64_t n);      ///< hack:prompt_tokens_total
+  void add_generation_tokens(uint64_t n);  ///< hack:generation_tokens_total
+  void add_kv_bytes_transferred(std::string_view node, uint64_t bytes);  ///< hack:kv_bytes_transferred_total{node}
+  void add_vault_hits(uint64_t blocks);    ///< hack:vault_hits_total (blocks restored from the vault)
+  void count_request_error(std::string_view type);             ///< hack:request_errors_total{type}
+  void count_request_success(std::string_view finish_reason);  ///< hack:request_success_total{finish_reason}
+
+  /// Everything in the Prometheus text exposition format (version 0.0.4).
+  std::string serialize() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hack::server
