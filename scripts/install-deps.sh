@@ -15,6 +15,7 @@ DEBIAN_PACKAGES=(
   prometheus-cpp-dev
   bible-kjv                           # training corpus for fixtures (scripts/make_fixtures.py)
   python3 python3-pip python3-venv
+  curl iproute2                       # local-cluster.sh readiness checks; bench/jct_experiment.sh (ip netns, tc)
 )
 
 SUDO=""
@@ -36,7 +37,7 @@ fi
 # The fixture generator's heavier needs (torch, transformers) are in
 # scripts/requirements-fixtures.txt and are not needed to build or test.
 PY=python3
-if ! $PY -c "import jinja2, numpy" 2>/dev/null; then
+if ! $PY -c "import jinja2, numpy, openai" 2>/dev/null; then
   $PY -m pip install -q -r "$(dirname "$0")/requirements-test.txt" \
     || $PY -m pip install -q --break-system-packages -r "$(dirname "$0")/requirements-test.txt"
 fi

@@ -55,6 +55,7 @@ struct RunConfig {
   std::string hack_rounding = "nearest";
   std::string kv_dtype = "f32";
   int prefill_chunk = 512;
+  int max_model_len = 0;
   bool json = false;
   bool no_special = false;
   std::string log_level = "warn";
@@ -96,6 +97,9 @@ int run(int argc, char** argv) {
   flags.add_string("hack-rounding", &c.hack_rounding, "HACK rounding: nearest or stochastic");
   flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages on --device cpu: f32 or bf16 (cuda: always bf16)");
   flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
+  flags.add_int("max-model-len", &c.max_model_len,
+                "longest prompt + completion in tokens; 0 = the model's max_position_embeddings (a larger value "
+                "runs RoPE past the trained length)");
   flags.add_bool("json", &c.json, "print one JSON object (ids, text, timing) instead of streaming text");
   flags.add_bool("no-special-tokens", &c.no_special, "do not add BOS/EOS when encoding a plain prompt");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
@@ -168,7 +172,8 @@ int run(int argc, char** argv) {
     prompt = tokenizer->encode(text, add_special);
   }
   HACK_CHECK(!prompt.empty(), "the prompt is empty");
-  const int max_ctx = model.config.max_position_embeddings;
+  HACK_CHECK(c.max_model_len >= 0, "--max-model-len must not be negative, got {}", c.max_model_len);
+  const int max_ctx = c.max_model_len > 0 ? c.max_model_len : model.config.max_position_embeddings;
   HACK_CHECK(static_cast<int>(prompt.size()) + c.max_tokens <= max_ctx,
              "prompt ({} tokens) + --max-tokens {} exceeds the model's context of {} tokens", prompt.size(),
              c.max_tokens, max_ctx);

@@ -1,0 +1,172 @@
+/// @file decode_scheduler.h
+/// @brief Continuous batching for a decode node: one engine thread owns the Engine and its
+/// PagedKvCache; requests arrive from I/O threads through a queue, get KV either from a
+/// prefill node (messages imported between steps) or by a local prefill, and every running
+/// request advances one token per step in one batched forward.
+///
+/// Memory policy (KV pages):
+///   - Admission: FIFO. The head of the waiting queue is admitted when its prompt plus
+///     `reserve_ahead_tokens` (capped at its max length) fits in the KV byte budget; later
+///     requests wait behind it, so a big request is not starved by small ones.
+///   - Growth: a running request's reservation grows by `reserve_ahead_tokens` whenever it
+///     is about to pass it.
+///   - Preemption (recompute): when a reservation cannot grow, the most recently admitted
+///     running request is preempted (it may be the one growing): its pages are freed and it
+///     goes back to the front of the waiting queue keeping its sampler and generated tokens;
+///     on readmission its KV is recomputed by a local prefill over prompt + generated
+///     tokens, and it continues. Requests still receiving KV are never preempted.
+///   - A request whose prompt + max_tokens cannot fit in the whole budget is rejected at
+///     submission, so some request can always make progress.
+///   Recomputed KV is computed by prefill, not by the decode steps that first produced it,
+///   so after a preemption the rounding of later tokens may differ from an unpreempted run
+///   (as in vLLM's recompute mode); greedy equality with hack-run holds without preemption.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hack/backend/engine.h"
+#include "hack/core/error.h"
+#include "hack/kv/kv_stream.h"
+#include "hack/kv/paged_kv_cache.h"
+#include "hack/model/sampler.h"
+
+namespace hack::server {
+
+struct DecodeSchedulerOptions {
+  int max_batch = 64;               ///< running requests per step at most
+  int reserve_ahead_tokens = 64;    ///< reservation step beyond the current length
+  double kv_wait_timeout_s = 120;   ///< an admitted request waiting for remote KV fails after this
+};
+
+/// A request as the decode node gets it. The caller fills prompt and params; eos_ids are
+/// the model's (generation_config.json).
+struct DecodeRequest {
+  uint64_t id = 0;
+  std::vector<int> prompt;
+  SamplingParams params;
+  std::vector<int> eos_ids;
+  /// true: KV and the first token come from a prefill node (import_*, kv_complete);
+  /// false: this node prefills the prompt itself.
+  bool remote_kv = true;
+};
+
+enum class DecodeEventKind {
+  accepted,  ///< KV reserved: the request's prefill may be sent now (remote KV)
+  token,     ///< one generated token (sample)
+  finished,  ///< generation ended (finish_reason); no event follows
+  failed,    ///< the request failed (message); no event follows
+};
+
+struct DecodeEvent {
+  DecodeEventKind kind = DecodeEventKind::token;
+  SampleResult sample;                       ///< token
+  int index = 0;                             ///< token: its index in the completion
+  FinishReason finish_reason = FinishReason::length;  ///< finished
+  int prompt_tokens = 0;                     ///< finished
+  int completion_tokens = 0;                 ///< finished
+  std::string message;                       ///< failed
+};
+
+/// Runs on the engine thread; must not block.
+using DecodeEventFn = std::function<void(const DecodeEvent&)>;
+
+struct DecodeSchedulerStats {
+  int running = 0;               ///< admitted: decoding or receiving KV
+  int waiting = 0;               ///< not yet admitted (incl. preempted)
+  int64_t queue_tokens = 0;      ///< waiting prompts + tokens still to generate, all requests
+  double kv_usage = 0;           ///< reserved / capacity bytes (0 when unbounded)
+  size_t kv_bytes_reserved = 0;
+  size_t kv_bytes_used = 0;      ///< bytes of pages held
+  int64_t kv_tokens = 0;         ///< tokens stored in the cache
+  int64_t sequences = 0;         ///< sequences open in the cache
+  uint64_t preemptions = 0;
+  uint64_t steps = 0;
+  uint64_t finished = 0;
+  uint64_t failed = 0;
+};
+
+class DecodeScheduler {
+ public:
+  /// The scheduler takes over `engine` (and its cache, which must be `kv`) on its own
+  /// thread; nothing else may touch them until it is destroyed.
+  DecodeScheduler(Engine& engine, PagedKvCache& kv, DecodeSchedulerOptions options = {});
+  /// Fails every open request ("decode node shutting down") and joins the thread.
+  ~DecodeScheduler();
+  DecodeScheduler(const DecodeScheduler&) = delete;
+  DecodeScheduler& operator=(const DecodeScheduler&) = delete;
+
+  /// Queues a request. Returns an error (and sends no event) if the id is in use or the
+  /// request can never fit; otherwise events follow on the engine thread.
+  Status submit(DecodeRequest request, DecodeEventFn on_event);
+  /// Ends a request early: frees its KV, drops queued KV messages; no further event.
+  /// Unknown ids are ignored.
+  void cancel(uint64_t id);
+
+  /// KV from a prefill node, in the order it was sent (any thread; payload copied).
+  void import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload);
+  /// Every layer has arrived; `first` was sampled by the prefill node with `seed`.
+  void kv_complete(uint64_t id, SampleResult first, uint64_t seed);
+  /// The transfer failed (bad page, lost prefill node): the request fails with `error`.
+  void kv_failed(uint64_t id, const Status& error);
+
+  DecodeSchedulerStats stats() const;
+  /// Blocks until no request is open (tests).
+  bool wait_idle(double timeout_s) const;
+
+ private:
+  struct Request;
+  struct Command;
+
+  void post(Command command);
+  void run();
+  void handle(Command& command);
+  void admit();
+  bool admit_one(Request& r);
+  void step();
+  bool grow_or_preempt(Request& r);
+  void preempt(Request& victim);
+  void finish(Request& r, FinishReason reason);
+  void fail(Request& r, const std::string& message);
+  void erase(uint64_t id);
+  void expire_kv_waits();
+  void emit_token(Request& r, const SampleResult& s);
+  void start_decoding(Request& r, const SampleResult& first);
+  int64_t reserve_target(const Request& r, int length) const;
+  void publish_stats();
+
+  Engine& engine_;
+  PagedKvCache& kv_;
+  DecodeSchedulerOptions options_;
+  int vocab_ = 0;
+
+  // I/O threads → engine thread.
+  mutable std::mutex mutex_;
+  mutable std::condition_variable wake_;
+  std::vector<Command> inbox_;
+  bool stopping_ = false;
+  std::map<uint64_t, bool> known_ids_;  // ids submitted and not yet ended (guards duplicates)
+  DecodeSchedulerStats stats_;          // published copy
+  mutable std::condition_variable idle_;
+
+  // Engine thread only.
+  std::map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::deque<uint64_t> waiting_;
+  std::vector<uint64_t> running_;  // admission order
+  int next_seq_id_ = 1;
+  uint64_t preemptions_ = 0, steps_ = 0, finished_ = 0, failed_ = 0;
+  std::vector<int> batch_ids_, batch_tokens_;
+  std::vector<float> logits_;
+  std::thread thread_;
+};
+
+}  // namespace hack::server
