@@ -226,7 +226,7 @@ TEST_CASE("Mistral: sliding window accepted only when it never binds", "[model][
   REQUIRE_THROWS_WITH(parse(j), Contains("sliding-window attention is unsupported"));
 }
 
-TEST_CASE("Qwen2: q/k/v biases always; sliding window only with use_sliding_window", "[model][config]") {
+TEST_CASE("Qwen2: q/k/v biases always, sliding window only with use_sliding_window", "[model][config]") {
   const ModelConfig c = parse_model_config(kQwen25_05B, "qwen2/config.json");
   CHECK(c.arch == ModelArch::qwen2);
   CHECK(c.attention_bias);

@@ -91,7 +91,7 @@ TEST_CASE("sampler: temperature 0 is argmax, ties to the lowest id", "[model][sa
   CHECK(Sampler(p, 5).sample(neg_inf).token == 4);
 }
 
-TEST_CASE("sampler: a seed reproduces the sequence; other seeds differ", "[model][sampler]") {
+TEST_CASE("sampler: a seed reproduces the sequence, other seeds differ", "[model][sampler]") {
   const std::vector<float> logits = random_logits(500, 1, 1.0f);
   SamplingParams p = params_with_seed(1234);
   p.top_p = 0.95f;
@@ -195,7 +195,7 @@ TEST_CASE("sampler: top-k, top-p and min-p keep the right tokens", "[model][samp
   }
 }
 
-TEST_CASE("sampler: -inf logits are never drawn; top_k >= vocab is off", "[model][sampler]") {
+TEST_CASE("sampler: -inf logits are never drawn, top_k >= vocab is off", "[model][sampler]") {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const std::vector<float> logits = {kNegInf, 0.0f, kNegInf, 0.0f, kNegInf};
   for (int top_k : {0, 2, 3, 5, 9}) {

@@ -128,7 +128,7 @@ TEST_CASE("routing: a dead node is avoided and rejoins after enough successes") 
   CHECK(pool.snapshot()[0].healthy);
 }
 
-TEST_CASE("routing: new nodes join on the first success; none healthy gives nothing") {
+TEST_CASE("routing: new nodes join on the first success, none healthy gives nothing") {
   NodePool pool;
   pool.add(NodeAddress{"a", "h", 1, ""});
   CHECK_FALSE(pool.pick());
