@@ -193,6 +193,7 @@ struct DecodeServer::Impl {
     }
     res->start_sse();
     res->on_client_closed([this, id] {
+      spdlog::info("request {}: caller went away, generation cancelled", id);
       scheduler->cancel(id);
       std::lock_guard lock(streams_mutex);
       streams.erase(id);

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
 namespace hack::server {
 
 namespace {
@@ -21,6 +23,9 @@ HttpClientRequest node_request(const NodeAddress& node, std::string method, std:
 
 std::string where(const NodeAddress& node) { return node.host + ":" + std::to_string(node.port); }
 
+// How long a request that finished on the decode node waits for its prefill reply.
+constexpr double kPrefillReplyGraceS = 2.0;
+
 }  // namespace
 
 DisaggregatedCall::DisaggregatedCall(NodeAddress prefill, NodeAddress decode, GenerateJob job, GenerateOptions options)
@@ -39,6 +44,7 @@ void DisaggregatedCall::start_prefill() {
   PrefillCall call{job_.request_id, job_.prompt, job_.params, decode_.ucx_address, options_.corrupt_page};
   prefill_thread_ = std::thread([this, body = to_json(call)]() mutable {
     std::string error;
+    PrefillReply reply;
     try {
       HttpResponse r = http_request(
           node_request(prefill_, "POST", "/internal/prefill", std::move(body), options_.secret, options_.timeout_s),
@@ -46,17 +52,21 @@ void DisaggregatedCall::start_prefill() {
       if (r.status != 200) {
         error = fmt::format("prefill node {} answered {}: {}", where(prefill_), r.status, parse_node_error(r.body));
       } else {
-        (void)parse_prefill_reply(r.body);
+        reply = parse_prefill_reply(r.body);
       }
     } catch (const std::exception& e) {
       error = fmt::format("prefill node {}: {}", where(prefill_), e.what());
     }
+    bool abandoned;
     {
       std::lock_guard lock(mutex_);
       prefill_done_ = true;
       prefill_error_ = error;
+      prefill_reply_ = reply;
+      abandoned = prefill_abandoned_;
     }
-    if (!error.empty() && !cancelled_) {
+    prefill_cv_.notify_all();
+    if (!error.empty() && !cancelled_ && !abandoned) {
       // The decode side would wait for KV that never comes: end it now.
       spdlog::warn("request {}: {}", job_.request_id, error);
       decode_cancel_.cancel();
@@ -66,6 +76,10 @@ void DisaggregatedCall::start_prefill() {
 }
 
 void DisaggregatedCall::cancel_prefill() {
+  {
+    std::lock_guard lock(mutex_);
+    prefill_abandoned_ = true;
+  }
   prefill_cancel_.cancel();
   send_cancel(prefill_, job_.request_id, options_.secret);
 }
@@ -127,7 +141,13 @@ GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&
   if (prefill_thread_.joinable()) {
     bool prefill_running;
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
+      // Once a token has come, decode had all the KV, so the prefill node's reply is
+      // moments away (it answers once its sends complete): wait for it rather than cancel
+      // a job that succeeded (also when the caller stopped early on a stop string).
+      if (out.started && !cancelled_) {
+        prefill_cv_.wait_for(lock, std::chrono::duration<double>(kPrefillReplyGraceS), [&] { return prefill_done_; });
+      }
       prefill_running = !prefill_done_;
     }
     if (prefill_running) cancel_prefill();
@@ -138,12 +158,16 @@ GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&
     return out;
   }
   std::lock_guard lock(mutex_);
+  if (prefill_error_.empty()) out.prefill = prefill_reply_;
+  // A prefill call this run abandoned itself (the decode side had already failed) only
+  // says "cancelled": the cause is the stream's error.
+  const bool prefill_failed = !prefill_error_.empty() && !prefill_abandoned_;
   if (cancelled_) {
     out.status = Status::error("cancelled");
-  } else if (!prefill_error_.empty() && !ended) {
+  } else if (prefill_failed && !ended) {
     out.status = Status::error(prefill_error_);
   } else if (!stream_error.empty()) {
-    out.status = Status::error(prefill_error_.empty() ? stream_error : prefill_error_ + "; " + stream_error);
+    out.status = Status::error(prefill_failed ? prefill_error_ + "; " + stream_error : stream_error);
   }
   return out;
 }

@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -25,16 +27,23 @@ namespace hack::test {
 
 class DaemonProcess {
  public:
-  /// Starts argv[0] with argv and `env` (NAME=value entries added to ours), then waits up to
-  /// timeout_s for a stdout line containing "ready". Throws std::runtime_error with the
-  /// daemon's stderr when it exits or stays silent.
+  /// Starts argv[0] with argv and `env` (NAME=value entries added to ours, replacing ours of
+  /// the same name), then waits up to timeout_s for a stdout line containing "ready".
+  /// Throws std::runtime_error with the daemon's stderr when it exits or stays silent.
   DaemonProcess(std::vector<std::string> argv, std::vector<std::string> env = {}, double timeout_s = 60) {
-    static int counter = 0;
+    static std::atomic<int> counter{0};
     err_path_ = std::filesystem::temp_directory_path() /
                 ("hack_daemon_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".log");
     // Everything the child needs is built before fork (only async-signal-safe calls after).
+    // getenv() takes the first NAME= entry, so ours of the same name must go.
+    auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=') + 1); };
     std::vector<std::string> env_all;
-    for (char** e = environ; *e != nullptr; ++e) env_all.emplace_back(*e);
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry(*e);
+      const bool replaced =
+          std::any_of(env.begin(), env.end(), [&](const std::string& x) { return name_of(x) == name_of(entry); });
+      if (!replaced) env_all.push_back(entry);
+    }
     for (const std::string& e : env) env_all.push_back(e);
     std::vector<char*> envp, args;
     for (std::string& e : env_all) envp.push_back(e.data());
@@ -42,13 +51,15 @@ class DaemonProcess {
     for (std::string& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
     const std::string err_file = err_path_.string();
+    // Close-on-exec: a process started meanwhile by another thread must not inherit the
+    // write end (the daemon's exit would then never read as EOF).
     int out_pipe[2];
-    if (::pipe(out_pipe) != 0) throw std::runtime_error("pipe failed");
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
       ::dup2(out_pipe[1], 1);
-      const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (err >= 0) ::dup2(err, 2);
       ::close(out_pipe[0]);
       ::close(out_pipe[1]);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,8 +22,9 @@ struct ProcessResult {
 };
 
 inline ProcessResult run_process(const std::string& command) {
-  // ctest runs test cases as parallel processes: one stderr file per process and call.
-  static int call = 0;
+  // ctest runs test cases as parallel processes, and tests call this from several threads:
+  // one stderr file per process and call.
+  static std::atomic<int> call{0};
   const std::filesystem::path err_path =
       std::filesystem::temp_directory_path() /
       ("hack_e2e_" + std::to_string(::getpid()) + "_" + std::to_string(call++) + ".txt");

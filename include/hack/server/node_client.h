@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -60,8 +61,11 @@ class DisaggregatedCall {
   std::atomic<bool> cancelled_{false};
   std::thread prefill_thread_;
   std::mutex mutex_;
+  std::condition_variable prefill_cv_;  // prefill_done_ set
   bool prefill_done_ = false;
+  bool prefill_abandoned_ = false;  // run() cancelled the call itself: its failure is no news
   std::string prefill_error_;   // set when the prefill call failed
+  PrefillReply prefill_reply_;  // set when it succeeded
 };
 
 /// Fetches GET /health of a node. Throws hack::Error when it cannot be reached or answers badly.
