@@ -8,7 +8,8 @@
 #   scripts/local-cluster.sh run      start, then stay in the foreground until Ctrl-C, then stop
 #
 # Settings (environment): MODEL (models/hack-tiny), PREFILL (1), DECODE (1), PORT (8000,
-# router; prefill nodes use 8200+i, decode nodes 8300+i), KV (hack | fp), THREADS (1 per
+# router), PREFILL_PORT (8200: prefill node i listens on PREFILL_PORT+i), DECODE_PORT (8300),
+# KV (hack | fp), THREADS (1 per
 # node), BUILD_DIR (build), STATE_DIR (.cluster: pids and logs), SECRET (random),
 # UCX_TLS (tcp), EXTRA_ROUTER_FLAGS / EXTRA_NODE_FLAGS (appended to the command lines).
 set -euo pipefail
@@ -18,6 +19,8 @@ MODEL=${MODEL:-models/hack-tiny}
 PREFILL=${PREFILL:-1}
 DECODE=${DECODE:-1}
 PORT=${PORT:-8000}
+PREFILL_PORT=${PREFILL_PORT:-8200}
+DECODE_PORT=${DECODE_PORT:-8300}
 KV=${KV:-hack}
 THREADS=${THREADS:-1}
 BUILD_DIR=${BUILD_DIR:-build}
@@ -73,18 +76,18 @@ start_all() {
   local node_flags=(--model "$MODEL" --kv "$KV" --threads "$THREADS" --secret "$SECRET")
   local prefill_list="" decode_list=""
   for ((i = 0; i < PREFILL; i++)); do
-    start_daemon "prefill$i" "$BIN/hack-prefill" "${node_flags[@]}" --port $((8200 + i)) ${EXTRA_NODE_FLAGS:-}
-    prefill_list+="${prefill_list:+,}127.0.0.1:$((8200 + i))"
+    start_daemon "prefill$i" "$BIN/hack-prefill" "${node_flags[@]}" --port $((PREFILL_PORT + i)) ${EXTRA_NODE_FLAGS:-}
+    prefill_list+="${prefill_list:+,}127.0.0.1:$((PREFILL_PORT + i))"
   done
   for ((i = 0; i < DECODE; i++)); do
-    start_daemon "decode$i" "$BIN/hack-decode" "${node_flags[@]}" --port $((8300 + i)) ${EXTRA_NODE_FLAGS:-}
-    decode_list+="${decode_list:+,}127.0.0.1:$((8300 + i))"
+    start_daemon "decode$i" "$BIN/hack-decode" "${node_flags[@]}" --port $((DECODE_PORT + i)) ${EXTRA_NODE_FLAGS:-}
+    decode_list+="${decode_list:+,}127.0.0.1:$((DECODE_PORT + i))"
   done
   for ((i = 0; i < PREFILL; i++)); do
-    wait_http "http://127.0.0.1:$((8200 + i))/health" 120 || { echo "local-cluster: prefill$i did not start:" >&2; cat "$STATE_DIR/prefill$i.log" >&2; stop_all; exit 1; }
+    wait_http "http://127.0.0.1:$((PREFILL_PORT + i))/health" 120 || { echo "local-cluster: prefill$i did not start:" >&2; cat "$STATE_DIR/prefill$i.log" >&2; stop_all; exit 1; }
   done
   for ((i = 0; i < DECODE; i++)); do
-    wait_http "http://127.0.0.1:$((8300 + i))/health" 120 || { echo "local-cluster: decode$i did not start:" >&2; cat "$STATE_DIR/decode$i.log" >&2; stop_all; exit 1; }
+    wait_http "http://127.0.0.1:$((DECODE_PORT + i))/health" 120 || { echo "local-cluster: decode$i did not start:" >&2; cat "$STATE_DIR/decode$i.log" >&2; stop_all; exit 1; }
   done
   start_daemon router "$BIN/hack-router" --model "$MODEL" --port "$PORT" --prefill "$prefill_list" \
     --decode "$decode_list" --secret "$SECRET" ${EXTRA_ROUTER_FLAGS:-}

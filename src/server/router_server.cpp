@@ -321,6 +321,15 @@ struct RouterServer::Impl {
     }).detach();
   }
 
+  static bool node_alive(const NodeAddress& node) {
+    try {
+      fetch_health(node, 1.0);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
   static ProtocolError method_error(const std::string& method, const std::string& path) {
     ProtocolError e;
     e.status = 405;
@@ -495,20 +504,27 @@ struct RouterServer::Impl {
     if (stream && chat) stream->send_event(chat_role_chunk(meta, index));
     std::string echo = r.echo && !chat ? prompt_text : std::string();
     if (!stream) out.choice.text = echo;
-    size_t offset = 0;  // code points sent (completions logprobs)
+    // Completions logprobs: text_offset of the next token, counted over the tokens' own text
+    // as the non-stream response counts it — not over the text sent so far, which lags
+    // behind while a stop string's prefix is held back.
+    size_t offset = 0;
 
     auto send_delta = [&](std::string text, std::optional<std::vector<PositionLogprobs>> lps,
                           std::optional<FinishReason> finish) {
       if (!stream) return;
       if (text.empty() && (!lps || lps->empty()) && !finish) return;
       ChoiceDelta d{index, std::move(text), std::move(lps), finish, offset};
-      offset += count_code_points(d.text);
+      if (d.logprobs) {
+        for (const PositionLogprobs& l : *d.logprobs) offset += count_code_points(l.token);
+      }
       stream->send_event(chat ? chat_chunk(meta, d) : completion_chunk(meta, d));
     };
     if (stream && !echo.empty()) send_delta(echo, std::nullopt, std::nullopt);
+    offset = count_code_points(echo);  // as completion_response's text_offset_base
 
     std::set<std::string> bad_prefill, bad_decode;
     for (int attempt = 0; attempt < 2; ++attempt) {
+      out.error.reset();  // an earlier attempt's failure is not this one's
       auto pl = prefill_pool.acquire(static_cast<int64_t>(prompt.size()), bad_prefill);
       if (!pl) pl = prefill_pool.acquire(static_cast<int64_t>(prompt.size()));
       auto dl = decode_pool.acquire(static_cast<int64_t>(prompt.size()) + params.max_tokens, bad_decode);
@@ -543,6 +559,7 @@ struct RouterServer::Impl {
         const auto now = Clock::now();
         if (out.completion_tokens == 0) {
           on_first_token();
+          pl->release();  // the first token is sampled by prefill: its work for this request is done
         } else {
           metrics.observe_inter_token_latency_s(std::chrono::duration<double>(now - last_token).count());
         }
@@ -601,8 +618,16 @@ struct RouterServer::Impl {
       }
       spdlog::warn("request {}: attempt {} on {} + {} failed before any token: {}", meta.id, attempt + 1,
                    pl->node().name, decode_node.name, g.status.message());
-      bad_prefill.insert(pl->node().name);
-      bad_decode.insert(decode_node.name);
+      // Retry away from the node at fault. Which one failed is not always clear from the
+      // error (a dead decode node also fails the prefill job), so ask both: a node that does
+      // not answer its health check is excluded and its pool told (failures in a row take
+      // it out of rotation); when both answer, neither is trusted for the retry.
+      const bool prefill_down = !node_alive(pl->node());
+      const bool decode_down = !node_alive(decode_node);
+      if (prefill_down) prefill_pool.report_failure(pl->node().name);
+      if (decode_down) decode_pool.report_failure(decode_node.name);
+      if (prefill_down || !decode_down) bad_prefill.insert(pl->node().name);
+      if (decode_down || !prefill_down) bad_decode.insert(decode_node.name);
       out.error = internal_error(g.status.message());
     }
     return out;
