@@ -16,10 +16,11 @@
 //
 // Flow control: layer l is queued only once the receiver has reported layer l − W done (W =
 // --window-layers, default 2), as a prefill that computes one layer while the previous one
-// is on the wire would. With W = 0 the whole request is queued at once; at 8B fp 32K (16K
-// pages of 256 KiB, 4.3 GB) KvReceiver then usually fails the request (6 runs of 7 here, tcp
-// and shared-memory lists alike) with "message N never arrived": more than its 4096 early
-// messages (kMaxEarlyMessages) arrived while an earlier rendezvous page was still fetched.
+// is on the wire would. With W = 0 the whole request is queued at once and only KvSender's
+// own window (1024 messages / 64 MiB in flight per endpoint) paces it. Before that window
+// existed, 8B fp 32K (16K pages of 256 KiB, 4.3 GB) failed 6 runs of 7 with "message N never
+// arrived": more than the receiver's 4096 early messages (kKvMaxEarlyMessages) arrived while
+// an earlier rendezvous page was still fetched; now it completes (bench/RESULTS.md).
 //
 // Pages are built once, before any timing: K/V with per-channel offsets and scales plus
 // noise are appended to a PagedKvCache (hack) or packed as bf16 blocks (fp) for
