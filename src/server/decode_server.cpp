@@ -10,6 +10,7 @@
 #include "hack/net/kv_transfer.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/server/http_server.h"
+#include "hack/server/node_http.h"
 #include "hack/server/node_protocol.h"
 #include "hack/server/metrics.h"
 
@@ -41,6 +42,7 @@ struct DecodeServer::Impl {
   // Open /internal/generate streams, so /internal/cancel can end them.
   std::mutex streams_mutex;
   std::map<uint64_t, std::shared_ptr<Responder>> streams;
+  NodeEndpoints endpoints;
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const DecodeServerConfig& c) : config(c) {
@@ -53,6 +55,7 @@ struct DecodeServer::Impl {
                                .reserve_ahead_tokens = config.reserve_ahead_tokens,
                                .kv_wait_timeout_s = config.kv_timeout_s});
     receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks());
+    endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
     HttpServerOptions ho;
     ho.host = config.host;
     ho.port = config.port;
@@ -118,41 +121,25 @@ struct DecodeServer::Impl {
   }
 
   void handle(HttpRequest req, std::shared_ptr<Responder> res) {
-    if (req.method == "GET" && req.path == "/health") {
-      res->send(200, "application/json", to_json(health()));
-      return;
-    }
-    if (req.method == "GET" && req.path == "/metrics") {
-      const DecodeSchedulerStats st = scheduler->stats();
-      metrics.set_num_requests_running(st.running);
-      metrics.set_num_requests_waiting(st.waiting);
-      metrics.set_kv_cache_usage_ratio("decode", st.kv_usage);
-      res->send(200, "text/plain; version=0.0.4", metrics.serialize());
-      return;
-    }
-    if (!req.path.starts_with("/internal/")) {
-      res->send(404, "application/json", node_error_body("no such endpoint: " + req.path, "not_found"));
-      return;
-    }
-    if (!secret_matches(req.header(kSecretHeader), config.secret)) {
-      res->send(401, "application/json", node_error_body("missing or wrong X-Hack-Secret", "unauthorized"));
-      return;
-    }
+    if (answer_common_node_request(req, *res, endpoints)) return;
     if (req.method == "POST" && req.path == "/internal/generate") {
       generate(req, res);
     } else if (req.method == "POST" && req.path == "/internal/cancel") {
-      uint64_t id = 0;
-      try {
-        id = parse_cancel_body(req.body);
-      } catch (const Error& e) {
-        res->send(400, "application/json", node_error_body(e.what(), "invalid_request_error"));
-        return;
+      if (const auto id = cancel_request_id(req, *res)) {
+        cancel(*id, "cancelled by the caller");
+        res->send(200, "application/json", "{}");
       }
-      cancel(id, "cancelled by the caller");
-      res->send(200, "application/json", "{}");
     } else {
-      res->send(404, "application/json", node_error_body("no such endpoint: " + req.method + " " + req.path, "not_found"));
+      answer_unknown_endpoint(req, *res);
     }
+  }
+
+  std::string metrics_text() {
+    const DecodeSchedulerStats st = scheduler->stats();
+    metrics.set_num_requests_running(st.running);
+    metrics.set_num_requests_waiting(st.waiting);
+    metrics.set_kv_cache_usage_ratio("decode", st.kv_usage);
+    return metrics.serialize();
   }
 
   void cancel(uint64_t id, const std::string& why) {

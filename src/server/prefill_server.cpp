@@ -5,6 +5,7 @@
 #include "hack/net/ucx_worker.h"
 #include "hack/server/http_server.h"
 #include "hack/server/metrics.h"
+#include "hack/server/node_http.h"
 #include "hack/server/node_protocol.h"
 #include "hack/server/prefill_worker.h"
 
@@ -55,6 +56,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<net::UcxWorker> ucx;
   std::unique_ptr<PrefillWorker> worker;
   Metrics metrics;
+  NodeEndpoints endpoints;
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const PrefillServerConfig& c) : config(c) {
@@ -70,6 +72,7 @@ struct PrefillServer::Impl {
                "--test-layer-delay-ms needs --enable-test-hooks");
     wo.test_layer_delay_ms = config.test_layer_delay_ms;
     worker = std::make_unique<PrefillWorker>(*rt->backend, *ucx, wo);
+    endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics.serialize(); }};
     HttpServerOptions ho;
     ho.host = config.host;
     ho.port = config.port;
@@ -101,34 +104,16 @@ struct PrefillServer::Impl {
   }
 
   void handle(HttpRequest req, std::shared_ptr<Responder> res) {
-    if (req.method == "GET" && req.path == "/health") {
-      res->send(200, "application/json", to_json(health()));
-      return;
-    }
-    if (req.method == "GET" && req.path == "/metrics") {
-      res->send(200, "text/plain; version=0.0.4", metrics.serialize());
-      return;
-    }
-    if (!req.path.starts_with("/internal/")) {
-      res->send(404, "application/json", node_error_body("no such endpoint: " + req.path, "not_found"));
-      return;
-    }
-    if (!secret_matches(req.header(kSecretHeader), config.secret)) {
-      res->send(401, "application/json", node_error_body("missing or wrong X-Hack-Secret", "unauthorized"));
-      return;
-    }
+    if (answer_common_node_request(req, *res, endpoints)) return;
     if (req.method == "POST" && req.path == "/internal/prefill") {
       prefill(req, res);
     } else if (req.method == "POST" && req.path == "/internal/cancel") {
-      try {
-        const uint64_t id = parse_cancel_body(req.body);
-        if (worker->cancel(id)) spdlog::info("request {}: prefill cancelled by the caller", id);
+      if (const auto id = cancel_request_id(req, *res)) {
+        if (worker->cancel(*id)) spdlog::info("request {}: prefill cancelled by the caller", *id);
         res->send(200, "application/json", "{}");
-      } catch (const Error& e) {
-        res->send(400, "application/json", node_error_body(e.what(), "invalid_request_error"));
       }
     } else {
-      res->send(404, "application/json", node_error_body("no such endpoint: " + req.method + " " + req.path, "not_found"));
+      answer_unknown_endpoint(req, *res);
     }
   }
 
