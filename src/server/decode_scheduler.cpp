@@ -59,6 +59,7 @@ DecodeScheduler::DecodeScheduler(Engine& engine, PagedKvCache& kv, DecodeSchedul
   HACK_CHECK(options_.max_batch > 0, "max_batch must be positive, got {}", options_.max_batch);
   HACK_CHECK(options_.reserve_ahead_tokens > 0, "reserve_ahead_tokens must be positive, got {}",
              options_.reserve_ahead_tokens);
+  capacity_bytes_ = kv_.stats().bytes_capacity;
   publish_stats();
   thread_ = std::thread([this] { run(); });
 }
@@ -84,7 +85,8 @@ Status DecodeScheduler::submit(DecodeRequest request, DecodeEventFn on_event) {
   }
   if (request.params.max_tokens < 1) return Status::error("max_tokens must be at least 1");
   const int total = static_cast<int>(request.prompt.size()) + request.params.max_tokens;
-  const size_t capacity = kv_.stats().bytes_capacity;
+  // capacity_bytes_, not kv_.stats(): the cache belongs to the engine thread.
+  const size_t capacity = capacity_bytes_;
   if (capacity > 0 && kv_.sequence_bytes(total) > capacity) {
     return Status::error(fmt::format("prompt ({} tokens) + max_tokens ({}) needs {} KV bytes; this node holds {}",
                                      request.prompt.size(), request.params.max_tokens, kv_.sequence_bytes(total),
@@ -93,7 +95,7 @@ Status DecodeScheduler::submit(DecodeRequest request, DecodeEventFn on_event) {
   {
     std::lock_guard lock(mutex_);
     if (stopping_) return Status::error("decode node shutting down");
-    if (!known_ids_.emplace(request.id, true).second) {
+    if (!known_ids_.insert(request.id).second) {
       return Status::error(fmt::format("request {} is already open on this node", request.id));
     }
   }
@@ -343,19 +345,19 @@ void DecodeScheduler::preempt(Request& victim) {
 void DecodeScheduler::step() {
   batch_ids_.clear();
   batch_tokens_.clear();
-  std::vector<uint64_t> order;
+  // Candidates first: growing may preempt, which edits running_.
+  std::vector<Request*>& batch = step_batch_;
+  batch.clear();
   for (uint64_t id : running_) {
-    if (requests_.at(id)->state == Request::State::running) order.push_back(id);
+    Request* r = requests_.at(id).get();
+    if (r->state == Request::State::running) batch.push_back(r);
   }
-  std::vector<Request*> batch;
-  for (uint64_t id : order) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;  // preempted and failed meanwhile
-    Request& r = *it->second;
-    if (r.state != Request::State::running) continue;  // preempted by an earlier grow
-    if (!grow_or_preempt(r)) continue;
-    batch.push_back(&r);
+  size_t kept = 0;
+  for (Request* r : batch) {
+    // Skipped: preempted by an earlier grow, or no room to grow this step.
+    if (r->state == Request::State::running && grow_or_preempt(*r)) batch[kept++] = r;
   }
+  batch.resize(kept);
   // A later grow may have preempted an earlier member.
   std::erase_if(batch, [](Request* r) { return r->state != Request::State::running; });
   if (batch.empty()) return;

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -148,13 +149,14 @@ class DecodeScheduler {
   PagedKvCache& kv_;
   DecodeSchedulerOptions options_;
   int vocab_ = 0;
+  size_t capacity_bytes_ = 0;  // the cache's budget (fixed), readable from any thread
 
   // I/O threads → engine thread.
   mutable std::mutex mutex_;
   mutable std::condition_variable wake_;
   std::vector<Command> inbox_;
   bool stopping_ = false;
-  std::map<uint64_t, bool> known_ids_;  // ids submitted and not yet ended (guards duplicates)
+  std::set<uint64_t> known_ids_;        // ids submitted and not yet ended (guards duplicates)
   DecodeSchedulerStats stats_;          // published copy
   mutable std::condition_variable idle_;
 
@@ -164,6 +166,7 @@ class DecodeScheduler {
   std::vector<uint64_t> running_;  // admission order
   int next_seq_id_ = 1;
   uint64_t preemptions_ = 0, steps_ = 0, finished_ = 0, failed_ = 0;
+  std::vector<Request*> step_batch_;  // reused by step(): no allocation once warm
   std::vector<int> batch_ids_, batch_tokens_;
   std::vector<float> logits_;
   std::thread thread_;
