@@ -109,12 +109,8 @@ std::optional<Args> parse(int argc, char** argv) {
 }
 
 NodeAddress address_of(const std::string& name, const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  HACK_CHECK(colon != std::string::npos && colon > 0, "'{}' is not host:port", host_port);
-  NodeAddress n;
+  NodeAddress n = parse_node_address(host_port, "--" + name);
   n.name = name;
-  n.host = host_port.substr(0, colon);
-  n.port = static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1)));
   return n;
 }
 

@@ -8,6 +8,7 @@
 #include "hack/server/node_http.h"
 #include "hack/server/node_protocol.h"
 #include "hack/server/prefill_worker.h"
+#include "hack/server/routing.h"
 
 namespace hack::server {
 
@@ -31,20 +32,10 @@ namespace {
 
 // "host:port" → DecodePeer.
 DecodePeer parse_peer(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  HACK_CHECK(colon != std::string::npos && colon > 0, "decode_ucx '{}' is not host:port", address);
+  const NodeAddress node = parse_node_address(address, "decode_ucx");
   DecodePeer peer;
-  peer.host = address.substr(0, colon);
-  int port = 0;
-  try {
-    size_t used = 0;
-    port = std::stoi(address.substr(colon + 1), &used);
-    HACK_CHECK(used == address.size() - colon - 1, "bad port");
-  } catch (const std::exception&) {
-    fail("decode_ucx '{}' is not host:port", address);
-  }
-  HACK_CHECK(port > 0 && port < 65536, "decode_ucx '{}': port out of range", address);
-  peer.port = static_cast<uint16_t>(port);
+  peer.host = node.host;
+  peer.port = node.port;
   return peer;
 }
 

@@ -69,18 +69,7 @@ uint64_t random_id() {
 std::vector<NodeAddress> parse_nodes(const std::vector<std::string>& specs, const char* flag) {
   std::vector<NodeAddress> nodes;
   for (const std::string& spec : specs) {
-    for (const std::string& one : split_list(spec)) {
-      const size_t colon = one.rfind(':');
-      HACK_CHECK(colon != std::string::npos && colon > 0, "--{} '{}': expected host:port", flag, one);
-      int port = 0;
-      try {
-        port = std::stoi(one.substr(colon + 1));
-      } catch (const std::exception&) {
-        fail("--{} '{}': expected host:port", flag, one);
-      }
-      HACK_CHECK(port > 0 && port < 65536, "--{} '{}': port out of range", flag, one);
-      nodes.push_back(NodeAddress{one, one.substr(0, colon), static_cast<uint16_t>(port), ""});
-    }
+    for (const std::string& one : split_list(spec)) nodes.push_back(parse_node_address(one, fmt::format("--{}", flag)));
   }
   HACK_CHECK(!nodes.empty(), "give at least one --{} node (host:port)", flag);
   return nodes;

@@ -22,6 +22,10 @@ struct NodeAddress {
   std::string ucx_address;  ///< decode nodes: the UCX worker address prefill connects to
 };
 
+/// Parses "host:port" (the last ':' splits, so "[::1]:80"-style hosts keep theirs; the name
+/// is the text as given). `what` labels errors: "--decode '10.0.0.1': expected host:port".
+NodeAddress parse_node_address(std::string_view host_port, std::string_view what);
+
 /// When a node changes state, counted in consecutive health polls (or request failures).
 struct HealthPolicy {
   int failures_to_leave = 3;  ///< a healthy node leaves the pool after this many failures in a row

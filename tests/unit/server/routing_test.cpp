@@ -202,3 +202,18 @@ TEST_CASE("routing: concurrent acquire and release keep the accounting exact") {
     CHECK(s.inflight_requests == 0);
   }
 }
+
+TEST_CASE("routing: node addresses are host:port") {
+  const NodeAddress a = parse_node_address("10.0.0.7:8300", "--decode");
+  CHECK(a.name == "10.0.0.7:8300");
+  CHECK(a.host == "10.0.0.7");
+  CHECK(a.port == 8300);
+  CHECK(parse_node_address("::1:80", "x").host == "::1");
+  CHECK_THROWS_WITH(parse_node_address("10.0.0.7", "--decode"), Catch::Contains("--decode '10.0.0.7': expected host:port"));
+  CHECK_THROWS_WITH(parse_node_address(":80", "x"), Catch::Contains("expected host:port"));
+  CHECK_THROWS_WITH(parse_node_address("h:8x", "x"), Catch::Contains("expected host:port"));
+  CHECK_THROWS_WITH(parse_node_address("h:", "x"), Catch::Contains("expected host:port"));
+  CHECK_THROWS_WITH(parse_node_address("h:0", "x"), Catch::Contains("port out of range"));
+  CHECK_THROWS_WITH(parse_node_address("h:65536", "x"), Catch::Contains("port out of range"));
+  CHECK_THROWS_WITH(parse_node_address("h:1234567", "x"), Catch::Contains("expected host:port"));
+}
