@@ -57,11 +57,6 @@ SampleResult parse_sample(const json& j, std::string_view what) {
   return s;
 }
 
-std::vector<int> token_list(const json& j, std::string_view what, const char* name) {
-  const auto ids = field<std::vector<int>>(j, what, name);
-  return ids;
-}
-
 json sampling_json(const SamplingParams& p) {
   json j = {{"temperature", p.temperature},
             {"top_k", p.top_k},
@@ -196,7 +191,7 @@ GenerateJob parse_generate_job(std::string_view text) {
   const json j = parse_object(text, what);
   GenerateJob job;
   job.request_id = field<uint64_t>(j, what, "request_id");
-  job.prompt = token_list(j, what, "prompt");
+  job.prompt = field<std::vector<int>>(j, what, "prompt");
   HACK_CHECK(j.contains("sampling"), "{}: missing field 'sampling'", what);
   job.params = sampling_from(j["sampling"], what);
   job.remote_kv = field_or<bool>(j, what, "remote_kv", true);
@@ -208,7 +203,7 @@ PrefillCall parse_prefill_call(std::string_view text) {
   const json j = parse_object(text, what);
   PrefillCall call;
   call.request_id = field<uint64_t>(j, what, "request_id");
-  call.prompt = token_list(j, what, "prompt");
+  call.prompt = field<std::vector<int>>(j, what, "prompt");
   HACK_CHECK(j.contains("sampling"), "{}: missing field 'sampling'", what);
   call.params = sampling_from(j["sampling"], what);
   call.decode_ucx = field<std::string>(j, what, "decode_ucx");

@@ -87,8 +87,8 @@ struct PrefillServer::Impl {
     h.model = rt->name;
     h.queue_tokens = worker->queue_tokens();
     h.running = h.queue_tokens > 0 ? 1 : 0;
-    h.kv_bytes_transferred = worker->stats().kv_bytes_sent;
     const PrefillWorkerStats ws = worker->stats();
+    h.kv_bytes_transferred = ws.kv_bytes_sent;
     h.kv_sequences = ws.kv_sequences;
     h.kv_bytes_used = ws.kv_bytes_used;
     return h;

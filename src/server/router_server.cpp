@@ -59,11 +59,10 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A node-side request id: random, so ids of several routers do not collide.
 uint64_t random_id() {
-  static std::mutex mutex;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard lock(mutex);
-  return rng() >> 1;  // fits JSON consumers that read ids as signed
+  std::random_device rd;
+  return ((static_cast<uint64_t>(rd()) << 32) ^ rd()) >> 1;  // fits JSON readers that take ids as signed
 }
 
 std::vector<NodeAddress> parse_nodes(const std::vector<std::string>& specs, const char* flag) {
