@@ -18,6 +18,7 @@
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/config.h"
 #include "hack/model/weights.h"
+#include "support/synthetic_model.h"
 
 using namespace hack;
 
@@ -25,29 +26,9 @@ namespace {
 
 constexpr int kBlock = 32, kSinks = 4, kChunk = 80, kDecodeSteps = 20;
 
-ModelConfig small_config() {
-  ModelConfig c = synthetic_model_config("tiny");
-  c.num_layers = 3;
-  c.vocab_size = 512;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  c.max_position_embeddings = 4096;
-  return c;
-}
-
 int argmax(const std::vector<float>& logits, size_t vocab) {
   return static_cast<int>(std::max_element(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(vocab)) -
                           logits.begin());
-}
-
-std::vector<int> prompt_of(int length, int vocab, uint32_t seed) {
-  std::vector<int> p(static_cast<size_t>(length));
-  uint32_t x = seed * 2654435761u + 1;
-  for (int& t : p) {
-    x = x * 1664525u + 1013904223u;
-    t = static_cast<int>((x >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return p;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -95,7 +76,7 @@ void require_same_kv(const PagedKvCache& a, const PagedKvCache& b, int seq) {
 }  // namespace
 
 TEST_CASE("prefill on one cache + decode on another equals one engine, bit for bit", "[backend][kv][stream]") {
-  const ModelConfig cfg = small_config();
+  const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 2024);
   ThreadPool pool(2);
   auto backend = make_cpu_backend(model, pool);
@@ -130,7 +111,7 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
     o.seed = 77;
     for (int length : lengths) {
       INFO(config.name << ", prompt of " << length << " tokens (chunks of " << kChunk << ")");
-      const std::vector<int> prompt = prompt_of(length, cfg.vocab_size, static_cast<uint32_t>(length));
+      const std::vector<int> prompt = test::random_prompt(length, cfg.vocab_size, static_cast<uint32_t>(length));
       const int max_tokens = length + kDecodeSteps;
 
       // hack-run: one engine, one cache.
@@ -193,7 +174,7 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
 
 TEST_CASE("engine: the layer callback runs once per layer per chunk, after the layer's KV is stored",
           "[backend][engine]") {
-  const ModelConfig cfg = small_config();
+  const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 7);
   ThreadPool pool(1);
   auto backend = make_cpu_backend(model, pool);
@@ -202,7 +183,7 @@ TEST_CASE("engine: the layer callback runs once per layer per chunk, after the l
   PagedKvCache kv(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, o);
   Engine engine(*backend, kv, EngineOptions{40});
   engine.add_sequence(3, 100);
-  const std::vector<int> prompt = prompt_of(100, cfg.vocab_size, 3);
+  const std::vector<int> prompt = test::random_prompt(100, cfg.vocab_size, 3);
   std::vector<std::pair<int, bool>> calls;
   std::vector<float> logits, plain;
   engine.prefill(3, prompt, logits, false, [&](int layer, bool last) {

@@ -22,30 +22,11 @@
 #include "hack/model/weights.h"
 #include "hack/server/prefill_worker.h"
 #include "unit/net/net_test_util.h"
+#include "support/synthetic_model.h"
 
 using namespace hack;
 
 namespace {
-
-ModelConfig small_config() {
-  ModelConfig c = synthetic_model_config("tiny");
-  c.num_layers = 3;
-  c.vocab_size = 512;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  c.max_position_embeddings = 4096;
-  return c;
-}
-
-std::vector<int> prompt_of(int length, int vocab, uint32_t seed) {
-  std::vector<int> p(static_cast<size_t>(length));
-  uint32_t x = seed * 2654435761u + 7;
-  for (int& t : p) {
-    x = x * 1664525u + 1013904223u;
-    t = static_cast<int>((x >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return p;
-}
 
 KvCacheOptions kv_options(KvMode mode) {
   KvCacheOptions o;
@@ -131,7 +112,7 @@ struct Outcomes {
 };
 
 struct Fixture {
-  ModelConfig cfg = small_config();
+  ModelConfig cfg = test::small_synthetic_config();
   Model model = Model::synthetic(cfg, 99);
   ThreadPool prefill_pool{1}, decode_pool{1};
   std::unique_ptr<Backend> prefill_backend = make_cpu_backend(model, prefill_pool);
@@ -163,7 +144,7 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
     std::map<uint64_t, std::vector<int>> prompts;
     for (size_t i = 0; i < lengths.size(); ++i) {
       const uint64_t id = 1000 + i;
-      prompts[id] = prompt_of(lengths[i], f.cfg.vocab_size, static_cast<uint32_t>(i));
+      prompts[id] = test::random_prompt(lengths[i], f.cfg.vocab_size, static_cast<uint32_t>(i));
       decode_kv.add_sequence(static_cast<int>(id), lengths[i] + new_tokens);
       PrefillJob job;
       job.request_id = id;
@@ -279,7 +260,7 @@ TEST_CASE("prefill worker: cancel a queued and a running job", "[server][prefill
   auto job_of = [&](uint64_t id, int length) {
     PrefillJob job;
     job.request_id = id;
-    job.tokens = prompt_of(length, f.cfg.vocab_size, static_cast<uint32_t>(id));
+    job.tokens = test::random_prompt(length, f.cfg.vocab_size, static_cast<uint32_t>(id));
     job.sampling.temperature = 0.0f;
     job.peer.host = "127.0.0.1";
     job.peer.port = port;
@@ -337,7 +318,7 @@ TEST_CASE("prefill worker: losing the decode node fails the job and frees its KV
   PrefillWorker worker(*f.prefill_backend, tx_worker, wo);
   PrefillJob job;
   job.request_id = 5;
-  job.tokens = prompt_of(3500, f.cfg.vocab_size, 5);
+  job.tokens = test::random_prompt(3500, f.cfg.vocab_size, 5);
   job.sampling.temperature = 0.0f;
   job.peer.host = "127.0.0.1";
   job.peer.port = port;
