@@ -15,6 +15,7 @@
 #include "hack/core/error.h"
 #include "hack/server/http_client.h"
 #include "hack/server/http_server.h"
+#include "unit/server/http_test_util.h"
 
 using namespace hack::server;
 using namespace std::chrono_literals;
@@ -22,31 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-template <class Cond>
-bool eventually(Cond cond, double timeout_s = 3) {
-  auto t0 = Clock::now();
-  while (!cond()) {
-    if (seconds_since(t0) > timeout_s) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
-/// Handler threads, joined at scope end (declare before the server).
-struct Workers {
-  std::mutex mu;
-  std::vector<std::thread> threads;
-  template <class Fn>
-  void start(Fn fn) {
-    std::lock_guard lock(mu);
-    threads.emplace_back(std::move(fn));
-  }
-  ~Workers() {
-    for (auto& t : threads) t.join();
-  }
-};
+using test::eventually;
+using test::seconds_since;
+using test::Workers;
 
 HttpClientRequest make_request(int port, std::string target, double timeout_s = 5) {
   HttpClientRequest r;

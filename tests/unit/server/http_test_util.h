@@ -1,0 +1,43 @@
+// Helpers of the HTTP server and client tests: polling with a deadline, and threads that
+// handlers start, joined at scope end.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace hack::server::test {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Polls `cond` every 5 ms for up to timeout_s.
+template <class Cond>
+bool eventually(Cond cond, double timeout_s = 3) {
+  auto t0 = Clock::now();
+  while (!cond()) {
+    if (seconds_since(t0) > timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+/// Threads started by handlers; joined at scope end (declare before the server, so the
+/// server stops first and the threads see their Responders closed).
+struct Workers {
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  template <class Fn>
+  void start(Fn fn) {
+    std::lock_guard lock(mu);
+    threads.emplace_back(std::move(fn));
+  }
+  ~Workers() {
+    for (auto& t : threads) t.join();
+  }
+};
+
+}  // namespace hack::server::test
