@@ -111,7 +111,7 @@ Mode make_mode(const std::string& name, int block) {
     o.fp_dtype = name == "fp32" ? DType::f32 : DType::bf16;
   } else if (name.rfind("hack", 0) == 0) {
     o.mode = KvMode::hack;
-    o.bits = std::stoi(name.substr(4));
+    o.k_bits = o.v_bits = std::stoi(name.substr(4));
   } else {
     std::fprintf(stderr, "unknown mode %s\n", name.c_str());
     std::exit(2);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,32 @@ std::vector<std::vector<float>> run_window(hack::Backend& backend, hack::KvCache
   return out;
 }
 
+// One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill"
+// (space or ',' separated; unnamed fields keep the defaults of the other flags).
+hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions o) {
+  std::string item;
+  std::string norm = spec;
+  for (char& ch : norm) if (ch == ',') ch = ' ';
+  std::istringstream in(norm);
+  while (in >> item) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key.size() >= 4 && key[0] == 'k' && key.find('v') != std::string::npos && eq == std::string::npos) {
+      o.k_bits = std::stoi(key.substr(1, key.find('v') - 1));
+      o.v_bits = std::stoi(key.substr(key.find('v') + 1));
+    } else if (key == "block") o.block_tokens = std::stoi(val);
+    else if (key == "recent") o.recent_tokens = std::stoi(val);
+    else if (key == "kg") o.k_group = std::stoi(val);
+    else if (key == "vg") o.v_group = std::stoi(val);
+    else if (key == "sinks") o.sinks = std::stoi(val);
+    else if (key == "deq") o.attention = hack::HackAttention::dequantized;
+    else if (key == "qprefill") o.exact_prefill = false;
+    else if (key == "stochastic") o.rounding = hack::Rounding::stochastic;
+    else hack::fail("--configs: unknown field '{}' in '{}'", item, spec);
+  }
+  return o;
+}
+
 struct Quality {
   double kl = 0, top1 = 0, nll = 0;
   size_t n = 0;
@@ -78,6 +105,8 @@ int main(int argc, char** argv) {
   flags.add_int("sinks", &sinks, "bf16 sink tokens");
   flags.add_int("threads", &threads, "threads (0 = all)");
   flags.add_bool("json", &json, "JSON lines output");
+  std::string configs;
+  flags.add_string("configs", &configs, "';'-separated configurations (see parse_config) instead of the sweep");
   try {
     if (!flags.parse(argc, argv)) return 0;
     HACK_CHECK(!model_dir.empty() && !text_path.empty(), "--model and --text are required");
@@ -115,19 +144,39 @@ int main(int argc, char** argv) {
       std::printf("{\"mode\":\"fp32\",\"ppl\":%.4f,\"tokens\":%zu}\n", ref_ppl, ref_n);
     } else {
       std::printf("model %s, %zu windows × %d tokens (%zu scored)\n", model_dir.c_str(), wins.size(), window_tokens, ref_n);
-      std::printf("%-28s %10s %10s %10s %10s %12s\n", "kv", "KL", "top-1", "ppl", "Δppl %", "bytes/token");
-      std::printf("%-28s %10s %10s %10.4f %10s %12s\n", "fp32 (reference)", "0", "1", ref_ppl, "0", "-");
+      std::printf("%-60s %10s %10s %10s %10s %12s\n", "kv", "KL", "top-1", "ppl", "Δppl %", "bytes/token");
+      std::printf("%-60s %10s %10s %10.4f %10s %12s\n", "fp32 (reference)", "0", "1", ref_ppl, "0", "-");
+    }
+    std::vector<hack::KvCacheOptions> sweep;
+    if (!configs.empty()) {
+      std::string spec;
+      std::istringstream in(configs);
+      while (std::getline(in, spec, ';')) {
+        hack::KvCacheOptions opt;
+        opt.sinks = sinks;
+        opt.seed = 1;
+        sweep.push_back(parse_config(spec, opt));
+      }
     }
     for (const std::string& rounding : hack::split_list(roundings)) {
       for (const int b : hack::parse_int_list(bits_list, "bits")) {
         for (const int blk : hack::parse_int_list(blocks_list, "blocks")) {
           hack::KvCacheOptions opt;
           opt.mode = hack::KvMode::hack;
-          opt.bits = b;
+          opt.k_bits = opt.v_bits = b;
           opt.block_tokens = blk;
           opt.sinks = sinks;
           opt.rounding = rounding == "stochastic" ? hack::Rounding::stochastic : hack::Rounding::nearest;
           opt.seed = 1;
+          if (configs.empty()) sweep.push_back(opt);
+        }
+      }
+    }
+    for (const hack::KvCacheOptions& opt : sweep) {
+      {
+        {
+          const int b = opt.k_bits, blk = opt.block_tokens;
+          const std::string rounding(hack::rounding_name(opt.rounding));
           Quality q;
           double bytes_per_token = 0;
           for (size_t w = 0; w < wins.size(); ++w) {
@@ -152,14 +201,14 @@ int main(int argc, char** argv) {
           }
           const double ppl = std::exp(q.nll / static_cast<double>(q.n));
           const double n = static_cast<double>(q.n);
-          const std::string name = "hack b=" + std::to_string(b) + " Π=" + std::to_string(blk) + " " + rounding;
+          const std::string name = hack::describe(opt);
           if (json) {
             std::printf("{\"mode\":\"hack\",\"bits\":%d,\"block\":%d,\"rounding\":\"%s\",\"kl\":%.6f,\"top1\":%.4f,"
                         "\"ppl\":%.4f,\"ppl_delta_pct\":%.3f,\"bytes_per_token\":%.1f}\n",
                         b, blk, rounding.c_str(), q.kl / n, q.top1 / n, ppl,
                         100 * (ppl / ref_ppl - 1), bytes_per_token);
           } else {
-            std::printf("%-28s %10.5f %10.4f %10.4f %10.2f %12.1f\n", name.c_str(), q.kl / n, q.top1 / n, ppl,
+            std::printf("%-60s %10.5f %10.4f %10.4f %10.2f %12.1f\n", name.c_str(), q.kl / n, q.top1 / n, ppl,
                         100 * (ppl / ref_ppl - 1), bytes_per_token);
           }
           std::fflush(stdout);

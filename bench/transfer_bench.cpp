@@ -248,7 +248,7 @@ PageSource build_pages(const KvShape& shape, KvMode mode, const Args& args) {
   PageSource src;
   src.shape = shape;
   src.options.mode = mode;
-  src.options.bits = args.bits;
+  src.options.k_bits = src.options.v_bits = args.bits;
   src.options.block_tokens = args.block;
   src.options.sinks = args.sinks;
   const int T = args.block, S = args.source_tokens;

@@ -58,7 +58,7 @@ void hack_block_scalar(const HackHeadView& b, const AttentionRows& rows, float* 
       for (int p = 0; p < kp; ++p) {
         int32_t dot = 0;
         for (int c = p * b.k_group; c < (p + 1) * b.k_group; ++c)
-          dot += static_cast<int32_t>(q_codes[c]) * quant::code_at(b.k_codes, hack_k_code_pos(b.bits, b.k_dim, t, c), b.bits);
+          dot += static_cast<int32_t>(q_codes[c]) * quant::code_at(b.k_codes, hack_k_code_pos(b.k_bits, b.k_dim, t, c), b.k_bits);
         const float ksum = static_cast<float>(load_sum(b.k_sums, b.k_sum_bytes, static_cast<size_t>(p) * b.tokens + t));
         acc = std::fma(q_sigma[p], static_cast<float>(dot), acc);
         acc = std::fma(q_mu[p], ksum, acc);
@@ -86,7 +86,7 @@ void hack_block_scalar(const HackHeadView& b, const AttentionRows& rows, float* 
       const uint8_t* pc = p_codes + static_cast<size_t>(p) * b.tokens;
       int32_t dot = 0;
       for (int t = 0; t < b.tokens; ++t)
-        dot += static_cast<int32_t>(pc[t]) * quant::code_at(b.v_codes, hack_v_code_pos(b.bits, b.tokens, t, c), b.bits);
+        dot += static_cast<int32_t>(pc[t]) * quant::code_at(b.v_codes, hack_v_code_pos(b.v_bits, b.tokens, t, c), b.v_bits);
       const float vsum = static_cast<float>(load_sum(b.v_sums, b.v_sum_bytes, static_cast<size_t>(c)));
       float x = p_sigma[p] * static_cast<float>(dot);
       x = std::fma(p_mu[p], vsum, x);

@@ -181,11 +181,13 @@ struct HackSimd {
       _mm_prefetch(base + 64 * l, _MM_HINT_T0);
   }
 
-  template <int Bits, int R>
+  template <int KBits, int VBits, int R>
   static void hack_tile(const HackHeadView& b, const AttentionRows& rows, const int* row_ids, const HackWork& w) {
     const int T = b.tokens, kp = b.k_dim / b.k_group, vp = b.v_dim / b.v_group;
-    constexpr int kPerChunk = 32 / Bits;  // K channels (V tokens) per chunk
-    constexpr bool kSum8 = Bits == 8 && Isa::kCodeOffset8;  // Σ codes needed for the offset
+    constexpr int kPerChunk = 32 / KBits;  // K channels per chunk
+    constexpr int vPerChunk = 32 / VBits;  // V tokens per chunk
+    // Σ codes of Q / P needed for the 8-bit code offset
+    constexpr bool kSumK8 = KBits == 8 && Isa::kCodeOffset8, kSumV8 = VBits == 8 && Isa::kCodeOffset8;
     const size_t ukd = static_cast<size_t>(b.k_dim);
 
     // 1. Q folded with the K scales, quantized per K partition; the k_min term.
@@ -201,7 +203,7 @@ struct HackSimd {
           mterm[i] = Isa::fma(qv, Isa::fload_bf16(b.k_min + c), mterm[i]);
         }
       }
-      quantize_rows<R>(qt, ukd, kp, b.k_group, w.q_codes, w.q_sigma, w.q_mu, kSum8 ? w.q_sum : nullptr);
+      quantize_rows<R>(qt, ukd, kp, b.k_group, w.q_codes, w.q_sigma, w.q_mu, kSumK8 ? w.q_sum : nullptr);
       float mt[R];
       reduce_rows<Reduce::add>(mterm, R, mt);
       for (int i = 0; i < R; ++i) w.row[i * 8 + 2] = mt[i];
@@ -219,13 +221,13 @@ struct HackSimd {
         A acc[R];
         for (int i = 0; i < R; ++i) acc[i] = Isa::azero();
         for (int cc = p * group_chunks; cc < (p + 1) * group_chunks; ++cc)
-          Isa::template dot_chunk<Bits, R>(acc, tile + static_cast<size_t>(cc) * kHackChunkBytes, w.q_codes,
+          Isa::template dot_chunk<KBits, R>(acc, tile + static_cast<size_t>(cc) * kHackChunkBytes, w.q_codes,
                                            cc * (kPerChunk / 4));
         const F ksum = Isa::load_sums(static_cast<const uint8_t*>(b.k_sums) +
                                           (static_cast<size_t>(p) * T + static_cast<size_t>(tt) * 16) * b.k_sum_bytes,
                                       b.k_sum_bytes);
         for (int i = 0; i < R; ++i) {
-          if (kSum8) acc[i] = Isa::add_i(acc[i], 128 * w.q_sum[i * kp + p]);
+          if (kSumK8) acc[i] = Isa::add_i(acc[i], 128 * w.q_sum[i * kp + p]);
           s[i] = Isa::fma(Isa::fset1(w.q_sigma[i * kp + p]), Isa::to_float(acc[i]), s[i]);
           s[i] = Isa::fma(Isa::fset1(w.q_mu[i * kp + p]), ksum, s[i]);
         }
@@ -267,11 +269,11 @@ struct HackSimd {
         }
       }
       if (vp <= 4) reduce_rows<Reduce::add>(pmin, R * vp, w.p_min);
-      quantize_rows<R>(w.tmp, ld, vp, T, w.p_codes, w.p_sigma, w.p_mu, kSum8 ? w.p_sum : nullptr);
+      quantize_rows<R>(w.tmp, ld, vp, T, w.p_codes, w.p_sigma, w.p_mu, kSumV8 ? w.p_sum : nullptr);
     }
 
     // 5. P·V, 16 channels at a time, into the running accumulators.
-    const int t_chunks = T / kPerChunk;
+    const int t_chunks = T / vPerChunk;
     for (int ct = 0; ct < b.v_dim / 16; ++ct) {
       prefetch_part(b, T / 16 + ct, prefetch_parts);
       const int vpi = ct * 16 / b.v_group;
@@ -280,11 +282,11 @@ struct HackSimd {
       A acc[R];
       for (int i = 0; i < R; ++i) acc[i] = Isa::azero();
       for (int tc = 0; tc < t_chunks; ++tc)
-        Isa::template dot_chunk<Bits, R>(acc, tile + static_cast<size_t>(tc) * kHackChunkBytes, p_codes, tc * (kPerChunk / 4));
+        Isa::template dot_chunk<VBits, R>(acc, tile + static_cast<size_t>(tc) * kHackChunkBytes, p_codes, tc * (vPerChunk / 4));
       const F vsum = Isa::load_sums(static_cast<const uint8_t*>(b.v_sums) + static_cast<size_t>(ct) * 16 * b.v_sum_bytes,
                                     b.v_sum_bytes);
       for (int i = 0; i < R; ++i) {
-        if (kSum8) acc[i] = Isa::add_i(acc[i], 128 * w.p_sum[i * vp + vpi]);
+        if (kSumV8) acc[i] = Isa::add_i(acc[i], 128 * w.p_sum[i * vp + vpi]);
         F x = Isa::mul(Isa::fset1(w.p_sigma[i * vp + vpi]), Isa::to_float(acc[i]));
         x = Isa::fma(Isa::fset1(w.p_mu[i * vp + vpi]), vsum, x);
         x = Isa::add(x, Isa::fset1(w.p_min[i * vp + vpi]));
@@ -294,17 +296,17 @@ struct HackSimd {
     }
   }
 
-  template <int Bits>
+  template <int KBits, int VBits>
   static void hack_block_bits(const HackHeadView& block, const AttentionRows& rows, const HackWork& w) {
     int ids[kRowTile];
     int n = 0;
     HackHeadView b = block;  // prefetches ride on the first row tile only
     auto flush = [&] {
       switch (n) {
-        case 1: hack_tile<Bits, 1>(b, rows, ids, w); break;
-        case 2: hack_tile<Bits, 2>(b, rows, ids, w); break;
-        case 3: hack_tile<Bits, 3>(b, rows, ids, w); break;
-        case 4: hack_tile<Bits, 4>(b, rows, ids, w); break;
+        case 1: hack_tile<KBits, VBits, 1>(b, rows, ids, w); break;
+        case 2: hack_tile<KBits, VBits, 2>(b, rows, ids, w); break;
+        case 3: hack_tile<KBits, VBits, 3>(b, rows, ids, w); break;
+        case 4: hack_tile<KBits, VBits, 4>(b, rows, ids, w); break;
         default: break;
       }
       n = 0;
@@ -320,10 +322,16 @@ struct HackSimd {
 
   static void hack_block(const HackHeadView& b, const AttentionRows& rows, float* work) {
     const HackWork w = carve_hack_work(work, b.tokens, b.k_dim, b.k_dim / b.k_group, b.v_dim / b.v_group);
-    switch (b.bits) {
-      case 2: hack_block_bits<2>(b, rows, w); break;
-      case 4: hack_block_bits<4>(b, rows, w); break;
-      default: hack_block_bits<8>(b, rows, w); break;
+    switch (b.k_bits * 16 + b.v_bits) {
+      case 2 * 16 + 2: hack_block_bits<2, 2>(b, rows, w); break;
+      case 2 * 16 + 4: hack_block_bits<2, 4>(b, rows, w); break;
+      case 2 * 16 + 8: hack_block_bits<2, 8>(b, rows, w); break;
+      case 4 * 16 + 2: hack_block_bits<4, 2>(b, rows, w); break;
+      case 4 * 16 + 4: hack_block_bits<4, 4>(b, rows, w); break;
+      case 4 * 16 + 8: hack_block_bits<4, 8>(b, rows, w); break;
+      case 8 * 16 + 2: hack_block_bits<8, 2>(b, rows, w); break;
+      case 8 * 16 + 4: hack_block_bits<8, 4>(b, rows, w); break;
+      default: hack_block_bits<8, 8>(b, rows, w); break;
     }
   }
 

@@ -180,7 +180,7 @@ __device__ void exact_block(const Smem& sm, int G, int D, int T, const uint16_t*
 
 // One quantized page: `head` is the start of this KV head's section. CPU: hack_block_scalar.
 __device__ void hack_block(const Smem& sm, const HackPageGeometry& g, int G, const uint8_t* head) {
-  const int D = g.head_dim, T = g.block_tokens, bits = g.bits;
+  const int D = g.head_dim, T = g.block_tokens, k_bits = g.k_bits, v_bits = g.v_bits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, lane16 = lane % 16;
   const int kp = D / g.k_group;
   const uint16_t* k_min = reinterpret_cast<const uint16_t*>(head + g.k_min);
@@ -220,7 +220,7 @@ __device__ void hack_block(const Smem& sm, const HackPageGeometry& g, int G, con
   // K codes → B tiles; scores start at 0.
   for (int i = threadIdx.x; i < T * D; i += kThreads) {
     const int t = i / D, c = i % D;
-    const int code = quant::code_at(k_codes, quant::k_code_pos(bits, D, t, c), bits);
+    const int code = quant::code_at(k_codes, quant::k_code_pos(k_bits, D, t, c), k_bits);
     sm.codes[((t / 16) * (D / 16) + c / 16) * kTileBytes + (t % 16) * 16 + c % 16] = static_cast<uint8_t>(code);
   }
   for (int i = threadIdx.x; i < G * T; i += kThreads) sm.s[i] = 0.0f;
@@ -261,7 +261,7 @@ __device__ void hack_block(const Smem& sm, const HackPageGeometry& g, int G, con
   // V codes → B tiles (the K tiles are no longer read).
   for (int i = threadIdx.x; i < T * D; i += kThreads) {
     const int c = i / T, t = i % T;
-    const int code = quant::code_at(v_codes, quant::v_code_pos(bits, T, t, c), bits);
+    const int code = quant::code_at(v_codes, quant::v_code_pos(v_bits, T, t, c), v_bits);
     sm.codes[((c / 16) * (T / 16) + t / 16) * kTileBytes + (c % 16) * 16 + t % 16] = static_cast<uint8_t>(code);
   }
   __syncthreads();
@@ -448,7 +448,8 @@ void hack_decode_attention(const HackPageGeometry& g, const HackDecodeBatch& in,
                       "head_dim must be a multiple of 16 in [16, 256]");
   HACK_CUDA_ARG_CHECK(g.block_tokens >= 16 && g.block_tokens % 16 == 0 && g.block_tokens <= kMaxBlock,
                       "block tokens must be a multiple of 16 in [16, 256]");
-  HACK_CUDA_ARG_CHECK(g.bits == 2 || g.bits == 4 || g.bits == 8, "bits must be 2, 4 or 8");
+  HACK_CUDA_ARG_CHECK(g.k_bits == 2 || g.k_bits == 4 || g.k_bits == 8, "K bits must be 2, 4 or 8");
+  HACK_CUDA_ARG_CHECK(g.v_bits == 2 || g.v_bits == 4 || g.v_bits == 8, "V bits must be 2, 4 or 8");
   HACK_CUDA_ARG_CHECK(g.k_group >= 16 && g.k_group % 16 == 0 && g.head_dim % g.k_group == 0 && g.v_group >= 16 &&
                           g.v_group % 16 == 0 && g.head_dim % g.v_group == 0,
                       "K/V partitions must be multiples of 16 dividing head_dim");

@@ -43,13 +43,16 @@ __device__ void stage_code(uint32_t* staged, quant::CodePos pos, int code) {
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_blocks_kernel(HackPageGeometry g, HackQuantizeBlocks in) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
-  const int T = g.block_tokens, D = g.head_dim, bits = g.bits, max_code = (1 << bits) - 1;
-  const size_t code_bytes = static_cast<size_t>(T) * static_cast<size_t>(D) * static_cast<size_t>(bits) / 8;
+  const int T = g.block_tokens, D = g.head_dim;
+  const int k_bits = g.k_bits, v_bits = g.v_bits, k_max_code = (1 << k_bits) - 1, v_max_code = (1 << v_bits) - 1;
+  const size_t k_code_bytes = static_cast<size_t>(T) * static_cast<size_t>(D) * static_cast<size_t>(k_bits) / 8;
+  const size_t v_code_bytes = static_cast<size_t>(T) * static_cast<size_t>(D) * static_cast<size_t>(v_bits) / 8;
+  const size_t code_bytes = k_code_bytes > v_code_bytes ? k_code_bytes : v_code_bytes;  // staging holds either
   uint32_t* staged = reinterpret_cast<uint32_t*>(smem);
   float* q_min = reinterpret_cast<float*>(smem + code_bytes);
   float* q_scale = q_min + D;
   uint32_t* v_sum = reinterpret_cast<uint32_t*>(q_scale + D);
-  const int code_words = static_cast<int>(code_bytes / 4);
+  const int k_code_words = static_cast<int>(k_code_bytes / 4), v_code_words = static_cast<int>(v_code_bytes / 4);
 
   uint8_t* page = static_cast<uint8_t*>(in.pages[b]);
   uint8_t* head = page + g.head0 + static_cast<size_t>(h) * g.head_bytes;
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_blocks_kernel(HackP
   for (uint32_t i = g.fields_end + tid; i < g.head_bytes; i += kQuantizeThreads) head[i] = 0;
 
   // ---- K: per channel over the block's tokens ----
-  for (int i = tid; i < code_words; i += kQuantizeThreads) staged[i] = 0;
+  for (int i = tid; i < k_code_words; i += kQuantizeThreads) staged[i] = 0;
   uint16_t* k_min_out = reinterpret_cast<uint16_t*>(head + g.k_min);
   uint16_t* k_scale_out = reinterpret_cast<uint16_t*>(head + g.k_scale);
   for (int c = tid; c < D; c += kQuantizeThreads) {
@@ -85,7 +88,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_blocks_kernel(HackP
       lo = quant::min_f32(lo, x);
       hi = quant::max_f32(hi, x);
     }
-    const quant::Quantizer q = quant::make_quantizer(lo, hi, max_code, &k_min_out[c], &k_scale_out[c]);
+    const quant::Quantizer q = quant::make_quantizer(lo, hi, k_max_code, &k_min_out[c], &k_scale_out[c]);
     q_min[c] = q.min;
     q_scale[c] = q.scale;
   }
@@ -95,19 +98,19 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_blocks_kernel(HackP
     const int t = w / k_parts, p = w % k_parts;
     uint32_t sum = 0;
     for (int c = p * g.k_group; c < (p + 1) * g.k_group; ++c) {
-      const int code = code_of(quant::Quantizer{q_min[c], q_scale[c], max_code}, k(t, c), k_random, t, c);
-      stage_code(staged, quant::k_code_pos(bits, D, t, c), code);
+      const int code = code_of(quant::Quantizer{q_min[c], q_scale[c], k_max_code}, k(t, c), k_random, t, c);
+      stage_code(staged, quant::k_code_pos(k_bits, D, t, c), code);
       sum += static_cast<uint32_t>(code);
     }
     store_sum(head + g.k_sums, g.k_sum_bytes, static_cast<size_t>(p) * T + static_cast<size_t>(t), sum);
   }
   __syncthreads();
   uint32_t* k_codes_out = reinterpret_cast<uint32_t*>(head + g.k_codes);
-  for (int i = tid; i < code_words; i += kQuantizeThreads) k_codes_out[i] = staged[i];
+  for (int i = tid; i < k_code_words; i += kQuantizeThreads) k_codes_out[i] = staged[i];
   __syncthreads();
 
   // ---- V: per (token, channel partition), sums per channel over the block ----
-  for (int i = tid; i < code_words; i += kQuantizeThreads) staged[i] = 0;
+  for (int i = tid; i < v_code_words; i += kQuantizeThreads) staged[i] = 0;
   for (int c = tid; c < D; c += kQuantizeThreads) v_sum[c] = 0;
   __syncthreads();
   uint16_t* v_min_out = reinterpret_cast<uint16_t*>(head + g.v_min);
@@ -121,16 +124,16 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_blocks_kernel(HackP
       hi = quant::max_f32(hi, v(t, c));
     }
     const size_t meta = static_cast<size_t>(p) * T + static_cast<size_t>(t);
-    const quant::Quantizer q = quant::make_quantizer(lo, hi, max_code, &v_min_out[meta], &v_scale_out[meta]);
+    const quant::Quantizer q = quant::make_quantizer(lo, hi, v_max_code, &v_min_out[meta], &v_scale_out[meta]);
     for (int c = c0; c < c0 + g.v_group; ++c) {
       const int code = code_of(q, v(t, c), v_random, t, c);
-      stage_code(staged, quant::v_code_pos(bits, T, t, c), code);
+      stage_code(staged, quant::v_code_pos(v_bits, T, t, c), code);
       atomicAdd(&v_sum[c], static_cast<uint32_t>(code));
     }
   }
   __syncthreads();
   uint32_t* v_codes_out = reinterpret_cast<uint32_t*>(head + g.v_codes);
-  for (int i = tid; i < code_words; i += kQuantizeThreads) v_codes_out[i] = staged[i];
+  for (int i = tid; i < v_code_words; i += kQuantizeThreads) v_codes_out[i] = staged[i];
   for (int c = tid; c < D; c += kQuantizeThreads)
     store_sum(head + g.v_sums, g.v_sum_bytes, static_cast<size_t>(c), v_sum[c]);
 }
@@ -142,7 +145,8 @@ void hack_quantize_blocks(const HackPageGeometry& g, const HackQuantizeBlocks& i
   // hack/core/error.h (fmt) does not compile under nvcc: argument errors go through
   // cuda_fail too, as "invalid argument in <what is wrong>".
   if (g.head_dim < 16 || g.head_dim % 16 != 0 || g.head_dim > 256 || g.block_tokens < 16 || g.block_tokens % 16 != 0 ||
-      g.block_tokens > 4096 || (g.bits != 2 && g.bits != 4 && g.bits != 8) || g.num_heads <= 0 || g.k_group < 16 ||
+      g.block_tokens > 4096 || (g.k_bits != 2 && g.k_bits != 4 && g.k_bits != 8) ||
+      (g.v_bits != 2 && g.v_bits != 4 && g.v_bits != 8) || g.num_heads <= 0 || g.k_group < 16 ||
       g.head_dim % g.k_group != 0 || g.v_group < 16 || g.head_dim % g.v_group != 0)
     cuda_fail(cudaErrorInvalidValue, "hack_quantize_blocks: page geometry the device quantizer does not support",
               __FILE__, __LINE__);
@@ -150,8 +154,8 @@ void hack_quantize_blocks(const HackPageGeometry& g, const HackQuantizeBlocks& i
       in.header == nullptr)
     cuda_fail(cudaErrorInvalidValue, "hack_quantize_blocks: null source, page, first-token or header array", __FILE__,
               __LINE__);
-  const size_t code_bytes =
-      static_cast<size_t>(g.block_tokens) * static_cast<size_t>(g.head_dim) * static_cast<size_t>(g.bits) / 8;
+  const size_t code_bytes = static_cast<size_t>(g.block_tokens) * static_cast<size_t>(g.head_dim) *
+                            static_cast<size_t>(g.k_bits > g.v_bits ? g.k_bits : g.v_bits) / 8;
   const size_t smem = code_bytes + 3 * static_cast<size_t>(g.head_dim) * 4;
   allow_dynamic_smem(reinterpret_cast<const void*>(&quantize_blocks_kernel), smem, "hack_quantize_blocks");
   const dim3 grid(static_cast<unsigned>(g.num_heads), static_cast<unsigned>(in.blocks));

@@ -52,6 +52,7 @@ void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>
   std::vector<float> chunk_logits;
   if (all_logits) logits.resize(tokens.size() * vocab);
   size_t done = 0;
+  kv_.begin_prefill(seq_id);
   while (done < tokens.size()) {
     const size_t n = std::min(tokens.size() - done, static_cast<size_t>(options_.prefill_chunk_tokens));
     SequenceChunk c{seq_id, pos, tokens.subspan(done, n), all_logits};
@@ -63,6 +64,7 @@ void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>
     pos += static_cast<int>(n);
     done += n;
   }
+  kv_.end_prefill(seq_id);
   if (!all_logits) logits.swap(chunk_logits);
 }
 

@@ -11,7 +11,8 @@ HackPageGeometry page_geometry(const HackPageLayout& layout) {
   HACK_CHECK(layout.num_heads() > 0, "HACK page geometry: empty layout");
   const HackHeadLayout& h0 = layout.head(0);
   HackPageGeometry g;
-  g.bits = layout.bits();
+  g.k_bits = layout.k_bits();
+  g.v_bits = layout.v_bits();
   g.block_tokens = layout.block_tokens();
   g.num_heads = layout.num_heads();
   g.head_dim = h0.k_dim;

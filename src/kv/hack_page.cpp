@@ -60,16 +60,19 @@ int hack_group_for(int dim, int max_group) {
 }
 
 HackPageLayout::HackPageLayout(const HackPageParams& p) {
-  HACK_CHECK(p.bits == 2 || p.bits == 4 || p.bits == 8, "HACK page: bits must be 2, 4 or 8, got {}", p.bits);
+  for (const int b : {p.k_bits, p.v_bits})
+    HACK_CHECK(b == 2 || b == 4 || b == 8, "HACK page: bit widths must be 2, 4 or 8, got K {} / V {}", p.k_bits,
+               p.v_bits);
   HACK_CHECK(p.block_tokens >= 16 && p.block_tokens % 16 == 0 && p.block_tokens <= 4096,
              "HACK page: block tokens must be a multiple of 16 in [16, 4096], got {}", p.block_tokens);
   HACK_CHECK(p.k_group >= 16 && p.k_group <= 256, "HACK page: k_group must be in [16, 256], got {}", p.k_group);
   HACK_CHECK(p.v_group >= 16, "HACK page: v_group must be at least 16, got {}", p.v_group);
   HACK_CHECK(!p.heads.empty() && p.heads.size() <= 4096, "HACK page: {} heads", p.heads.size());
-  const int max_code = (1 << p.bits) - 1;
-  HACK_CHECK(p.block_tokens * max_code <= 65535, "HACK page: {} tokens of {}-bit codes overflow the u16 V sums",
-             p.block_tokens, p.bits);
-  bits_ = p.bits;
+  const int k_max_code = (1 << p.k_bits) - 1, v_max_code = (1 << p.v_bits) - 1;
+  HACK_CHECK(p.block_tokens * v_max_code <= 65535, "HACK page: {} tokens of {}-bit codes overflow the u16 V sums",
+             p.block_tokens, p.v_bits);
+  k_bits_ = p.k_bits;
+  v_bits_ = p.v_bits;
   block_tokens_ = p.block_tokens;
 
   int max_k_group = 0;
@@ -86,8 +89,8 @@ HackPageLayout::HackPageLayout(const HackPageParams& p) {
     hl.v_group = hack_group_for(d.v_dim, std::min(p.v_group, p.block_tokens));
     max_k_group = std::max(max_k_group, hl.k_group);
   }
-  k_sum_bytes_ = max_k_group * max_code <= 255 ? 1 : 2;
-  v_sum_bytes_ = block_tokens_ * max_code <= 255 ? 1 : 2;
+  k_sum_bytes_ = max_k_group * k_max_code <= 255 ? 1 : 2;
+  v_sum_bytes_ = block_tokens_ * v_max_code <= 255 ? 1 : 2;
 
   header_bytes_ = round_up(sizeof(HackPageHeader) + heads_.size() * sizeof(HackHeadEntry), 64);
   size_t offset = header_bytes_;
@@ -101,8 +104,8 @@ HackPageLayout::HackPageLayout(const HackPageParams& p) {
       at_ += bytes;
       return o;
     };
-    hl.k_codes = place(T * kd * static_cast<size_t>(bits_) / 8);
-    hl.v_codes = place(T * vd * static_cast<size_t>(bits_) / 8);
+    hl.k_codes = place(T * kd * static_cast<size_t>(k_bits_) / 8);
+    hl.v_codes = place(T * vd * static_cast<size_t>(v_bits_) / 8);
     hl.k_min = place(kd * 2);
     hl.k_scale = place(kd * 2);
     hl.k_sums = place(static_cast<size_t>(hl.k_partitions()) * T * static_cast<size_t>(k_sum_bytes_));
@@ -117,7 +120,7 @@ HackPageLayout::HackPageLayout(const HackPageParams& p) {
 }
 
 bool HackPageLayout::operator==(const HackPageLayout& o) const {
-  if (bits_ != o.bits_ || block_tokens_ != o.block_tokens_ || page_bytes_ != o.page_bytes_ ||
+  if (k_bits_ != o.k_bits_ || v_bits_ != o.v_bits_ || block_tokens_ != o.block_tokens_ || page_bytes_ != o.page_bytes_ ||
       heads_.size() != o.heads_.size())
     return false;
   for (size_t h = 0; h < heads_.size(); ++h) {
@@ -139,7 +142,8 @@ void HackPageLayout::write_header(void* page, int layer, int64_t first_token, Ro
   hdr.first_token = static_cast<uint64_t>(first_token);
   hdr.block_tokens = static_cast<uint16_t>(block_tokens_);
   hdr.num_heads = static_cast<uint16_t>(heads_.size());
-  hdr.bits = static_cast<uint8_t>(bits_);
+  hdr.k_bits = static_cast<uint8_t>(k_bits_);
+  hdr.v_bits = static_cast<uint8_t>(v_bits_);
   hdr.k_sum_bytes = static_cast<uint8_t>(k_sum_bytes_);
   hdr.v_sum_bytes = static_cast<uint8_t>(v_sum_bytes_);
   hdr.rounding = static_cast<uint8_t>(rounding);
@@ -167,7 +171,8 @@ HackPageLayout HackPageLayout::from_page(const void* page, size_t size) {
                  hdr.header_bytes <= size,
              "HACK page: head table of {} heads does not fit its {}-byte header", hdr.num_heads, hdr.header_bytes);
   HackPageParams params;
-  params.bits = hdr.bits;
+  params.k_bits = hdr.k_bits;
+  params.v_bits = hdr.v_bits;
   params.block_tokens = hdr.block_tokens;
   params.k_group = 16;
   params.v_group = 16;
@@ -193,9 +198,10 @@ void HackPageLayout::validate(const void* page, size_t size) const {
   HACK_CHECK(hdr.page_bytes == page_bytes_ && hdr.header_bytes == header_bytes_,
              "HACK page: sizes {}/{} do not match the expected {}/{}", hdr.page_bytes, hdr.header_bytes, page_bytes_,
              header_bytes_);
-  HACK_CHECK(hdr.bits == bits_ && hdr.block_tokens == block_tokens_ && hdr.num_heads == heads_.size(),
-             "HACK page: {}-bit, {} tokens, {} heads; expected {}-bit, {} tokens, {} heads", hdr.bits,
-             hdr.block_tokens, hdr.num_heads, bits_, block_tokens_, heads_.size());
+  HACK_CHECK(hdr.k_bits == k_bits_ && hdr.v_bits == v_bits_ && hdr.block_tokens == block_tokens_ &&
+                 hdr.num_heads == heads_.size(),
+             "HACK page: K {}-bit / V {}-bit, {} tokens, {} heads; expected K {}-bit / V {}-bit, {} tokens, {} heads",
+             hdr.k_bits, hdr.v_bits, hdr.block_tokens, hdr.num_heads, k_bits_, v_bits_, block_tokens_, heads_.size());
   HACK_CHECK(hdr.k_sum_bytes == k_sum_bytes_ && hdr.v_sum_bytes == v_sum_bytes_,
              "HACK page: code sums of {}/{} bytes, expected {}/{}", hdr.k_sum_bytes, hdr.v_sum_bytes, k_sum_bytes_,
              v_sum_bytes_);
@@ -226,7 +232,7 @@ int64_t HackPageLayout::page_first_token(const void* page) {
 void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k, size_t k_stride,
                       const RoundingSpec& rounding, void* page) {
   const HackHeadLayout& hl = layout.head(head);
-  const int T = layout.block_tokens(), bits = layout.bits(), max_code = (1 << bits) - 1;
+  const int T = layout.block_tokens(), bits = layout.k_bits(), max_code = (1 << bits) - 1;
   uint8_t* codes = at<uint8_t>(page, hl.k_codes);
   std::memset(codes, 0, static_cast<size_t>(T) * static_cast<size_t>(hl.k_dim) * static_cast<size_t>(bits) / 8);
   uint16_t* mins = at<uint16_t>(page, hl.k_min);
@@ -262,7 +268,7 @@ void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k,
 void quantize_v_block(const HackPageLayout& layout, int head, const uint16_t* v, size_t v_stride,
                       const RoundingSpec& rounding, void* page) {
   const HackHeadLayout& hl = layout.head(head);
-  const int T = layout.block_tokens(), bits = layout.bits(), max_code = (1 << bits) - 1;
+  const int T = layout.block_tokens(), bits = layout.v_bits(), max_code = (1 << bits) - 1;
   uint8_t* codes = at<uint8_t>(page, hl.v_codes);
   std::memset(codes, 0, static_cast<size_t>(T) * static_cast<size_t>(hl.v_dim) * static_cast<size_t>(bits) / 8);
   uint16_t* mins = at<uint16_t>(page, hl.v_min);
@@ -295,14 +301,14 @@ void quantize_v_block(const HackPageLayout& layout, int head, const uint16_t* v,
 
 int k_code(const HackPageLayout& layout, int head, const void* page, int token, int channel) {
   const HackHeadLayout& hl = layout.head(head);
-  const cpu::HackCodePos pos = cpu::hack_k_code_pos(layout.bits(), hl.k_dim, token, channel);
-  return (at<uint8_t>(page, hl.k_codes)[pos.byte] >> pos.shift) & ((1 << layout.bits()) - 1);
+  const cpu::HackCodePos pos = cpu::hack_k_code_pos(layout.k_bits(), hl.k_dim, token, channel);
+  return (at<uint8_t>(page, hl.k_codes)[pos.byte] >> pos.shift) & ((1 << layout.k_bits()) - 1);
 }
 
 int v_code(const HackPageLayout& layout, int head, const void* page, int token, int channel) {
   const HackHeadLayout& hl = layout.head(head);
-  const cpu::HackCodePos pos = cpu::hack_v_code_pos(layout.bits(), layout.block_tokens(), token, channel);
-  return (at<uint8_t>(page, hl.v_codes)[pos.byte] >> pos.shift) & ((1 << layout.bits()) - 1);
+  const cpu::HackCodePos pos = cpu::hack_v_code_pos(layout.v_bits(), layout.block_tokens(), token, channel);
+  return (at<uint8_t>(page, hl.v_codes)[pos.byte] >> pos.shift) & ((1 << layout.v_bits()) - 1);
 }
 
 void dequantize_k_block(const HackPageLayout& layout, int head, const void* page, float* out) {

@@ -139,7 +139,7 @@ void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExpo
         send(KvMessageKind::hack_page, cache.hack_page(seq_id, layer, cursor.pages_sent[l]));
     }
     if (final) {
-      HACK_CHECK(cache.pending_block_count(seq_id, layer) == 0, "export: layer {} still has pending blocks", layer);
+      // Exact tail: the recent window's full blocks and the open block.
       const int open_first = S + cursor.pages_sent[l] * T;
       if (length > open_first) send_exact(open_first, length - open_first);
     }
@@ -181,12 +181,15 @@ void import_message(PagedKvCache& cache, int seq_id, int layer, KvMessageKind ki
     if (length < S) {
       HACK_CHECK(length + n <= S, "import: exact tokens [{}, {}) cross the end of the {} sinks", length, length + n, S);
     } else {
-      // Full blocks travel as HACK pages; exact tokens only ever fill part of the open block.
+      // Blocks that have left the recent window travel as HACK pages; exact tokens only
+      // fill the window's blocks and the open block.
       HACK_CHECK(cache.pending_block_count(seq_id, layer) == 0, "import: sequence {} layer {} has pending blocks",
                  seq_id, layer);
-      const int in_block = (length - S) % T;
-      HACK_CHECK(in_block + n < T, "import: exact tokens [{}, {}) would complete the block at {} (full blocks arrive as HACK pages)",
-                 length, length + n, length - in_block);
+      const int quantized_end = S + (std::max(0, length + n - o.recent_tokens - S) / T) * T;
+      HACK_CHECK(length >= quantized_end,
+                 "import: exact tokens [{}, {}) include the block at {}, which has left the recent window of {} "
+                 "(such blocks arrive as HACK pages)",
+                 length, length + n, length, o.recent_tokens);
     }
   }
   const size_t elems = static_cast<size_t>(n) * shape.num_kv_heads * shape.head_dim;

@@ -28,13 +28,27 @@ Rounding parse_rounding(std::string_view name) {
   fail("--hack-rounding must be nearest or stochastic, got '{}'", name);
 }
 
+HackAttention parse_hack_attention(std::string_view name) {
+  if (name == "homomorphic") return HackAttention::homomorphic;
+  if (name == "dequantized") return HackAttention::dequantized;
+  fail("HACK attention must be homomorphic or dequantized, got '{}'", name);
+}
+
+std::string_view hack_attention_name(HackAttention attention) {
+  return attention == HackAttention::homomorphic ? "homomorphic" : "dequantized";
+}
+
 std::string_view kv_mode_name(KvMode mode) { return mode == KvMode::fp ? "fp" : "hack"; }
 std::string_view rounding_name(Rounding rounding) { return rounding == Rounding::nearest ? "nearest" : "stochastic"; }
 
 std::string describe(const KvCacheOptions& o) {
   if (o.mode == KvMode::fp) return fmt::format("fp {} block={}", dtype_name(o.fp_dtype), o.block_tokens);
-  std::string s = fmt::format("hack b={} block={} sinks={} {}", o.bits, o.block_tokens, o.sinks, rounding_name(o.rounding));
+  std::string s = fmt::format("hack k{}v{} block={} sinks={} {}", o.k_bits, o.v_bits, o.block_tokens, o.sinks,
+                              rounding_name(o.rounding));
   if (o.rounding == Rounding::stochastic) s += fmt::format(" seed={}", o.seed);
+  if (o.recent_tokens > 0) s += fmt::format(" recent={}", o.recent_tokens);
+  if (!o.exact_prefill) s += " quantized-prefill";
+  if (o.attention != HackAttention::homomorphic) s += fmt::format(" {}", hack_attention_name(o.attention));
   return s;
 }
 
@@ -58,9 +72,12 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
     return;
   }
   HACK_CHECK(options.sinks >= 0 && options.sinks <= 1024, "--hack-sinks must be in [0, 1024], got {}", options.sinks);
+  HACK_CHECK(options.recent_tokens >= 0 && options.recent_tokens <= 65536,
+             "--hack-recent must be in [0, 65536], got {}", options.recent_tokens);
   HACK_CHECK(shape.head_dim % 16 == 0, "--kv hack needs head_dim a multiple of 16, got {}", shape.head_dim);
   HackPageParams params;
-  params.bits = options.bits;
+  params.k_bits = options.k_bits;
+  params.v_bits = options.v_bits;
   params.block_tokens = options.block_tokens;
   params.k_group = options.k_group;
   params.v_group = options.v_group;
@@ -77,7 +94,9 @@ PagedKvCache::~PagedKvCache() {
 }
 
 std::string PagedKvCache::name() const {
-  if (options_.mode == KvMode::hack) return "hack-" + std::to_string(options_.bits) + "bit";
+  if (options_.mode == KvMode::hack)
+    return options_.k_bits == options_.v_bits ? fmt::format("hack-{}bit", options_.k_bits)
+                                              : fmt::format("hack-k{}v{}", options_.k_bits, options_.v_bits);
   return options_.fp_dtype == DType::f32 ? "fp32-paged" : "bf16-paged";
 }
 
@@ -104,7 +123,11 @@ size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
   if (options_.mode == KvMode::fp) {
     per_layer = static_cast<size_t>((max_tokens + T - 1) / T) * block_pool_->page_bytes();
   } else {
-    per_layer = static_cast<size_t>(full_blocks(max_tokens)) * block_pool_->page_bytes();
+    // The recent window's full blocks are held as bf16 pages instead of HACK pages.
+    const int blocks = full_blocks(max_tokens);
+    const int window = std::min(blocks, (options_.recent_tokens + T - 1) / T);
+    per_layer = static_cast<size_t>(blocks - window) * block_pool_->page_bytes() +
+                static_cast<size_t>(window) * open_pool_->page_bytes();
     if (max_tokens > options_.sinks) per_layer += open_pool_->page_bytes();
     if (sink_pool_) per_layer += sink_pool_->page_bytes();
   }
@@ -125,7 +148,7 @@ void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
   const int max_pages = (max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1;
   for (auto& lp : s->layers) {  // no reallocation on the decode path
     lp.pages.reserve(static_cast<size_t>(max_pages));
-    lp.pending.reserve(2);
+    lp.pending.reserve(static_cast<size_t>(2 + (options_.recent_tokens + options_.block_tokens - 1) / options_.block_tokens));
   }
   sequences_.emplace(seq_id, std::move(s));
 }
@@ -191,7 +214,11 @@ void write_exact(std::byte* region, size_t elem_bytes, int heads, int capacity, 
 
 void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
   const int T = options_.block_tokens, d = shape_.head_dim, H = shape_.num_kv_heads;
-  for (PageRef block : lp.pending) {
+  size_t done = 0;
+  for (; done < lp.pending.size(); ++done) {
+    const int block_end = options_.sinks + static_cast<int>(lp.pages.size() + 1) * T;
+    if (block_end > lp.length - options_.recent_tokens) break;  // still inside the recent window
+    const PageRef block = lp.pending[done];
     const PageRef page = block_pool_->allocate();
     std::memset(page.data, 0, hack_layout_.page_bytes());  // padding too: pages are compared and hashed as bytes
     const int64_t first = options_.sinks + static_cast<int64_t>(lp.pages.size()) * T;
@@ -207,7 +234,19 @@ void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
     lp.pages.push_back(page);
     open_pool_->release(block);
   }
-  lp.pending.clear();
+  lp.pending.erase(lp.pending.begin(), lp.pending.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void PagedKvCache::begin_prefill(int seq_id) {
+  Sequence& s = get(seq_id);
+  if (options_.mode == KvMode::hack && options_.exact_prefill) s.prefilling = true;
+}
+
+void PagedKvCache::end_prefill(int seq_id) {
+  Sequence& s = get(seq_id);
+  if (!s.prefilling) return;
+  s.prefilling = false;
+  close_pending_blocks(seq_id);
 }
 
 void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
@@ -220,7 +259,7 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
              seq_id, lp.length + n_tokens, s.max_tokens);
   const int H = shape_.num_kv_heads, d = shape_.head_dim, T = options_.block_tokens;
   const size_t token_floats = static_cast<size_t>(H) * static_cast<size_t>(d);
-  if (options_.mode == KvMode::hack && n_tokens > 0) quantize_pending(layer, lp);
+  if (options_.mode == KvMode::hack && n_tokens > 0 && !s.prefilling) quantize_pending(layer, lp);
   for (int i = 0; i < n_tokens; ++i) {
     const int pos = start_pos + i;
     const float* kt = k + static_cast<size_t>(i) * token_floats;
@@ -242,7 +281,7 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
       if (!lp.open) lp.open = open_pool_->allocate();
       write_exact(lp.open.data, 2, H, T, d, slot, kt);
       write_exact(lp.open.data + token_floats * static_cast<size_t>(T) * 2, 2, H, T, d, slot, vt);
-      if (slot == T - 1) {  // full: attended exactly until the next append quantizes it
+      if (slot == T - 1) {  // full: exact until an append finds it outside the recent window
         lp.pending.push_back(lp.open);
         lp.open = PageRef{};
       }
@@ -294,7 +333,8 @@ cpu::ExactHeadView PagedKvCache::exact_view(const Segment& seg, int kv_head) con
 cpu::HackHeadView hack_head_view(const HackPageLayout& layout, const std::byte* page, int head) {
   const HackHeadLayout& hl = layout.head(head);
   cpu::HackHeadView v;
-  v.bits = layout.bits();
+  v.k_bits = layout.k_bits();
+  v.v_bits = layout.v_bits();
   v.tokens = layout.block_tokens();
   v.k_dim = hl.k_dim;
   v.v_dim = hl.v_dim;
@@ -373,7 +413,11 @@ void PagedKvCache::attend_rows(const LayerPages& lp, int end, int head_begin, in
           view.prefetch = next->data + hl.offset;
           view.prefetch_bytes = hl.bytes;
         }
-        kernels_->hack_block(view, sub, work);
+        if (options_.attention == HackAttention::dequantized) {
+          attend_dequantized(seg.data, h, sub, work);
+        } else {
+          kernels_->hack_block(view, sub, work);
+        }
       } else {
         kernels_->exact_block(exact_view(seg, h), sub, work);
       }
@@ -389,6 +433,28 @@ void PagedKvCache::attend_rows(const LayerPages& lp, int end, int head_begin, in
     prev = &held;
   });
   if (prev != nullptr) run(*prev, nullptr);
+}
+
+void PagedKvCache::attend_dequantized(const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
+                                      float* work) const {
+  const HackHeadLayout& hl = hack_layout_.head(kv_head);
+  const size_t T = static_cast<size_t>(options_.block_tokens);
+  thread_local std::vector<float> kv;  // [Π][k_dim] K, then [Π][v_dim] V (ablation only)
+  kv.resize(T * static_cast<size_t>(hl.k_dim + hl.v_dim));
+  float* k = kv.data();
+  float* v = k + T * static_cast<size_t>(hl.k_dim);
+  dequantize_k_block(hack_layout_, kv_head, page, k);
+  dequantize_v_block(hack_layout_, kv_head, page, v);
+  cpu::ExactHeadView view;
+  view.bf16 = false;
+  view.tokens = options_.block_tokens;
+  view.k_dim = hl.k_dim;
+  view.v_dim = hl.v_dim;
+  view.k = k;
+  view.v = v;
+  view.k_stride = static_cast<size_t>(hl.k_dim);
+  view.v_stride = static_cast<size_t>(hl.v_dim);
+  kernels_->exact_block(view, rows, work);
 }
 
 void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q,
@@ -747,7 +813,8 @@ double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options) {
   if (options.mode == KvMode::fp)
     return layers * 2.0 * shape.num_kv_heads * shape.head_dim * static_cast<double>(dtype_size(options.fp_dtype));
   HackPageParams params;
-  params.bits = options.bits;
+  params.k_bits = options.k_bits;
+  params.v_bits = options.v_bits;
   params.block_tokens = options.block_tokens;
   params.k_group = options.k_group;
   params.v_group = options.v_group;

@@ -14,12 +14,7 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   flags.add_string("served-model-name", &c.served_name, "model name reported to clients; default: the directory name");
   flags.add_string("device", &c.device, "cpu (cuda serving is not wired into the daemons yet)");
   flags.add_int("threads", &c.threads, "compute threads; 0 = all cores");
-  flags.add_string("kv", &c.kv, "KV cache and wire format: fp (uncompressed) or hack (quantized)");
-  flags.add_int("hack-bits", &c.hack_bits, "HACK code bits: 2, 4 or 8");
-  flags.add_int("hack-block", &c.hack_block, "KV page (HACK block) tokens, a multiple of 16");
-  flags.add_int("hack-sinks", &c.hack_sinks, "leading tokens kept in bf16");
-  flags.add_string("hack-rounding", &c.hack_rounding, "HACK rounding: nearest or stochastic");
-  flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages: bf16 or f32");
+  add_kv_flags(flags, c.kv);
   flags.add_int64("kv-capacity-mb", &c.kv_capacity_mb, "KV cache budget in MiB; 0 = unbounded");
   flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
   flags.add_int("max-model-len", &c.max_model_len,
@@ -27,15 +22,7 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
 }
 
 KvCacheOptions kv_options_from(const ModelRuntimeConfig& c) {
-  KvCacheOptions o;
-  o.mode = parse_kv_mode(c.kv);
-  o.bits = c.hack_bits;
-  o.block_tokens = c.hack_block;
-  o.sinks = c.hack_sinks;
-  o.rounding = parse_rounding(c.hack_rounding);
-  o.fp_dtype = parse_dtype(c.kv_dtype);
-  HACK_CHECK(o.fp_dtype == DType::bf16 || o.fp_dtype == DType::f32, "--kv-dtype must be bf16 or f32, got {}",
-             c.kv_dtype);
+  KvCacheOptions o = hack::kv_options_from(c.kv);
   HACK_CHECK(c.kv_capacity_mb >= 0, "--kv-capacity-mb must not be negative, got {}", c.kv_capacity_mb);
   o.capacity_bytes = static_cast<size_t>(c.kv_capacity_mb) << 20;
   return o;

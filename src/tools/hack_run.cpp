@@ -17,6 +17,7 @@
 #include "hack/core/read_file.h"
 #include "hack/core/flags.h"
 #include "hack/core/logging.h"
+#include "hack/kv/kv_flags.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/generation_config.h"
 #include "hack/model/weights.h"
@@ -48,12 +49,14 @@ struct RunConfig {
   bool ignore_eos = false;
   int threads = 0;
   std::string device = "cpu";
-  std::string kv = "fp";
-  int hack_bits = 2;
-  int hack_block = 64;
-  int hack_sinks = 4;
-  std::string hack_rounding = "nearest";
-  std::string kv_dtype = "f32";
+  // The single-process reference defaults to the uncompressed f32 cache; every KV flag
+  // is the daemons' own (kv/kv_flags.h), so `hack-run --kv hack ...` equals the cluster.
+  hack::KvFlags kv = [] {
+    hack::KvFlags f;
+    f.kv = "fp";
+    f.kv_dtype = "f32";
+    return f;
+  }();
   int prefill_chunk = 512;
   int max_model_len = 0;
   bool json = false;
@@ -90,12 +93,7 @@ int run(int argc, char** argv) {
   flags.add_string("device", &c.device,
                    "cpu or cuda (cuda: bf16 weights and a bf16 paged KV pool on GPU 0, --kv fp only, pages of "
                    "--hack-block tokens)");
-  flags.add_string("kv", &c.kv, "KV cache: fp (uncompressed) or hack (quantized)");
-  flags.add_int("hack-bits", &c.hack_bits, "HACK code bits: 2, 4 or 8");
-  flags.add_int("hack-block", &c.hack_block, "HACK block (page) tokens, a multiple of 16");
-  flags.add_int("hack-sinks", &c.hack_sinks, "leading tokens kept in bf16");
-  flags.add_string("hack-rounding", &c.hack_rounding, "HACK rounding: nearest or stochastic");
-  flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages on --device cpu: f32 or bf16 (cuda: always bf16)");
+  hack::add_kv_flags(flags, c.kv);
   flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
   flags.add_int("max-model-len", &c.max_model_len,
                 "longest prompt + completion in tokens; 0 = the model's max_position_embeddings (a larger value "
@@ -116,18 +114,12 @@ int run(int argc, char** argv) {
 #else
   if (device == hack::DeviceKind::cuda) {
     HACK_CHECK(hack::cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
-    HACK_CHECK(c.kv == "fp", "--device cuda --kv {}: not yet (the CUDA HACK kernels are not wired in); use --kv fp",
-               c.kv);
+    HACK_CHECK(c.kv.kv == "fp", "--device cuda --kv {}: not yet (the CUDA HACK kernels are not wired in); use --kv fp",
+               c.kv.kv);
   }
 #endif
-  hack::KvCacheOptions kv_options;
-  kv_options.mode = hack::parse_kv_mode(c.kv);
-  kv_options.bits = c.hack_bits;
-  kv_options.block_tokens = c.hack_block;
-  kv_options.sinks = c.hack_sinks;
-  kv_options.rounding = hack::parse_rounding(c.hack_rounding);
+  hack::KvCacheOptions kv_options = hack::kv_options_from(c.kv);
   kv_options.seed = c.seed.value_or(0);
-  kv_options.fp_dtype = hack::parse_dtype(c.kv_dtype);
 
   const auto t_load = std::chrono::steady_clock::now();
   hack::Model model = c.synthetic.empty() ? hack::Model::load(c.model)
@@ -195,8 +187,8 @@ int run(int argc, char** argv) {
     bo.max_sequences = 1;
     backend = hack::make_cuda_backend(model, bo);
     hack::CudaKvOptions ko;
-    ko.page_tokens = c.hack_block;
-    ko.num_pages = hack::CudaPagedKvCache::pages_for(static_cast<int>(prompt.size()) + c.max_tokens, c.hack_block);
+    ko.page_tokens = c.kv.hack_block;
+    ko.num_pages = hack::CudaPagedKvCache::pages_for(static_cast<int>(prompt.size()) + c.max_tokens, c.kv.hack_block);
     kv = hack::make_cuda_kv_cache(cfg, ko);
 #endif
   }

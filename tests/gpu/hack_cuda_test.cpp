@@ -63,7 +63,7 @@ using test::KvStream;
 
 HackPageLayout layout_of(int bits, int block, int heads, int dim, int k_group, int v_group) {
   HackPageParams p;
-  p.bits = bits;
+  p.k_bits = p.v_bits = bits;
   p.block_tokens = block;
   p.k_group = k_group;
   p.v_group = v_group;
@@ -207,7 +207,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
   shape.group_size = G;
   KvCacheOptions opt;
   opt.mode = KvMode::hack;
-  opt.bits = bits;
+  opt.k_bits = opt.v_bits = bits;
   opt.block_tokens = T;
   opt.sinks = S;
   opt.k_group = dim == 128 ? 32 : 64;  // 4 K partitions at 128, 1 at 64

@@ -43,18 +43,19 @@ inline HackCodePos hack_v_code_pos(int bits, int block_tokens, int token, int ch
 
 /// One KV head of one quantized block (pointers into a HACK page).
 struct HackHeadView {
-  int bits = 2;
+  int k_bits = 2;        ///< K code bits: 2, 4 or 8
+  int v_bits = 2;        ///< V code bits
   int tokens = 0;        ///< Π
   int k_dim = 0, v_dim = 0;
   int k_group = 0;       ///< channels per K partition
   int v_group = 0;       ///< channels per V partition
   int k_sum_bytes = 2;   ///< 1 = u8, 2 = u16
   int v_sum_bytes = 2;
-  const uint8_t* k_codes = nullptr;  ///< [Π/16][k_dim/(32/b)][64]
+  const uint8_t* k_codes = nullptr;  ///< [Π/16][k_dim/(32/k_bits)][64]
   const uint16_t* k_min = nullptr;   ///< [k_dim] bf16
   const uint16_t* k_scale = nullptr; ///< [k_dim] bf16
   const void* k_sums = nullptr;      ///< [k_dim/k_group][Π]
-  const uint8_t* v_codes = nullptr;  ///< [v_dim/16][Π/(32/b)][64]
+  const uint8_t* v_codes = nullptr;  ///< [v_dim/16][Π/(32/v_bits)][64]
   const uint16_t* v_min = nullptr;   ///< [v_dim/v_group][Π] bf16
   const uint16_t* v_scale = nullptr; ///< [v_dim/v_group][Π] bf16
   const void* v_sums = nullptr;      ///< [v_dim]

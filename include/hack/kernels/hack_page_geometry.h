@@ -15,7 +15,8 @@ namespace hack {
 /// (heads of equal dims get equal sections, so head h starts at head0 + h·head_bytes).
 /// Field offsets are relative to the start of a head's section.
 struct HackPageGeometry {
-  int bits = 2;           ///< 2, 4 or 8
+  int k_bits = 2;         ///< K code bits: 2, 4 or 8
+  int v_bits = 2;         ///< V code bits: 2, 4 or 8
   int block_tokens = 64;  ///< Π
   int num_heads = 0;      ///< KV heads
   int head_dim = 0;

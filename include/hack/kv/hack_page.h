@@ -4,12 +4,12 @@
 /// bytes that describe themselves: a 64-byte header, a head table, then one section per
 /// head. Everything is little-endian; offsets are from the start of the page.
 ///
-/// Page (version 1):
+/// Page (version 2; version 1 had one `bits` for K and V):
 ///   HackPageHeader                          64 B
 ///   HackHeadEntry[num_heads]                16 B each, padded to a multiple of 64 B
 ///   per head h, 64-byte aligned, in head order:
-///     k_codes  [Π/16][k_dim/(32/b)][64 B]   K codes, 16-token × (32/b)-channel chunks
-///     v_codes  [v_dim/16][Π/(32/b)][64 B]   V codes, 16-channel × (32/b)-token chunks
+///     k_codes  [Π/16][k_dim/(32/bk)][64 B]  K codes (bk bits), 16-token × (32/bk)-channel chunks
+///     v_codes  [v_dim/16][Π/(32/bv)][64 B]  V codes (bv bits), 16-channel × (32/bv)-token chunks
 ///     k_min    [k_dim] bf16                 K per channel over the block: x ≈ min + scale·code
 ///     k_scale  [k_dim] bf16
 ///     k_sums   [k_dim/k_group][Π] u8|u16    Σ of K codes per (partition, token)
@@ -34,7 +34,7 @@
 namespace hack {
 
 inline constexpr uint32_t kHackPageMagic = 0x47504B48;  // "HKPG"
-inline constexpr uint16_t kHackPageVersion = 1;
+inline constexpr uint16_t kHackPageVersion = 2;
 
 enum class Rounding : uint8_t { nearest = 0, stochastic = 1 };
 
@@ -48,11 +48,12 @@ struct HackPageHeader {
   uint64_t first_token;    ///< sequence position of the block's first token
   uint16_t block_tokens;   ///< Π
   uint16_t num_heads;
-  uint8_t bits;            ///< 2, 4 or 8
+  uint8_t k_bits;          ///< K code bits: 2, 4 or 8
   uint8_t k_sum_bytes;     ///< 1 or 2
   uint8_t v_sum_bytes;     ///< 1 or 2
   uint8_t rounding;        ///< Rounding the codes were made with (informational)
-  uint8_t reserved[32];
+  uint8_t v_bits;          ///< V code bits: 2, 4 or 8
+  uint8_t reserved[31];
 };
 static_assert(sizeof(HackPageHeader) == 64);
 
@@ -75,7 +76,8 @@ struct HackHeadDims {
 
 /// What a layout is built from.
 struct HackPageParams {
-  int bits = 2;                   ///< 2, 4 or 8
+  int k_bits = 2;                 ///< K code bits: 2, 4 or 8
+  int v_bits = 2;                 ///< V code bits: 2, 4 or 8
   int block_tokens = 64;          ///< Π, a multiple of 16
   int k_group = 64;               ///< largest K partition (multiple of 16); per head the
                                   ///< largest multiple of 16 ≤ this that divides k_dim
@@ -102,7 +104,8 @@ class HackPageLayout {
   /// in `size` bytes. Throws hack::Error naming the first problem.
   static HackPageLayout from_page(const void* page, size_t size);
 
-  int bits() const { return bits_; }
+  int k_bits() const { return k_bits_; }
+  int v_bits() const { return v_bits_; }
   int block_tokens() const { return block_tokens_; }
   int num_heads() const { return static_cast<int>(heads_.size()); }
   int k_sum_bytes() const { return k_sum_bytes_; }
@@ -116,7 +119,7 @@ class HackPageLayout {
   /// Writes the header and head table; the rest of the page is left as is.
   void write_header(void* page, int layer, int64_t first_token, Rounding rounding) const;
   /// Throws hack::Error unless `page` (size bytes) is a page of exactly this layout
-  /// (magic, version, size, Π, bits, head dims and offsets).
+  /// (magic, version, size, Π, bit widths, head dims and offsets).
   void validate(const void* page, size_t size) const;
   /// Layer and first token stored in a page's header.
   static int page_layer(const void* page);
@@ -125,7 +128,8 @@ class HackPageLayout {
   bool operator==(const HackPageLayout& other) const;
 
  private:
-  int bits_ = 0;
+  int k_bits_ = 0;
+  int v_bits_ = 0;
   int block_tokens_ = 0;
   int k_sum_bytes_ = 0;
   int v_sum_bytes_ = 0;

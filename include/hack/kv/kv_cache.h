@@ -60,6 +60,13 @@ class KvCache {
                       float* scratch) const = 0;
   virtual size_t attend_scratch_floats(int n_tokens, int context_tokens) const = 0;
 
+  /// A prompt's prefill starts / ends (Engine::prefill brackets its chunks with these). A
+  /// quantizing cache keeps everything the prompt stores exact in between, so every chunk
+  /// attends to the whole prompt in full precision, and quantizes once at the end (as the
+  /// HACK artifact's prefill does). Exact caches need not care.
+  virtual void begin_prefill(int /*seq_id*/) {}
+  virtual void end_prefill(int /*seq_id*/) {}
+
   virtual KvCacheStats stats() const = 0;
 };
 

@@ -37,10 +37,17 @@ namespace hack {
 
 enum class KvMode { fp, hack };
 
+/// How attention reads closed HACK blocks. `homomorphic` is the product: INT8 Q and P
+/// against the codes (DESIGN.md §3.1). `dequantized` expands each block to f32 and attends
+/// in fp32 — slower, for the fidelity ablation that separates the error of the KV codes
+/// from the error of requantizing Q and P.
+enum class HackAttention { homomorphic, dequantized };
+
 /// Everything `--kv`, `--hack-*` choose. Defaults are the documented flag defaults.
 struct KvCacheOptions {
   KvMode mode = KvMode::hack;
-  int bits = 2;                 ///< --hack-bits: 2, 4 or 8
+  int k_bits = 2;               ///< --hack-k-bits: K code bits, 2, 4 or 8
+  int v_bits = 2;               ///< --hack-v-bits: V code bits, 2, 4 or 8
   int block_tokens = 64;        ///< --hack-block Π: tokens per page, multiple of 16
   int sinks = 4;                ///< --hack-sinks: leading tokens kept in bf16
   Rounding rounding = Rounding::nearest;  ///< --hack-rounding
@@ -49,6 +56,10 @@ struct KvCacheOptions {
   DType fp_dtype = DType::bf16; ///< fp mode page element type: bf16 or f32
   int k_group = 64;             ///< largest K partition (Q quantization group), channels
   int v_group = 64;             ///< largest V partition, channels (capped at Π)
+  int recent_tokens = 0;        ///< --hack-recent R: a block is quantized only once all its
+                                ///< tokens are older than the newest R (KIVI's residual)
+  bool exact_prefill = true;    ///< prefill attends to the whole prompt exactly (begin_prefill)
+  HackAttention attention = HackAttention::homomorphic;
   std::optional<CpuIsa> isa;    ///< kernel ISA; default cpu_isa()
 };
 
@@ -56,7 +67,9 @@ KvMode parse_kv_mode(std::string_view name);        ///< "fp" | "hack"
 Rounding parse_rounding(std::string_view name);     ///< "nearest" | "stochastic"
 std::string_view kv_mode_name(KvMode mode);
 std::string_view rounding_name(Rounding rounding);
-/// One line for logs and quality tables: "hack b=2 block=64 sinks=4 nearest", "fp f32 block=64".
+HackAttention parse_hack_attention(std::string_view name);  ///< "homomorphic" | "dequantized"
+std::string_view hack_attention_name(HackAttention attention);
+/// One line for logs and quality tables: "hack k2v2 block=64 sinks=4 nearest", "fp f32 block=64".
 std::string describe(const KvCacheOptions& options);
 
 /// One decode query of attend_decode: all query heads of one sequence at its next position.
@@ -100,6 +113,10 @@ class PagedKvCache final : public KvCache {
               float* out, size_t out_row_stride, float scale, float* scratch) const override;
   size_t attend_scratch_floats(int n_tokens, int context_tokens) const override;
   KvCacheStats stats() const override;
+  /// Between these, appends quantize nothing (options().exact_prefill); end_prefill closes
+  /// the blocks that left the recent window, as close_pending_blocks does.
+  void begin_prefill(int seq_id) override;
+  void end_prefill(int seq_id) override;
 
   const KvCacheOptions& options() const { return options_; }
   /// Layout of this cache's HACK pages (hack mode).
@@ -127,13 +144,15 @@ class PagedKvCache final : public KvCache {
   /// exact tokens it touches.
   size_t attend_bytes(int seq_id, int layer) const;
 
-  /// Quantizes the blocks the latest append filled (normally the next append does), e.g.
-  /// before exporting a prefilled sequence's pages. No-op in fp mode. The result is the
-  /// state the next append would produce before storing its tokens (same page bytes).
+  /// Quantizes the full blocks that have left the recent window (normally the next append
+  /// does), e.g. before exporting a prefilled sequence's pages. No-op in fp mode. The result
+  /// is the state the next append would produce before storing its tokens (same page bytes).
+  /// A block [b, b + Π) is quantized once b + Π ≤ length − recent_tokens.
   void close_pending_blocks(int seq_id);
   /// The same for one layer (so a layer can be exported as soon as its prefill is done).
   void close_pending_blocks(int seq_id, int layer);
-  /// Blocks of a layer that are full but not yet quantized (hack mode; 0 in fp mode).
+  /// Blocks of a layer that are full but not yet quantized (hack mode; 0 in fp mode): those
+  /// of the latest append, of a prefill in progress, or inside the recent window.
   int pending_block_count(int seq_id, int layer) const;
   /// Tokens the sequence was opened for (add_sequence's max_tokens).
   int max_tokens(int seq_id) const;
@@ -167,6 +186,7 @@ class PagedKvCache final : public KvCache {
   };
   struct Sequence {
     int max_tokens = 0;
+    bool prefilling = false;       // begin_prefill .. end_prefill: appends quantize nothing
     size_t reserved_bytes = 0;
     std::vector<LayerPages> layers;
   };
@@ -189,8 +209,10 @@ class PagedKvCache final : public KvCache {
   void for_each_segment(const LayerPages& lp, int end, Fn&& fn) const;
   cpu::ExactHeadView exact_view(const Segment& seg, int kv_head) const;
   cpu::HackHeadView hack_view(const std::byte* page, int kv_head) const;
-  // Quantizes the pending blocks into HACK pages.
+  // Quantizes the pending blocks that have left the recent window into HACK pages.
   void quantize_pending(int layer, LayerPages& lp);
+  // Attends rows to one quantized block by expanding it to f32 (HackAttention::dequantized).
+  void attend_dequantized(const std::byte* page, int kv_head, const cpu::AttentionRows& rows, float* work) const;
   // Page region holding exact token `pos` of a layer: its K region start, slot and token
   // capacity per head (the V region follows K's num_kv_heads · capacity rows).
   const std::byte* exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,

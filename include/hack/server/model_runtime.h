@@ -13,6 +13,7 @@
 #include "hack/backend/engine.h"
 #include "hack/core/flags.h"
 #include "hack/core/thread_pool.h"
+#include "hack/kv/kv_flags.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/weights.h"
 
@@ -24,12 +25,7 @@ struct ModelRuntimeConfig {
   std::string served_name;         ///< name reported to clients; default: the directory's name
   std::string device = "cpu";
   int threads = 0;                 ///< 0 = all cores
-  std::string kv = "hack";         ///< fp | hack
-  int hack_bits = 2;
-  int hack_block = 64;
-  int hack_sinks = 4;
-  std::string hack_rounding = "nearest";
-  std::string kv_dtype = "bf16";   ///< element type of --kv fp pages (the uncompressed baseline)
+  KvFlags kv;                      ///< --kv, --hack-*, --kv-dtype (kv/kv_flags.h)
   int64_t kv_capacity_mb = 0;      ///< KV byte budget in MiB; 0 = unbounded
   int prefill_chunk = 512;
   int max_model_len = 0;           ///< prompt + completion limit; 0 = max_position_embeddings

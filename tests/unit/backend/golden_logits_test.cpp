@@ -270,7 +270,7 @@ TEST_CASE("HACK KV keeps hack-tiny's next-token distribution close to fp", "[bac
   for (const Case c : {Case{8, 1e-4, 0.98}, Case{4, 5e-4, 0.97}, Case{2, 0.01, 0.92}}) {
     KvCacheOptions opt;
     opt.mode = KvMode::hack;
-    opt.bits = c.bits;
+    opt.k_bits = opt.v_bits = c.bits;
     auto kv = make_paged_kv_cache(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, opt);
     Engine engine(*ref.backend, *kv, EngineOptions{64});
     const Divergence d = divergence(fp, run(engine), vocab);

@@ -89,12 +89,15 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
     int bits;
     DType fp_dtype;
     Rounding rounding;
+    int v_bits = 0;  // 0 = bits
+    int recent = 0;  // bf16 recent window
   };
   const std::vector<Config> configs = {
       {"hack 2-bit", KvMode::hack, 2, DType::bf16, Rounding::nearest},
       {"hack 4-bit", KvMode::hack, 4, DType::bf16, Rounding::nearest},
       {"hack 8-bit", KvMode::hack, 8, DType::bf16, Rounding::nearest},
       {"hack 2-bit stochastic", KvMode::hack, 2, DType::bf16, Rounding::stochastic},
+      {"hack K4/V2 recent 40", KvMode::hack, 4, DType::bf16, Rounding::nearest, 2, 40},
       {"fp bf16", KvMode::fp, 2, DType::bf16, Rounding::nearest},
       {"fp f32", KvMode::fp, 2, DType::f32, Rounding::nearest},
   };
@@ -103,7 +106,9 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
   for (const Config& config : configs) {
     KvCacheOptions o;
     o.mode = config.mode;
-    o.bits = config.bits;
+    o.k_bits = config.bits;
+    o.v_bits = config.v_bits > 0 ? config.v_bits : config.bits;
+    o.recent_tokens = config.recent;
     o.block_tokens = kBlock;
     o.sinks = kSinks;
     o.fp_dtype = config.fp_dtype;

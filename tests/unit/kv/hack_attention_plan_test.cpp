@@ -13,7 +13,7 @@ namespace {
 
 HackPageLayout layout_of(int bits, int block, int heads, int dim) {
   HackPageParams p;
-  p.bits = bits;
+  p.k_bits = p.v_bits = bits;
   p.block_tokens = block;
   p.heads.assign(static_cast<size_t>(heads), HackHeadDims{dim, dim});
   return HackPageLayout(p);

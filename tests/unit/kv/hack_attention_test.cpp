@@ -22,13 +22,17 @@ namespace {
 
 struct Shape {
   int bits, block, dim, group, sinks;
+  int v_bits = 0;  ///< 0 = bits
+  int recent = 0;  ///< bf16 recent window
 };
 
 std::unique_ptr<PagedKvCache> make_cache(const Shape& s, int heads, int layers, CpuIsa isa,
                                           Rounding rounding = Rounding::nearest, uint64_t seed = 0) {
   KvCacheOptions o;
   o.mode = KvMode::hack;
-  o.bits = s.bits;
+  o.k_bits = s.bits;
+  o.v_bits = s.v_bits > 0 ? s.v_bits : s.bits;
+  o.recent_tokens = s.recent;
   o.block_tokens = s.block;
   o.sinks = s.sinks;
   o.rounding = rounding;
@@ -74,13 +78,17 @@ TEST_CASE("homomorphic attention equals the formula on the stored codes", "[kv][
   const std::vector<Shape> shapes = {
       {2, 64, 128, 4, 4}, {2, 16, 64, 1, 4}, {4, 32, 64, 8, 4}, {8, 16, 128, 4, 0},
       {2, 32, 128, 8, 1}, {4, 64, 64, 1, 0}, {8, 32, 64, 4, 4},
+      // K and V of different widths, and recent windows shorter than, equal to and longer than Π
+      {4, 32, 64, 3, 4, 2}, {2, 64, 128, 4, 4, 4}, {8, 16, 64, 2, 0, 2}, {2, 32, 64, 4, 4, 8},
+      {2, 32, 64, 3, 4, 2, 20}, {4, 16, 64, 2, 4, 2, 16}, {2, 16, 128, 4, 0, 0, 40},
   };
   for (const Shape& s : shapes) {
     const int T = s.block;
     for (int length : {1, T - 1, T, T + 1, 3 * T + 7}) {
       const int total = length + s.sinks;
       for (const std::vector<int>& chunks : {std::vector<int>{1}, std::vector<int>{5, T + 3, 1, 2 * T}}) {
-        const uint32_t seed = static_cast<uint32_t>(1000 * s.bits + 7 * T + length + s.dim + s.group);
+        const uint32_t seed =
+            static_cast<uint32_t>(1000 * s.bits + 100 * s.v_bits + 7 * T + length + s.dim + s.group + s.recent);
         const KvStream data(total, 2, s.group, s.dim, seed);
         auto cache = make_cache(s, 2, 2, isa);
         const HackReference ref{*cache, data, 0};
@@ -95,7 +103,7 @@ TEST_CASE("homomorphic attention equals the formula on the stored codes", "[kv][
             const double err = std::fabs(out[c] - expect[static_cast<size_t>(c)]);
             worst = std::max(worst, err / tol[static_cast<size_t>(c)]);
             if (err > tol[static_cast<size_t>(c)]) {
-              FAIL_CHECK("bits " << s.bits << " block " << T << " dim " << s.dim << " group " << s.group << " sinks "
+              FAIL_CHECK("bits " << s.bits << "/" << s.v_bits << " recent " << s.recent << " block " << T << " dim " << s.dim << " group " << s.group << " sinks "
                                  << s.sinks << " length " << total << " chunks " << chunks.size() << " seed " << seed
                                  << ": layer " << l << " head " << h << " pos " << pos << " channel " << c << " got "
                                  << out[c] << " expected " << expect[static_cast<size_t>(c)] << " tol "

@@ -19,7 +19,7 @@ namespace {
 
 HackPageParams params_for(int bits, int block, int heads, int dim) {
   HackPageParams p;
-  p.bits = bits;
+  p.k_bits = p.v_bits = bits;
   p.block_tokens = block;
   p.heads.assign(static_cast<size_t>(heads), HackHeadDims{dim, dim});
   return p;
@@ -132,9 +132,25 @@ TEST_CASE("header round trip and validation on arrival", "[kv][hack_page]") {
     REQUIRE_THROWS_WITH(HackPageLayout::from_page(page.data(), page.size()), Catch::Contains("magic"));
   }
   SECTION("future version") {
-    const uint16_t v = 2;
+    const uint16_t v = kHackPageVersion + 1;
     std::memcpy(page.data() + 4, &v, 2);
     REQUIRE_THROWS_WITH(layout.validate(page.data(), page.size()), Catch::Contains("version"));
+  }
+  SECTION("version 1 (one bit width for K and V) is refused by name") {
+    const uint16_t v = 1;
+    std::memcpy(page.data() + 4, &v, 2);
+    REQUIRE_THROWS_WITH(HackPageLayout::from_page(page.data(), page.size()), Catch::Contains("version 1"));
+  }
+  SECTION("different V bit width") {
+    HackPageParams p = params_for(2, 64, 2, 64);
+    p.v_bits = 4;
+    const HackPageLayout other(p);
+    REQUIRE(!(other == layout));
+    std::vector<std::byte> page4(other.page_bytes());
+    other.write_header(page4.data(), 0, 68, Rounding::nearest);
+    REQUIRE(HackPageLayout::from_page(page4.data(), page4.size()).v_bits() == 4);
+    REQUIRE(HackPageLayout::from_page(page4.data(), page4.size()).k_bits() == 2);
+    REQUIRE_THROWS_WITH(layout.validate(page4.data(), page4.size()), Catch::Contains("bytes"));
   }
   SECTION("different dims") {
     const HackPageLayout other(params_for(2, 64, 3, 64));

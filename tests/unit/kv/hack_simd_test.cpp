@@ -53,6 +53,7 @@ TEST_CASE("SIMD attention kernels are bit-identical to the scalar reference", "[
     KvMode mode;
     int bits, block, dim, group, sinks;
     DType fp_dtype;
+    int v_bits = 0;  // 0 = bits
   };
   const std::vector<Case> cases = {
       {KvMode::hack, 2, 64, 128, 4, 4, DType::bf16}, {KvMode::hack, 2, 16, 64, 3, 4, DType::bf16},
@@ -60,11 +61,14 @@ TEST_CASE("SIMD attention kernels are bit-identical to the scalar reference", "[
       {KvMode::hack, 8, 64, 128, 5, 4, DType::bf16}, {KvMode::hack, 4, 128, 64, 2, 4, DType::bf16},
       {KvMode::fp, 0, 32, 128, 4, 0, DType::f32},    {KvMode::fp, 0, 16, 40, 3, 0, DType::bf16},
       {KvMode::fp, 0, 16, 72, 2, 0, DType::f32},
+      {KvMode::hack, 4, 64, 128, 3, 4, DType::bf16, 2}, {KvMode::hack, 2, 32, 64, 4, 4, DType::bf16, 4},
+      {KvMode::hack, 8, 32, 64, 3, 4, DType::bf16, 2},  {KvMode::hack, 2, 16, 128, 2, 0, DType::bf16, 8},
   };
   for (const Case& c : cases) {
     KvCacheOptions o;
     o.mode = c.mode;
-    o.bits = c.bits == 0 ? 2 : c.bits;
+    o.k_bits = c.bits == 0 ? 2 : c.bits;
+    o.v_bits = c.v_bits > 0 ? c.v_bits : o.k_bits;
     o.block_tokens = c.block;
     o.sinks = c.sinks;
     o.fp_dtype = c.fp_dtype;
@@ -73,7 +77,7 @@ TEST_CASE("SIMD attention kernels are bit-identical to the scalar reference", "[
     for (const std::vector<int>& chunks : {std::vector<int>{1}, std::vector<int>{c.block + 5, 3, 1}}) {
       const std::vector<float> ref = run(shape, o, CpuIsa::scalar, data, chunks);
       for (CpuIsa isa : isas) {
-        INFO(cpu_isa_name(isa) << " mode " << kv_mode_name(c.mode) << " bits " << c.bits << " block " << c.block << " dim "
+        INFO(cpu_isa_name(isa) << " mode " << kv_mode_name(c.mode) << " bits " << c.bits << "/" << c.v_bits << " block " << c.block << " dim "
                                << c.dim << " group " << c.group << " chunks " << chunks.size());
         const std::vector<float> got = run(shape, o, isa, data, chunks);
         REQUIRE(got.size() == ref.size());

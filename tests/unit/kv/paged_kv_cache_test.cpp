@@ -35,7 +35,7 @@ KvCacheOptions fp_options(DType dtype, int block) {
 KvCacheOptions hack_options(int bits, int block, int sinks = 4) {
   KvCacheOptions o;
   o.mode = KvMode::hack;
-  o.bits = bits;
+  o.k_bits = o.v_bits = bits;
   o.block_tokens = block;
   o.sinks = sinks;
   return o;
@@ -123,6 +123,93 @@ TEST_CASE("hack mode with every block exact equals bf16 attention", "[kv][paged]
   auto hack = make_paged_kv_cache(KvShape{1, 2, dim, group}, hack_options(2, block));
   auto bf16 = make_paged_kv_cache(KvShape{1, 2, dim, group}, fp_options(DType::bf16, block));
   compare_caches(*hack, *bf16, data, 1, {data.tokens}, 1e-5, 1e-5);
+}
+
+TEST_CASE("a prefill attends to the whole prompt exactly in any number of chunks", "[kv][paged]") {
+  // Between begin_prefill and end_prefill nothing is quantized, so a prompt prefilled in
+  // chunks sees exactly what the bf16 cache sees; end_prefill then quantizes every block,
+  // and the pages are byte for byte those of a token-by-token run.
+  const int dim = 64, group = 3, block = 16, H = 2;
+  const KvStream data(4 + 6 * block + 5, H, group, dim, 12);
+  auto hack = make_paged_kv_cache(KvShape{1, H, dim, group}, hack_options(2, block));
+  auto bf16 = make_paged_kv_cache(KvShape{1, H, dim, group}, fp_options(DType::bf16, block));
+  REQUIRE_THROWS_AS(hack->begin_prefill(99), Error);  // unknown sequence
+  hack->add_sequence(7, data.tokens);
+  hack->begin_prefill(7);
+  hack->remove_sequence(7);
+  auto prefill_hack = [&](KvCache& c) {
+    c.add_sequence(7, data.tokens);
+    c.begin_prefill(7);
+  };
+  prefill_hack(*hack);
+  bf16->add_sequence(7, data.tokens);
+  const float scale = 0.125f;
+  const size_t row = static_cast<size_t>(H) * group * dim;
+  int pos = 0;
+  for (const int n : {5, 17, 40, data.tokens - 62}) {
+    std::vector<float> out_a(n * row), out_b(n * row);
+    std::vector<float> sa(hack->attend_scratch_floats(n, pos + n)), sb(bf16->attend_scratch_floats(n, pos + n));
+    hack->append(0, 7, pos, n, data.k_at(pos), data.v_at(pos));
+    bf16->append(0, 7, pos, n, data.k_at(pos), data.v_at(pos));
+    REQUIRE(dynamic_cast<PagedKvCache&>(*hack).hack_page_count(7, 0) == 0);
+    for (int h = 0; h < H; ++h) {
+      hack->attend(0, 7, h, pos, n, data.q_at(pos) + h * group * dim, row, out_a.data() + h * group * dim, row, scale,
+                   sa.data());
+      bf16->attend(0, 7, h, pos, n, data.q_at(pos) + h * group * dim, row, out_b.data() + h * group * dim, row, scale,
+                   sb.data());
+    }
+    for (size_t i = 0; i < out_a.size(); ++i) REQUIRE(std::fabs(out_a[i] - out_b[i]) <= 1e-5 + 1e-5 * std::fabs(out_b[i]));
+    pos += n;
+  }
+  hack->end_prefill(7);
+  auto& paged = dynamic_cast<PagedKvCache&>(*hack);
+  REQUIRE(paged.hack_page_count(7, 0) == 6);
+  REQUIRE(paged.pending_block_count(7, 0) == 0);
+  auto stepwise = make_paged_kv_cache(KvShape{1, H, dim, group}, hack_options(2, block));
+  stepwise->add_sequence(0, data.tokens + 1);
+  for (int t = 0; t < data.tokens; ++t) stepwise->append(0, 0, t, 1, data.k_at(t), data.v_at(t));
+  stepwise->close_pending_blocks(0);
+  for (int i = 0; i < 6; ++i) {
+    const auto a = paged.hack_page(7, 0, i), b = stepwise->hack_page(0, 0, i);
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size()) == 0);
+  }
+
+  SECTION("exact_prefill off: chunks see the earlier chunks quantized (the ablation's old path)") {
+    KvCacheOptions o = hack_options(2, block);
+    o.exact_prefill = false;
+    auto old = make_paged_kv_cache(KvShape{1, H, dim, group}, o);
+    old->add_sequence(7, data.tokens);
+    old->begin_prefill(7);
+    old->append(0, 7, 0, 40, data.k_at(0), data.v_at(0));
+    old->append(0, 7, 40, 5, data.k_at(40), data.v_at(40));
+    REQUIRE(old->hack_page_count(7, 0) == 2);
+  }
+}
+
+TEST_CASE("the recent window keeps the newest tokens exact", "[kv][paged]") {
+  const int dim = 64, group = 2, block = 16, H = 2, S = 4;
+  const KvStream data(S + 8 * block + 3, H, group, dim, 13);
+  for (const int recent : {0, 1, 15, 16, 17, 40}) {
+    KvCacheOptions o = hack_options(2, block, S);
+    o.recent_tokens = recent;
+    auto cache = make_paged_kv_cache(KvShape{1, H, dim, group}, o);
+    cache->add_sequence(0, data.tokens);
+    for (int t = 0; t < data.tokens; ++t) {
+      cache->append(0, 0, t, 1, data.k_at(t), data.v_at(t));
+      // Before storing token t, blocks ending at or before t − recent were quantized.
+      const int expect = std::max(0, t - recent - S) / block;
+      INFO("recent " << recent << " token " << t);
+      REQUIRE(cache->hack_page_count(0, 0) == expect);
+      // Every token of the window is still readable exactly.
+      if (t >= recent && t - recent >= S + expect * block) {
+        std::vector<float> k(static_cast<size_t>(H) * dim), v(k.size());
+        REQUIRE_NOTHROW(cache->read_exact_tokens(0, 0, t - recent, 1, k.data(), v.data()));
+      }
+    }
+    // The reservation covers the window's bf16 blocks.
+    KvCacheOptions none = hack_options(2, block, S);
+    if (recent > 0) REQUIRE(cache->sequence_bytes(1000) > make_paged_kv_cache(KvShape{1, H, dim, group}, none)->sequence_bytes(1000));
+  }
 }
 
 TEST_CASE("page pool reference counts and reuse", "[kv][paged]") {
@@ -430,6 +517,6 @@ TEST_CASE("misuse is reported", "[kv][paged]") {
   REQUIRE(parse_rounding("stochastic") == Rounding::stochastic);
   REQUIRE_THROWS_AS(parse_kv_mode("int4"), Error);
   REQUIRE(cache->name() == "hack-2bit");
-  REQUIRE(describe(hack_options(4, 32)) == "hack b=4 block=32 sinks=4 nearest");
+  REQUIRE(describe(hack_options(4, 32)) == "hack k4v4 block=32 sinks=4 nearest");
   REQUIRE(describe(fp_options(DType::f32, 64)) == "fp f32 block=64");
 }

@@ -1,0 +1,48 @@
+#include "hack/kv/kv_flags.h"
+
+#include "hack/core/error.h"
+
+namespace hack {
+
+void add_kv_flags(FlagSet& flags, KvFlags& c) {
+  flags.add_string("kv", &c.kv,
+                   "KV cache and wire format: fp (uncompressed) or hack (quantized codes; attention runs on them, "
+                   "trading a little accuracy for ~5-6x fewer KV bytes in memory and on the wire)");
+  flags.add_int("hack-bits", &c.hack_bits, "HACK code bits of K and V: 2, 4 or 8");
+  flags.add_int("hack-k-bits", &c.hack_k_bits, "HACK code bits of K (0 = --hack-bits)");
+  flags.add_int("hack-v-bits", &c.hack_v_bits, "HACK code bits of V (0 = --hack-bits)");
+  flags.add_int("hack-block", &c.hack_block, "KV page (HACK block) tokens, a multiple of 16");
+  flags.add_int("hack-sinks", &c.hack_sinks, "leading tokens kept in bf16");
+  flags.add_int("hack-recent", &c.hack_recent,
+                "newest tokens kept in bf16 (a block is quantized once it is older than this window)");
+  flags.add_int("hack-k-group", &c.hack_k_group, "channels per K partition (Q quantization group), multiple of 16");
+  flags.add_int("hack-v-group", &c.hack_v_group, "channels per V partition (V min/scale group), multiple of 16");
+  flags.add_string("hack-rounding", &c.hack_rounding, "HACK rounding: nearest or stochastic");
+  flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages: bf16 or f32");
+}
+
+KvCacheOptions kv_options_from(const KvFlags& c) {
+  KvCacheOptions o;
+  o.mode = parse_kv_mode(c.kv);
+  o.k_bits = c.hack_k_bits > 0 ? c.hack_k_bits : c.hack_bits;
+  o.v_bits = c.hack_v_bits > 0 ? c.hack_v_bits : c.hack_bits;
+  for (const int b : {o.k_bits, o.v_bits})
+    HACK_CHECK(b == 2 || b == 4 || b == 8, "--hack-bits / --hack-k-bits / --hack-v-bits must be 2, 4 or 8, got {}", b);
+  o.block_tokens = c.hack_block;
+  o.sinks = c.hack_sinks;
+  o.recent_tokens = c.hack_recent;
+  HACK_CHECK(c.hack_recent >= 0, "--hack-recent must not be negative, got {}", c.hack_recent);
+  HACK_CHECK(c.hack_k_group >= 16 && c.hack_k_group % 16 == 0 && c.hack_k_group <= 256,
+             "--hack-k-group must be a multiple of 16 in [16, 256], got {}", c.hack_k_group);
+  HACK_CHECK(c.hack_v_group >= 16 && c.hack_v_group % 16 == 0, "--hack-v-group must be a multiple of 16, got {}",
+             c.hack_v_group);
+  o.k_group = c.hack_k_group;
+  o.v_group = c.hack_v_group;
+  o.rounding = parse_rounding(c.hack_rounding);
+  o.fp_dtype = parse_dtype(c.kv_dtype);
+  HACK_CHECK(o.fp_dtype == DType::bf16 || o.fp_dtype == DType::f32, "--kv-dtype must be bf16 or f32, got {}",
+             c.kv_dtype);
+  return o;
+}
+
+}  // namespace hack
