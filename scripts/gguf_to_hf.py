@@ -262,9 +262,6 @@ def build_tokenizer(reader: GGUFReader):
 # ---------------------------------------------------------------- config
 
 def build_config(reader: GGUFReader, n_vocab_tokens: int, tied: bool) -> dict:
-    arch = require(reader, "general.architecture")
-    if arch != "llama":
-        raise ConversionError(f"architecture {arch!r} is not supported (only 'llama')")
     hidden = int(require(reader, "llama.embedding_length"))
     n_head = int(require(reader, "llama.attention.head_count"))
     n_kv = int(field_value(reader, "llama.attention.head_count_kv", n_head))
@@ -311,6 +308,9 @@ def build_config(reader: GGUFReader, n_vocab_tokens: int, tied: bool) -> dict:
 
 def convert(gguf_path: Path, out_dir: Path) -> None:
     reader = GGUFReader(str(gguf_path))
+    arch = require(reader, "general.architecture")
+    if arch != "llama":
+        raise ConversionError(f"architecture {arch!r} is not supported (only 'llama')")
     names = {t.name for t in reader.tensors}
     tokenizer, tok_config, n_tokens = build_tokenizer(reader)
     config = build_config(reader, n_tokens, tied="output.weight" not in names)
