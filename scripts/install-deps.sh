@@ -33,12 +33,16 @@ else
   echo "install-deps: Debian packages present"
 fi
 
-# Python packages the tests use (goldens are committed; the tests need only these).
-# The fixture generator's heavier needs (torch, transformers) are in
-# scripts/requirements-fixtures.txt and are not needed to build or test.
+# Python packages the tests use (goldens are committed; the tests need only these), and
+# gguf for scripts/fetch-models.sh. The fixture generator's heavier needs (torch,
+# transformers) are in scripts/requirements-fixtures.txt and are not needed to build or test.
 PY=python3
-if ! $PY -c "import jinja2, numpy, openai" 2>/dev/null; then
+if ! $PY -c "import jinja2, numpy, openai, gguf" 2>/dev/null; then
   $PY -m pip install -q -r "$(dirname "$0")/requirements-test.txt" \
     || $PY -m pip install -q --break-system-packages -r "$(dirname "$0")/requirements-test.txt"
 fi
+
+# The real pretrained model the quickstart serves and the SmolLM2 tests load (a no-op once
+# models/smollm2-135m-instruct/ is complete).
+"$(dirname "$0")/fetch-models.sh"
 echo "install-deps: done"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # A whole hackserve cluster on loopback: hack-router + N hack-prefill + M hack-decode on the
-# bundled model, KV streamed between them over UCX.
+# model (SmolLM2-135M-Instruct, fetched by scripts/fetch-models.sh), KV streamed between them
+# over UCX.
 #
 #   scripts/local-cluster.sh start    start in the background, wait until the router is ready
 #   scripts/local-cluster.sh stop     stop every daemon (SIGTERM, then SIGKILL after 10 s)
 #   scripts/local-cluster.sh status   the router's /health
 #   scripts/local-cluster.sh run      start, then stay in the foreground until Ctrl-C, then stop
 #
-# Settings (environment): MODEL (models/hack-tiny), PREFILL (1), DECODE (1), PORT (8000,
+# Settings (environment): MODEL (models/smollm2-135m-instruct; models/hack-tiny is the small
+# bundled one), PREFILL (1), DECODE (1), PORT (8000,
 # router), PREFILL_PORT (8200: prefill node i listens on PREFILL_PORT+i), DECODE_PORT (8300),
 # KV (hack | fp), THREADS (1 per
 # node), BUILD_DIR (build), STATE_DIR (.cluster: pids and logs), SECRET (random),
@@ -15,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MODEL=${MODEL:-models/hack-tiny}
+MODEL=${MODEL:-models/smollm2-135m-instruct}
 PREFILL=${PREFILL:-1}
 DECODE=${DECODE:-1}
 PORT=${PORT:-8000}
@@ -63,6 +65,7 @@ stop_all() {
 }
 
 start_all() {
+  [ -f "$MODEL/config.json" ] || { echo "local-cluster: no model at $MODEL (run scripts/fetch-models.sh, or set MODEL)" >&2; exit 1; }
   for b in hack-router hack-prefill hack-decode; do
     [ -x "$BIN/$b" ] || { echo "local-cluster: $BIN/$b not built (run scripts/build.sh)" >&2; exit 1; }
   done

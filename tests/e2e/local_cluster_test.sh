@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # e2e: scripts/local-cluster.sh starts a 2 prefill + 1 decode cluster on loopback, it answers a
 # chat request and a streamed completion through the router, and `stop` leaves no daemon.
+# It runs the script's default model, SmolLM2-135M-Instruct (what scripts/quickstart.sh serves),
+# so the quickstart path is tested on a real model: the capital of France must be Paris.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export BUILD_DIR=${HACK_BUILD_DIR:-build}
@@ -12,7 +14,7 @@ pids=$(awk '{print $1}' "$STATE_DIR/pids")
 [ "$(echo "$pids" | wc -w)" = 4 ] || { echo "expected 4 daemons, got: $pids"; exit 1; }
 
 chat=$(curl -fsS http://127.0.0.1:$PORT/v1/chat/completions -H 'Content-Type: application/json' \
-  -d '{"model":"hack-tiny","messages":[{"role":"user","content":"And God said"}],"max_tokens":12,"temperature":0}')
+  -d '{"model":"smollm2-135m-instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":12,"temperature":0}')
 python3 - "$chat" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1])
@@ -21,6 +23,7 @@ c = r["choices"][0]
 assert c["message"]["role"] == "assistant" and c["message"]["content"], r
 assert c["finish_reason"] in ("stop", "length"), r
 assert r["usage"]["completion_tokens"] >= 1 and r["usage"]["prompt_tokens"] > 3, r
+assert "Paris" in c["message"]["content"], r
 PY
 stream=$(curl -fsSN http://127.0.0.1:$PORT/v1/completions -H 'Content-Type: application/json' \
   -d '{"prompt":"In the beginning","max_tokens":6,"temperature":0,"stream":true}')
