@@ -26,7 +26,18 @@ complete() {
   done
 }
 
+# The model's calibrated HACK bit allocation (hack-calibrate --hack; committed beside the
+# model's name), which hack-run and the nodes apply by default (--hack-allocation auto).
+ALLOCATION=models/smollm2-135m-instruct.hack_kv.json
+install_allocation() {
+  if [ -f "$ALLOCATION" ] && ! cmp -s "$ALLOCATION" "$MODEL_DIR/hack_kv.json"; then
+    cp "$ALLOCATION" "$MODEL_DIR/hack_kv.json"
+    echo "fetch-models: installed the HACK bit allocation $ALLOCATION"
+  fi
+}
+
 if complete; then
+  install_allocation
   echo "fetch-models: $MODEL_DIR present"
   exit 0
 fi
@@ -58,4 +69,5 @@ echo "fetch-models: converting to a Hugging Face directory (bf16)"
 $PY scripts/gguf_to_hf.py "$tmp/model.gguf" "$tmp/hf"
 rm -rf "$MODEL_DIR"
 mv "$tmp/hf" "$MODEL_DIR"
+install_allocation
 echo "fetch-models: $MODEL_DIR ready"

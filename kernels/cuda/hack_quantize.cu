@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_blocks_kernel(HackP
       lo = quant::min_f32(lo, x);
       hi = quant::max_f32(hi, x);
     }
+    if (k_bits == 2 && !in.stochastic) quant::clip_k_range_2bit([&](int t) { return k(t, c); }, T, &lo, &hi);  // as the CPU
     const quant::Quantizer q = quant::make_quantizer(lo, hi, k_max_code, &k_min_out[c], &k_scale_out[c]);
     q_min[c] = q.min;
     q_scale[c] = q.scale;

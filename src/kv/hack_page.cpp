@@ -246,6 +246,11 @@ void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k,
       lo = std::min(lo, x);
       hi = std::max(hi, x);
     }
+    if (bits == 2 && rounding.mode == Rounding::nearest) {  // stochastic rounding stays unbiased: no clipping
+      quant::clip_k_range_2bit(
+          [&](int t) { return bf16_to_f32(k[static_cast<size_t>(t) * k_stride + static_cast<size_t>(c)]); }, T, &lo,
+          &hi);
+    }
     quant::make_quantizer(lo, hi, max_code, &mins[c], &scales[c]);
   }
   for (int t = 0; t < T; ++t) {

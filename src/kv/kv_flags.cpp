@@ -1,6 +1,10 @@
 #include "hack/kv/kv_flags.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include "hack/core/error.h"
+#include "hack/kv/hack_allocation.h"
 
 namespace hack {
 
@@ -14,14 +18,18 @@ void add_kv_flags(FlagSet& flags, KvFlags& c) {
   flags.add_int("hack-block", &c.hack_block, "KV page (HACK block) tokens, a multiple of 16");
   flags.add_int("hack-sinks", &c.hack_sinks, "leading tokens kept in bf16");
   flags.add_int("hack-recent", &c.hack_recent,
-                "newest tokens kept in bf16 (a block is quantized once it is older than this window)");
+                "newest tokens kept in bf16 (a block is quantized once it is older than this window); -1 = the "
+                "bit allocation's window, else 0");
+  flags.add_string("hack-allocation", &c.hack_allocation,
+                   "per-layer K/V bits from hack-calibrate --hack: auto (the model directory's hack_kv.json when "
+                   "present), none, or a file; replaces --hack-bits/--hack-k-bits/--hack-v-bits");
   flags.add_int("hack-k-group", &c.hack_k_group, "channels per K partition (Q quantization group), multiple of 16");
   flags.add_int("hack-v-group", &c.hack_v_group, "channels per V partition (V min/scale group), multiple of 16");
   flags.add_string("hack-rounding", &c.hack_rounding, "HACK rounding: nearest or stochastic");
   flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages: bf16 or f32");
 }
 
-KvCacheOptions kv_options_from(const KvFlags& c) {
+KvCacheOptions kv_options_from(const KvFlags& c, const std::string& model_dir, int num_layers) {
   KvCacheOptions o;
   o.mode = parse_kv_mode(c.kv);
   o.k_bits = c.hack_k_bits > 0 ? c.hack_k_bits : c.hack_bits;
@@ -30,8 +38,8 @@ KvCacheOptions kv_options_from(const KvFlags& c) {
     HACK_CHECK(b == 2 || b == 4 || b == 8, "--hack-bits / --hack-k-bits / --hack-v-bits must be 2, 4 or 8, got {}", b);
   o.block_tokens = c.hack_block;
   o.sinks = c.hack_sinks;
-  o.recent_tokens = c.hack_recent;
-  HACK_CHECK(c.hack_recent >= 0, "--hack-recent must not be negative, got {}", c.hack_recent);
+  HACK_CHECK(c.hack_recent >= -1, "--hack-recent must be -1 or a token count, got {}", c.hack_recent);
+  o.recent_tokens = std::max(c.hack_recent, 0);
   HACK_CHECK(c.hack_k_group >= 16 && c.hack_k_group % 16 == 0 && c.hack_k_group <= 256,
              "--hack-k-group must be a multiple of 16 in [16, 256], got {}", c.hack_k_group);
   HACK_CHECK(c.hack_v_group >= 16 && c.hack_v_group % 16 == 0, "--hack-v-group must be a multiple of 16, got {}",
@@ -42,6 +50,17 @@ KvCacheOptions kv_options_from(const KvFlags& c) {
   o.fp_dtype = parse_dtype(c.kv_dtype);
   HACK_CHECK(o.fp_dtype == DType::bf16 || o.fp_dtype == DType::f32, "--kv-dtype must be bf16 or f32, got {}",
              c.kv_dtype);
+  std::string file;
+  if (c.hack_allocation == "auto") {
+    const std::filesystem::path p = std::filesystem::path(model_dir) / kHackAllocationFile;
+    if (!model_dir.empty() && std::filesystem::exists(p)) file = p.string();
+  } else if (c.hack_allocation != "none" && !c.hack_allocation.empty()) {
+    file = c.hack_allocation;
+  }
+  if (o.mode == KvMode::hack && !file.empty()) {
+    HACK_CHECK(num_layers > 0, "--hack-allocation {}: the model's layer count is unknown here", file);
+    apply_hack_allocation(o, load_hack_allocation(file), num_layers, c.hack_recent >= 0);
+  }
   return o;
 }
 

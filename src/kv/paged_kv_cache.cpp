@@ -43,8 +43,22 @@ std::string_view rounding_name(Rounding rounding) { return rounding == Rounding:
 
 std::string describe(const KvCacheOptions& o) {
   if (o.mode == KvMode::fp) return fmt::format("fp {} block={}", dtype_name(o.fp_dtype), o.block_tokens);
-  std::string s = fmt::format("hack k{}v{} block={} sinks={} {}", o.k_bits, o.v_bits, o.block_tokens, o.sinks,
-                              rounding_name(o.rounding));
+  std::string s;
+  if (o.layer_bits.empty()) {
+    s = fmt::format("hack k{}v{}", o.k_bits, o.v_bits);
+  } else {  // "hack layers[k4v2 x10, k2v2 x20]": how many layers have each width
+    std::vector<std::pair<HackLayerBits, int>> counts;
+    for (const HackLayerBits& b : o.layer_bits) {
+      auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == b; });
+      if (it == counts.end()) counts.push_back({b, 1});
+      else ++it->second;
+    }
+    s = "hack layers[";
+    for (size_t i = 0; i < counts.size(); ++i)
+      s += fmt::format("{}k{}v{} x{}", i ? ", " : "", counts[i].first.k_bits, counts[i].first.v_bits, counts[i].second);
+    s += "]";
+  }
+  s += fmt::format(" block={} sinks={} {}", o.block_tokens, o.sinks, rounding_name(o.rounding));
   if (o.rounding == Rounding::stochastic) s += fmt::format(" seed={}", o.seed);
   if (o.recent_tokens > 0) s += fmt::format(" recent={}", o.recent_tokens);
   if (!o.exact_prefill) s += " quantized-prefill";
@@ -68,23 +82,38 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
     HACK_CHECK(options.fp_dtype == DType::bf16 || options.fp_dtype == DType::f32,
                "paged KV cache: fp pages hold bf16 or f32, not {}", dtype_name(options.fp_dtype));
     exact_elem_bytes_ = dtype_size(options.fp_dtype);
-    block_pool_ = std::make_unique<PagePool>(2 * H * T * d * exact_elem_bytes_);
+    block_pools_.push_back(std::make_unique<PagePool>(2 * H * T * d * exact_elem_bytes_));
+    layer_pool_.assign(static_cast<size_t>(shape.num_layers), block_pools_.front().get());
     return;
   }
   HACK_CHECK(options.sinks >= 0 && options.sinks <= 1024, "--hack-sinks must be in [0, 1024], got {}", options.sinks);
   HACK_CHECK(options.recent_tokens >= 0 && options.recent_tokens <= 65536,
              "--hack-recent must be in [0, 65536], got {}", options.recent_tokens);
   HACK_CHECK(shape.head_dim % 16 == 0, "--kv hack needs head_dim a multiple of 16, got {}", shape.head_dim);
-  HackPageParams params;
-  params.k_bits = options.k_bits;
-  params.v_bits = options.v_bits;
-  params.block_tokens = options.block_tokens;
-  params.k_group = options.k_group;
-  params.v_group = options.v_group;
-  params.heads.assign(H, HackHeadDims{shape.head_dim, shape.head_dim});
-  hack_layout_ = HackPageLayout(params);
+  HACK_CHECK(options.layer_bits.empty() || static_cast<int>(options.layer_bits.size()) == shape.num_layers,
+             "HACK bit allocation: {} layers given, the model has {}", options.layer_bits.size(), shape.num_layers);
+  for (int l = 0; l < shape.num_layers; ++l) {
+    HackPageParams params;
+    const HackLayerBits bits =
+        options.layer_bits.empty() ? HackLayerBits{options.k_bits, options.v_bits} : options.layer_bits[static_cast<size_t>(l)];
+    params.k_bits = bits.k_bits;
+    params.v_bits = bits.v_bits;
+    params.block_tokens = options.block_tokens;
+    params.k_group = options.k_group;
+    params.v_group = options.v_group;
+    params.heads.assign(H, HackHeadDims{shape.head_dim, shape.head_dim});
+    layouts_.emplace_back(params);
+    // Layers of the same page size share a pool.
+    PagePool* pool = nullptr;
+    for (const auto& p : block_pools_)
+      if (p->page_bytes() == layouts_.back().page_bytes()) pool = p.get();
+    if (pool == nullptr) {
+      block_pools_.push_back(std::make_unique<PagePool>(layouts_.back().page_bytes()));
+      pool = block_pools_.back().get();
+    }
+    layer_pool_.push_back(pool);
+  }
   exact_elem_bytes_ = 2;
-  block_pool_ = std::make_unique<PagePool>(hack_layout_.page_bytes());
   open_pool_ = std::make_unique<PagePool>(2 * H * T * d * 2);
   if (options.sinks > 0) sink_pool_ = std::make_unique<PagePool>(2 * H * static_cast<size_t>(options.sinks) * d * 2);
 }
@@ -121,17 +150,21 @@ size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
   const int T = options_.block_tokens;
   size_t per_layer;
   if (options_.mode == KvMode::fp) {
-    per_layer = static_cast<size_t>((max_tokens + T - 1) / T) * block_pool_->page_bytes();
-  } else {
+    per_layer = static_cast<size_t>((max_tokens + T - 1) / T) * block_pools_.front()->page_bytes();
+    return per_layer * static_cast<size_t>(shape_.num_layers);
+  }
+  size_t total = 0;
+  for (int l = 0; l < shape_.num_layers; ++l) {
     // The recent window's full blocks are held as bf16 pages instead of HACK pages.
     const int blocks = full_blocks(max_tokens);
     const int window = std::min(blocks, (options_.recent_tokens + T - 1) / T);
-    per_layer = static_cast<size_t>(blocks - window) * block_pool_->page_bytes() +
+    per_layer = static_cast<size_t>(blocks - window) * pages_of(l).page_bytes() +
                 static_cast<size_t>(window) * open_pool_->page_bytes();
     if (max_tokens > options_.sinks) per_layer += open_pool_->page_bytes();
     if (sink_pool_) per_layer += sink_pool_->page_bytes();
+    total += per_layer;
   }
-  return per_layer * static_cast<size_t>(shape_.num_layers);
+  return total;
 }
 
 void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
@@ -146,7 +179,9 @@ void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
   s->reserved_bytes = bytes;
   s->layers.resize(static_cast<size_t>(shape_.num_layers));
   const int max_pages = (max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1;
-  for (auto& lp : s->layers) {  // no reallocation on the decode path
+  for (size_t l = 0; l < s->layers.size(); ++l) {  // no reallocation on the decode path
+    LayerPages& lp = s->layers[l];
+    lp.layer = static_cast<int>(l);
     lp.pages.reserve(static_cast<size_t>(max_pages));
     lp.pending.reserve(static_cast<size_t>(2 + (options_.recent_tokens + options_.block_tokens - 1) / options_.block_tokens));
   }
@@ -167,7 +202,7 @@ bool PagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
 
 void PagedKvCache::release_pages(Sequence& s) {
   for (auto& lp : s.layers) {
-    for (PageRef p : lp.pages) block_pool_->release(p);
+    for (PageRef p : lp.pages) pages_of(lp.layer).release(p);
     lp.pages.clear();
     for (PageRef p : lp.pending) open_pool_->release(p);
     lp.pending.clear();
@@ -219,17 +254,18 @@ void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
     const int block_end = options_.sinks + static_cast<int>(lp.pages.size() + 1) * T;
     if (block_end > lp.length - options_.recent_tokens) break;  // still inside the recent window
     const PageRef block = lp.pending[done];
-    const PageRef page = block_pool_->allocate();
-    std::memset(page.data, 0, hack_layout_.page_bytes());  // padding too: pages are compared and hashed as bytes
+    const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
+    const PageRef page = pages_of(layer).allocate();
+    std::memset(page.data, 0, layout.page_bytes());  // padding too: pages are compared and hashed as bytes
     const int64_t first = options_.sinks + static_cast<int64_t>(lp.pages.size()) * T;
-    hack_layout_.write_header(page.data, layer, first, options_.rounding);
+    layout.write_header(page.data, layer, first, options_.rounding);
     const RoundingSpec spec{options_.rounding, options_.seed, layer, first};
     const uint16_t* k = reinterpret_cast<const uint16_t*>(block.data);
     const uint16_t* v = k + static_cast<size_t>(H) * static_cast<size_t>(T) * static_cast<size_t>(d);
     for (int h = 0; h < H; ++h) {
       const size_t off = static_cast<size_t>(h) * static_cast<size_t>(T) * static_cast<size_t>(d);
-      quantize_k_block(hack_layout_, h, k + off, static_cast<size_t>(d), spec, page.data);
-      quantize_v_block(hack_layout_, h, v + off, static_cast<size_t>(d), spec, page.data);
+      quantize_k_block(layout, h, k + off, static_cast<size_t>(d), spec, page.data);
+      quantize_v_block(layout, h, v + off, static_cast<size_t>(d), spec, page.data);
     }
     lp.pages.push_back(page);
     open_pool_->release(block);
@@ -266,7 +302,7 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
     const float* vt = v + static_cast<size_t>(i) * token_floats;
     if (options_.mode == KvMode::fp) {
       const int slot = pos % T;
-      if (slot == 0) lp.pages.push_back(block_pool_->allocate());
+      if (slot == 0) lp.pages.push_back(pages_of(layer).allocate());
       std::byte* page = lp.pages.back().data;
       write_exact(page, exact_elem_bytes_, H, T, d, slot, kt);
       write_exact(page + token_floats * static_cast<size_t>(T) * exact_elem_bytes_, exact_elem_bytes_, H, T, d, slot,
@@ -353,14 +389,19 @@ cpu::HackHeadView hack_head_view(const HackPageLayout& layout, const std::byte* 
   return v;
 }
 
-cpu::HackHeadView PagedKvCache::hack_view(const std::byte* page, int kv_head) const {
-  return hack_head_view(hack_layout_, page, kv_head);
+HackLayerBits PagedKvCache::layer_bits(int layer) const {
+  const HackPageLayout& l = layouts_.at(static_cast<size_t>(layer));
+  return {l.k_bits(), l.v_bits()};
+}
+
+cpu::HackHeadView PagedKvCache::hack_view(int layer, const std::byte* page, int kv_head) const {
+  return hack_head_view(layouts_[static_cast<size_t>(layer)], page, kv_head);
 }
 
 size_t PagedKvCache::work_floats() const {
   size_t w = cpu::exact_block_work_floats(std::max(options_.block_tokens, options_.sinks));
   if (options_.mode == KvMode::hack) {
-    const HackHeadLayout& hl = hack_layout_.head(0);
+    const HackHeadLayout& hl = layouts_.front().head(0);
     w = std::max(w, cpu::hack_block_work_floats(options_.block_tokens, hl.k_dim, hl.v_dim, hl.k_group, hl.v_group));
   }
   return align16(w);
@@ -407,14 +448,14 @@ void PagedKvCache::attend_rows(const LayerPages& lp, int end, int head_begin, in
           for (size_t off = 0; off < 1024; off += 64) _mm_prefetch(static_cast<const char*>(base) + off, _MM_HINT_T0);
       }
       if (seg.quantized) {
-        cpu::HackHeadView view = hack_view(seg.data, h);
+        cpu::HackHeadView view = hack_view(lp.layer, seg.data, h);
         if (next != nullptr && next->quantized) {
-          const HackHeadLayout& hl = hack_layout_.head(h);
+          const HackHeadLayout& hl = layouts_[static_cast<size_t>(lp.layer)].head(h);
           view.prefetch = next->data + hl.offset;
           view.prefetch_bytes = hl.bytes;
         }
         if (options_.attention == HackAttention::dequantized) {
-          attend_dequantized(seg.data, h, sub, work);
+          attend_dequantized(lp.layer, seg.data, h, sub, work);
         } else {
           kernels_->hack_block(view, sub, work);
         }
@@ -435,16 +476,17 @@ void PagedKvCache::attend_rows(const LayerPages& lp, int end, int head_begin, in
   if (prev != nullptr) run(*prev, nullptr);
 }
 
-void PagedKvCache::attend_dequantized(const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
+void PagedKvCache::attend_dequantized(int layer, const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
                                       float* work) const {
-  const HackHeadLayout& hl = hack_layout_.head(kv_head);
+  const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
+  const HackHeadLayout& hl = layout.head(kv_head);
   const size_t T = static_cast<size_t>(options_.block_tokens);
   thread_local std::vector<float> kv;  // [Π][k_dim] K, then [Π][v_dim] V (ablation only)
   kv.resize(T * static_cast<size_t>(hl.k_dim + hl.v_dim));
   float* k = kv.data();
   float* v = k + T * static_cast<size_t>(hl.k_dim);
-  dequantize_k_block(hack_layout_, kv_head, page, k);
-  dequantize_v_block(hack_layout_, kv_head, page, v);
+  dequantize_k_block(layout, kv_head, page, k);
+  dequantize_v_block(layout, kv_head, page, v);
   cpu::ExactHeadView view;
   view.bf16 = false;
   view.tokens = options_.block_tokens;
@@ -615,11 +657,11 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
     to.length = n_tokens;
     if (options_.mode == KvMode::fp) {
       for (int i = 0; i < blocks; ++i) {
-        block_pool_->retain(from.pages[static_cast<size_t>(i)]);
+        pages_of(from.layer).retain(from.pages[static_cast<size_t>(i)]);
         to.pages.push_back(from.pages[static_cast<size_t>(i)]);
       }
       if (tail > 0) {
-        to.pages.push_back(block_pool_->allocate());
+        to.pages.push_back(pages_of(from.layer).allocate());
         copy_tokens(from.pages[static_cast<size_t>(blocks)].data, to.pages.back().data, static_cast<size_t>(T), tail);
       }
       continue;
@@ -637,7 +679,7 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
     const size_t quantized = from.pages.size();
     for (int i = 0; i < blocks; ++i) {
       if (static_cast<size_t>(i) < quantized) {
-        block_pool_->retain(from.pages[static_cast<size_t>(i)]);
+        pages_of(from.layer).retain(from.pages[static_cast<size_t>(i)]);
         to.pages.push_back(from.pages[static_cast<size_t>(i)]);
       } else {
         const PageRef p = from.pending[static_cast<size_t>(i) - quantized];
@@ -749,7 +791,7 @@ size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
                              exact_elem_bytes_;
   size_t bytes = 0;
   for_each_segment(lp, lp.length, [&](const Segment& seg) {
-    bytes += seg.quantized ? hack_layout_.page_bytes() : static_cast<size_t>(seg.tokens) * exact_token;
+    bytes += seg.quantized ? pages_of(layer).page_bytes() : static_cast<size_t>(seg.tokens) * exact_token;
   });
   return bytes;
 }
@@ -763,19 +805,19 @@ std::span<const std::byte> PagedKvCache::hack_page(int seq_id, int layer, int in
   HACK_CHECK(options_.mode == KvMode::hack, "hack_page: cache is in fp mode");
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   HACK_CHECK(index >= 0 && index < static_cast<int>(lp.pages.size()), "hack_page: no page {}", index);
-  return {lp.pages[static_cast<size_t>(index)].data, hack_layout_.page_bytes()};
+  return {lp.pages[static_cast<size_t>(index)].data, pages_of(layer).page_bytes()};
 }
 
 int PagedKvCache::page_ref_count(int seq_id, int layer, int index) const {
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   HACK_CHECK(index >= 0 && index < static_cast<int>(lp.pages.size()), "page_ref_count: no page {}", index);
-  return block_pool_->ref_count(lp.pages[static_cast<size_t>(index)]);
+  return pages_of(layer).ref_count(lp.pages[static_cast<size_t>(index)]);
 }
 
 void PagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, size_t size) {
   HACK_CHECK(options_.mode == KvMode::hack, "append_hack_page: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
-  hack_layout_.validate(bytes, size);
+  layouts_[static_cast<size_t>(layer)].validate(bytes, size);
   Sequence& s = get(seq_id);
   LayerPages& lp = s.layers[static_cast<size_t>(layer)];
   const int64_t expected = options_.sinks + static_cast<int64_t>(lp.pages.size()) * options_.block_tokens;
@@ -786,7 +828,7 @@ void PagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, si
              HackPageLayout::page_first_token(bytes), layer, expected);
   HACK_CHECK(lp.length + options_.block_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}",
              seq_id, lp.length + options_.block_tokens, s.max_tokens);
-  const PageRef page = block_pool_->allocate();
+  const PageRef page = pages_of(layer).allocate();
   std::memcpy(page.data, bytes, size);
   lp.pages.push_back(page);
   lp.length += options_.block_tokens;
@@ -796,7 +838,7 @@ KvCacheStats PagedKvCache::stats() const {
   KvCacheStats st;
   st.sequences = static_cast<int64_t>(sequences_.size());
   for (const auto& [id, s] : sequences_) st.tokens += s->layers.back().length;
-  st.bytes_used = block_pool_->bytes_in_use();
+  for (const auto& p : block_pools_) st.bytes_used += p->bytes_in_use();
   if (open_pool_) st.bytes_used += open_pool_->bytes_in_use();
   if (sink_pool_) st.bytes_used += sink_pool_->bytes_in_use();
   st.bytes_capacity = budget_.capacity();
@@ -809,17 +851,22 @@ std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const Kv
 }
 
 double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options) {
-  const double layers = shape.num_layers;
   if (options.mode == KvMode::fp)
-    return layers * 2.0 * shape.num_kv_heads * shape.head_dim * static_cast<double>(dtype_size(options.fp_dtype));
-  HackPageParams params;
-  params.k_bits = options.k_bits;
-  params.v_bits = options.v_bits;
-  params.block_tokens = options.block_tokens;
-  params.k_group = options.k_group;
-  params.v_group = options.v_group;
-  params.heads.assign(static_cast<size_t>(shape.num_kv_heads), HackHeadDims{shape.head_dim, shape.head_dim});
-  return layers * HackPageLayout(params).bytes_per_token();
+    return static_cast<double>(shape.num_layers) * 2.0 * shape.num_kv_heads * shape.head_dim * static_cast<double>(dtype_size(options.fp_dtype));
+  double bytes = 0;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    const HackLayerBits bits = options.layer_bits.empty() ? HackLayerBits{options.k_bits, options.v_bits}
+                                                          : options.layer_bits.at(static_cast<size_t>(l));
+    HackPageParams params;
+    params.k_bits = bits.k_bits;
+    params.v_bits = bits.v_bits;
+    params.block_tokens = options.block_tokens;
+    params.k_group = options.k_group;
+    params.v_group = options.v_group;
+    params.heads.assign(static_cast<size_t>(shape.num_kv_heads), HackHeadDims{shape.head_dim, shape.head_dim});
+    bytes += HackPageLayout(params).bytes_per_token();
+  }
+  return bytes;
 }
 
 }  // namespace hack

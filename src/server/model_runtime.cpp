@@ -21,8 +21,8 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
                 "longest prompt + completion in tokens; 0 = the model's max_position_embeddings");
 }
 
-KvCacheOptions kv_options_from(const ModelRuntimeConfig& c) {
-  KvCacheOptions o = hack::kv_options_from(c.kv);
+KvCacheOptions kv_options_from(const ModelRuntimeConfig& c, int num_layers) {
+  KvCacheOptions o = hack::kv_options_from(c.kv, c.model, num_layers);
   HACK_CHECK(c.kv_capacity_mb >= 0, "--kv-capacity-mb must not be negative, got {}", c.kv_capacity_mb);
   o.capacity_bytes = static_cast<size_t>(c.kv_capacity_mb) << 20;
   return o;
@@ -34,7 +34,6 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, bo
              "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)", c.device);
   HACK_CHECK(c.prefill_chunk > 0, "--prefill-chunk must be positive, got {}", c.prefill_chunk);
   auto rt = std::make_unique<ModelRuntime>();
-  rt->kv_options = kv_options_from(c);
   if (c.synthetic.empty()) {
     rt->model = Model::load(c.model);
     int tokenizer_eos = -1;
@@ -52,6 +51,7 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, bo
   if (rt->name.empty()) rt->name = std::filesystem::path(c.model).lexically_normal().parent_path().filename().string();
   HACK_CHECK(c.max_model_len >= 0, "--max-model-len must not be negative, got {}", c.max_model_len);
   rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
+  rt->kv_options = kv_options_from(c, rt->model.config.num_layers);
   const ModelConfig& cfg = rt->model.config;
   rt->pool = std::make_unique<ThreadPool>(c.threads);
   rt->backend = make_cpu_backend(rt->model, *rt->pool);

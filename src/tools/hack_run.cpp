@@ -118,8 +118,6 @@ int run(int argc, char** argv) {
                c.kv.kv);
   }
 #endif
-  hack::KvCacheOptions kv_options = hack::kv_options_from(c.kv);
-  kv_options.seed = c.seed.value_or(0);
 
   const auto t_load = std::chrono::steady_clock::now();
   hack::Model model = c.synthetic.empty() ? hack::Model::load(c.model)
@@ -169,6 +167,8 @@ int run(int argc, char** argv) {
   HACK_CHECK(static_cast<int>(prompt.size()) + c.max_tokens <= max_ctx,
              "prompt ({} tokens) + --max-tokens {} exceeds the model's context of {} tokens", prompt.size(),
              c.max_tokens, max_ctx);
+  hack::KvCacheOptions kv_options = hack::kv_options_from(c.kv, c.model, model.config.num_layers);
+  kv_options.seed = c.seed.value_or(0);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
   hack::ThreadPool pool(c.threads);

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -49,9 +50,14 @@ std::atomic<uint64_t> next_request_id{1000};
 std::string model_dir() { return (test::source_dir() / "models" / "hack-tiny").string(); }
 std::string bin(const std::string& name) { return (test::binary_dir() / "bin" / name).string(); }
 
-// The model and KV flags, the same for hack-run and both daemons.
+// The model and KV flags, the same for hack-run and both daemons. `kv` is the --kv value,
+// optionally followed by more KV flags ("hack --hack-k-bits 4 ...").
 std::vector<std::string> model_flags(const std::string& kv) {
-  return {"--model", model_dir(), "--kv", kv, "--kv-dtype", "bf16", "--max-model-len", "4096", "--threads", "1"};
+  std::vector<std::string> flags{"--model", model_dir(), "--kv"};
+  std::istringstream words(kv);
+  for (std::string w; words >> w;) flags.push_back(w);
+  for (const char* f : {"--kv-dtype", "bf16", "--max-model-len", "4096", "--threads", "1"}) flags.push_back(f);
+  return flags;
 }
 
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -422,6 +428,11 @@ TEST_CASE("disaggregated greedy output equals hack-run token for token (--kv fp)
 
 TEST_CASE("disaggregated greedy output equals hack-run token for token (--kv hack)", "[e2e][disaggregation]") {
   check_equal_to_hack_run("hack");
+}
+
+TEST_CASE("disaggregated greedy output equals hack-run with K/V widths and a recent window", "[e2e][disaggregation]") {
+  // Blocks inside the window cross the wire as exact tokens, older ones as K4/V2 pages.
+  check_equal_to_hack_run("hack --hack-k-bits 4 --hack-v-bits 2 --hack-recent 40 --hack-block 32");
 }
 
 // --- Faults. Each: the request ends with an explicit error, the surviving nodes serve a new

@@ -19,18 +19,22 @@ struct KvFlags {
   int hack_v_bits = 0;              ///< 0 = hack_bits
   int hack_block = 64;              ///< Π
   int hack_sinks = 4;
-  int hack_recent = 0;              ///< bf16 recent window, tokens
+  int hack_recent = -1;             ///< bf16 recent window, tokens; -1 = the allocation's, else 0
   int hack_k_group = 64;            ///< Q / K partition channels
   int hack_v_group = 64;            ///< P / V partition channels
   std::string hack_rounding = "nearest";
   std::string kv_dtype = "bf16";    ///< element type of --kv fp pages
+  std::string hack_allocation = "auto";  ///< auto (the model's hack_kv.json if present) | none | FILE
 };
 
 /// Registers the flags on `flags`; the values already in `config` are the defaults shown.
 void add_kv_flags(FlagSet& flags, KvFlags& config);
 
-/// KvCacheOptions for the flags (seed, capacity and ISA are left at their defaults).
-/// Throws hack::Error naming the bad flag.
-KvCacheOptions kv_options_from(const KvFlags& config);
+/// KvCacheOptions for the flags (seed, capacity and ISA are left at their defaults). With
+/// --kv hack and a bit allocation (--hack-allocation FILE, or `auto` and `model_dir`
+/// holding hack_kv.json) the allocation's per-layer bits replace --hack-*-bits and its
+/// recent window applies unless --hack-recent is given. Throws hack::Error naming the bad
+/// flag or file.
+KvCacheOptions kv_options_from(const KvFlags& config, const std::string& model_dir = "", int num_layers = 0);
 
 }  // namespace hack

@@ -43,6 +43,13 @@ enum class KvMode { fp, hack };
 /// from the error of requantizing Q and P.
 enum class HackAttention { homomorphic, dequantized };
 
+/// Code bits of one layer's HACK pages.
+struct HackLayerBits {
+  int k_bits = 2;
+  int v_bits = 2;
+  bool operator==(const HackLayerBits&) const = default;
+};
+
 /// Everything `--kv`, `--hack-*` choose. Defaults are the documented flag defaults.
 struct KvCacheOptions {
   KvMode mode = KvMode::hack;
@@ -56,6 +63,8 @@ struct KvCacheOptions {
   DType fp_dtype = DType::bf16; ///< fp mode page element type: bf16 or f32
   int k_group = 64;             ///< largest K partition (Q quantization group), channels
   int v_group = 64;             ///< largest V partition, channels (capped at Π)
+  std::vector<HackLayerBits> layer_bits;  ///< per layer (a calibrated allocation); empty =
+                                          ///< k_bits/v_bits in every layer
   int recent_tokens = 0;        ///< --hack-recent R: a block is quantized only once all its
                                 ///< tokens are older than the newest R (KIVI's residual)
   bool exact_prefill = true;    ///< prefill attends to the whole prompt exactly (begin_prefill)
@@ -119,8 +128,10 @@ class PagedKvCache final : public KvCache {
   void end_prefill(int seq_id) override;
 
   const KvCacheOptions& options() const { return options_; }
-  /// Layout of this cache's HACK pages (hack mode).
-  const HackPageLayout& hack_layout() const { return hack_layout_; }
+  /// Layout of one layer's HACK pages (hack mode; layers differ under a bit allocation).
+  const HackPageLayout& hack_layout(int layer = 0) const { return layouts_[static_cast<size_t>(layer)]; }
+  /// K/V code bits of a layer (hack mode).
+  HackLayerBits layer_bits(int layer) const;
   CpuIsa isa() const { return kernels_->isa; }
 
   /// Opens dst holding the first n_tokens of src in every layer: full pages are shared
@@ -183,6 +194,7 @@ class PagedKvCache final : public KvCache {
     std::vector<PageRef> pending;  // hack: full bf16 blocks of the latest append, to quantize
     PageRef open;                  // hack: bf16 [K|V][head][Π][dim], the block being filled
     int length = 0;
+    int layer = 0;                 // which layer (its page layout and pool)
   };
   struct Sequence {
     int max_tokens = 0;
@@ -208,11 +220,13 @@ class PagedKvCache final : public KvCache {
   template <class Fn>
   void for_each_segment(const LayerPages& lp, int end, Fn&& fn) const;
   cpu::ExactHeadView exact_view(const Segment& seg, int kv_head) const;
-  cpu::HackHeadView hack_view(const std::byte* page, int kv_head) const;
+  cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;
+  PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
   // Quantizes the pending blocks that have left the recent window into HACK pages.
   void quantize_pending(int layer, LayerPages& lp);
   // Attends rows to one quantized block by expanding it to f32 (HackAttention::dequantized).
-  void attend_dequantized(const std::byte* page, int kv_head, const cpu::AttentionRows& rows, float* work) const;
+  void attend_dequantized(int layer, const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
+                          float* work) const;
   // Page region holding exact token `pos` of a layer: its K region start, slot and token
   // capacity per head (the V region follows K's num_kv_heads · capacity rows).
   const std::byte* exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,
@@ -227,10 +241,11 @@ class PagedKvCache final : public KvCache {
   KvShape shape_;
   KvCacheOptions options_;
   const cpu::HackAttentionKernels* kernels_;
-  HackPageLayout hack_layout_;
+  std::vector<HackPageLayout> layouts_;        // hack: per layer
   size_t exact_elem_bytes_ = 2;                // open/sink/fp page element size
   MemoryBudget budget_;
-  std::unique_ptr<PagePool> block_pool_;       // HACK pages (hack) or fp pages (fp)
+  std::vector<std::unique_ptr<PagePool>> block_pools_;  // HACK pages (one pool per page size) or fp pages
+  std::vector<PagePool*> layer_pool_;          // per layer: its pool in block_pools_
   std::unique_ptr<PagePool> open_pool_;        // hack: bf16 open blocks
   std::unique_ptr<PagePool> sink_pool_;        // hack: bf16 sinks
   std::unordered_map<int, std::unique_ptr<Sequence>> sequences_;

@@ -50,7 +50,8 @@ struct ModelRuntime {
 /// `with_engine` the cache and engine are left out (a prefill node's worker builds its own).
 std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& config, bool with_engine = true);
 
-/// KvCacheOptions for the `--kv*` / `--hack-*` flags.
-KvCacheOptions kv_options_from(const ModelRuntimeConfig& config);
+/// KvCacheOptions for the `--kv*` / `--hack-*` flags of a model of `num_layers` layers
+/// (its directory's bit allocation applies, see kv/kv_flags.h).
+KvCacheOptions kv_options_from(const ModelRuntimeConfig& config, int num_layers);
 
 }  // namespace hack::server

@@ -187,10 +187,15 @@ TEST_CASE("round-to-nearest quantization error and code sums", "[kv][hack_page]"
       for (int t = 0; t < block; ++t)
         for (int c = 0; c < dim; ++c) {
           const size_t i = static_cast<size_t>(t) * dim + c;
-          // |x − x̂| ≤ scale/2 (+ fp32 rounding of min + scale·code).
-          const float ks = bf16_to_f32(kscale[c]);
-          REQUIRE(std::fabs(bf16_to_f32(k[i]) - kd[i]) <= 0.5f * ks + 1e-6f * (1 + std::fabs(kd[i])));
-          REQUIRE(bf16_to_f32(kmin[c]) <= bf16_to_f32(k[i]));
+          // |x − x̂| ≤ scale/2 (+ fp32 rounding of min + scale·code) inside the stored range;
+          // 2-bit K is clipped (quant::clip_k_range_2bit): outside, x̂ is the nearer end.
+          const float ks = bf16_to_f32(kscale[c]), lo = bf16_to_f32(kmin[c]);
+          const float hi = lo + ks * static_cast<float>((1 << bits) - 1), x = bf16_to_f32(k[i]);
+          const float slack = 1e-6f * (1 + std::fabs(kd[i]));
+          if (bits != 2) REQUIRE(lo <= x);
+          if (x < lo) REQUIRE(std::fabs(kd[i] - lo) <= slack);
+          else if (x > hi) REQUIRE(std::fabs(kd[i] - hi) <= slack);
+          else REQUIRE(std::fabs(x - kd[i]) <= 0.5f * ks + slack);
           const float vs = bf16_to_f32(vscale[static_cast<size_t>(c / hl.v_group) * block + t]);
           REQUIRE(std::fabs(bf16_to_f32(v[i]) - vd[i]) <= 0.5f * vs + 1e-6f * (1 + std::fabs(vd[i])));
         }
@@ -231,6 +236,40 @@ TEST_CASE("constant channels quantize exactly", "[kv][hack_page]") {
   for (float x : out) REQUIRE(x == 0.75f);
   dequantize_v_block(layout, 0, page.data(), out.data());
   for (float x : out) REQUIRE(x == 0.75f);
+}
+
+TEST_CASE("2-bit K ranges are clipped to the least squared error", "[kv][hack_page]") {
+  // Nearest rounding of 2-bit K picks the range of least squared error among clipped
+  // candidates, so it never does worse than min–max on the block it quantizes.
+  for (const uint32_t seed : {3u, 4u, 5u}) {
+    const int block = 64, dim = 64;
+    const HackPageLayout layout(params_for(2, block, 1, dim));
+    auto k = random_block(block, dim, seed);
+    for (int t = 0; t < block; t += 13) k[static_cast<size_t>(t) * dim + 5] = f32_to_bf16(9.0f);  // outliers
+    std::vector<std::byte> page(layout.page_bytes());
+    layout.write_header(page.data(), 0, 0, Rounding::nearest);
+    quantize_k_block(layout, 0, k.data(), dim, RoundingSpec{}, page.data());
+    std::vector<float> kd(k.size());
+    dequantize_k_block(layout, 0, page.data(), kd.data());
+    for (int c = 0; c < dim; ++c) {
+      float lo = 1e30f, hi = -1e30f;
+      for (int t = 0; t < block; ++t) {
+        lo = std::min(lo, bf16_to_f32(k[static_cast<size_t>(t) * dim + c]));
+        hi = std::max(hi, bf16_to_f32(k[static_cast<size_t>(t) * dim + c]));
+      }
+      uint16_t mb, sb;
+      const quant::Quantizer mm = quant::make_quantizer(lo, hi, 3, &mb, &sb);
+      double err = 0, err_minmax = 0;
+      for (int t = 0; t < block; ++t) {
+        const float x = bf16_to_f32(k[static_cast<size_t>(t) * dim + c]);
+        const float y = mm.min + mm.scale * static_cast<float>(quant::quantize_nearest(mm, x));
+        err += (x - kd[static_cast<size_t>(t) * dim + c]) * (x - kd[static_cast<size_t>(t) * dim + c]);
+        err_minmax += (x - y) * (x - y);
+      }
+      INFO("seed " << seed << " channel " << c);
+      REQUIRE(err <= err_minmax * (1 + 1e-5) + 1e-9);
+    }
+  }
 }
 
 TEST_CASE("stochastic rounding is seeded and unbiased", "[kv][hack_page]") {
