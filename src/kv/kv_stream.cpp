@@ -137,6 +137,19 @@ void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExpo
       const int pages = cache.hack_page_count(seq_id, layer);
       for (; cursor.pages_sent[l] < pages; ++cursor.pages_sent[l])
         send(KvMessageKind::hack_page, cache.hack_page(seq_id, layer, cursor.pages_sent[l]));
+      if (!final && cursor.prompt_tokens > 0) {
+        // Blocks full now that will have left the recent window when the prompt ends.
+        const int filled = std::max(0, length - S) / T;
+        const int closing = std::max(0, cursor.prompt_tokens - o.recent_tokens - S) / T;
+        const int ready = std::min(filled, closing);
+        if (cursor.pages_sent[l] < ready) {
+          std::vector<std::byte> page(cache.hack_layout(layer).page_bytes());
+          for (; cursor.pages_sent[l] < ready; ++cursor.pages_sent[l]) {
+            cache.peek_block_page(seq_id, layer, cursor.pages_sent[l], page.data());
+            send(KvMessageKind::hack_page, page);
+          }
+        }
+      }
     }
     if (final) {
       // Exact tail: the recent window's full blocks and the open block.

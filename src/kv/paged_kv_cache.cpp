@@ -254,23 +254,42 @@ void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
     const int block_end = options_.sinks + static_cast<int>(lp.pages.size() + 1) * T;
     if (block_end > lp.length - options_.recent_tokens) break;  // still inside the recent window
     const PageRef block = lp.pending[done];
-    const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
     const PageRef page = pages_of(layer).allocate();
-    std::memset(page.data, 0, layout.page_bytes());  // padding too: pages are compared and hashed as bytes
-    const int64_t first = options_.sinks + static_cast<int64_t>(lp.pages.size()) * T;
-    layout.write_header(page.data, layer, first, options_.rounding);
-    const RoundingSpec spec{options_.rounding, options_.seed, layer, first};
-    const uint16_t* k = reinterpret_cast<const uint16_t*>(block.data);
-    const uint16_t* v = k + static_cast<size_t>(H) * static_cast<size_t>(T) * static_cast<size_t>(d);
-    for (int h = 0; h < H; ++h) {
-      const size_t off = static_cast<size_t>(h) * static_cast<size_t>(T) * static_cast<size_t>(d);
-      quantize_k_block(layout, h, k + off, static_cast<size_t>(d), spec, page.data);
-      quantize_v_block(layout, h, v + off, static_cast<size_t>(d), spec, page.data);
-    }
+    quantize_block(layer, block.data, options_.sinks + static_cast<int64_t>(lp.pages.size()) * T, page.data);
     lp.pages.push_back(page);
     open_pool_->release(block);
   }
   lp.pending.erase(lp.pending.begin(), lp.pending.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void PagedKvCache::quantize_block(int layer, const std::byte* block, int64_t first, std::byte* page) const {
+  const int T = options_.block_tokens, d = shape_.head_dim, H = shape_.num_kv_heads;
+  const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
+  std::memset(page, 0, layout.page_bytes());  // padding too: pages are compared and hashed as bytes
+  layout.write_header(page, layer, first, options_.rounding);
+  const RoundingSpec spec{options_.rounding, options_.seed, layer, first};
+  const uint16_t* k = reinterpret_cast<const uint16_t*>(block);
+  const uint16_t* v = k + static_cast<size_t>(H) * static_cast<size_t>(T) * static_cast<size_t>(d);
+  for (int h = 0; h < H; ++h) {
+    const size_t off = static_cast<size_t>(h) * static_cast<size_t>(T) * static_cast<size_t>(d);
+    quantize_k_block(layout, h, k + off, static_cast<size_t>(d), spec, page);
+    quantize_v_block(layout, h, v + off, static_cast<size_t>(d), spec, page);
+  }
+}
+
+void PagedKvCache::peek_block_page(int seq_id, int layer, int block, std::byte* page) const {
+  HACK_CHECK(options_.mode == KvMode::hack, "peek_block_page: cache is in fp mode");
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
+  const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
+  HACK_CHECK(block >= 0 && static_cast<size_t>(block) < lp.pages.size() + lp.pending.size(),
+             "peek_block_page: sequence {} layer {} has no full block {}", seq_id, layer, block);
+  const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
+  if (static_cast<size_t>(block) < lp.pages.size()) {
+    std::memcpy(page, lp.pages[static_cast<size_t>(block)].data, layout.page_bytes());
+    return;
+  }
+  quantize_block(layer, lp.pending[static_cast<size_t>(block) - lp.pages.size()].data,
+                 options_.sinks + static_cast<int64_t>(block) * options_.block_tokens, page);
 }
 
 void PagedKvCache::begin_prefill(int seq_id) {

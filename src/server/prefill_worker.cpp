@@ -197,6 +197,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     Sampler sampler(job.sampling, static_cast<int>(vocab));
     sampler.add_prompt_tokens(job.tokens);
     KvExportCursor cursor;
+    cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
     std::vector<float> logits;
     engine_->prefill(seq, job.tokens, logits, false, [&](int layer, bool last_chunk) {
       if (cancel_running_) fail("request {} was cancelled", id);

@@ -430,9 +430,11 @@ TEST_CASE("disaggregated greedy output equals hack-run token for token (--kv hac
   check_equal_to_hack_run("hack");
 }
 
-TEST_CASE("disaggregated greedy output equals hack-run with K/V widths and a recent window", "[e2e][disaggregation]") {
-  // Blocks inside the window cross the wire as exact tokens, older ones as K4/V2 pages.
-  check_equal_to_hack_run("hack --hack-k-bits 4 --hack-v-bits 2 --hack-recent 40 --hack-block 32");
+TEST_CASE("disaggregated greedy output equals hack-run under a per-layer bit allocation", "[e2e][disaggregation]") {
+  // Layers of different K/V widths and a 40-token recent window (the allocation's): blocks
+  // inside the window cross the wire as exact tokens, older ones as each layer's pages.
+  const std::string allocation = (test::fixtures_dir() / "allocations" / "hack-tiny-mixed.hack_kv.json").string();
+  check_equal_to_hack_run("hack --hack-allocation " + allocation + " --hack-block 32");
 }
 
 // --- Faults. Each: the request ends with an explicit error, the surviving nodes serve a new

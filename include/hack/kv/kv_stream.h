@@ -12,8 +12,10 @@
 /// layer: append() fills sinks / the open block, append_hack_page() needs the sinks before
 /// the first page and an empty open block):
 ///   hack mode: exact sinks [0, min(length, sinks)) — as soon as they are complete —,
-///              HACK pages in position order as they close, and with `final` the open
-///              block's tokens (fewer than Π) after the pending blocks were closed;
+///              HACK pages in position order as they close (or, with prompt_tokens
+///              known, as soon as their block fills), and with `final` the exact tail —
+///              the recent window's blocks and the open block — after the pending blocks
+///              that left the window were closed;
 ///   fp mode:   exact tokens in page-sized messages (Π tokens at positions k·Π), full
 ///              pages as they fill, the partly filled last page with `final`.
 ///
@@ -58,6 +60,12 @@ ExactTokensHeader decode_exact_header(std::span<const std::byte> payload);
 /// Where the export of one sequence stands, per layer. Start with a default one; one
 /// cursor per sequence.
 struct KvExportCursor {
+  /// The prompt's length when known (a prefill node knows it): full blocks that will be
+  /// quantized when the prefill ends (those older than the recent window at that length)
+  /// are then sent as pages as soon as they fill, while the prefill still attends to them
+  /// exactly — so an exact multi-chunk prefill streams its pages as it goes. 0 = unknown:
+  /// pages go as the cache closes them.
+  int prompt_tokens = 0;
   std::vector<int> pages_sent;       ///< per layer: HACK pages emitted
   std::vector<int> exact_sent;       ///< per layer: exact tokens emitted from position 0 (hack: sinks; fp: pages)
   std::vector<uint8_t> finished;     ///< per layer: the final export ran

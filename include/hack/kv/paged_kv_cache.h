@@ -179,6 +179,14 @@ class PagedKvCache final : public KvCache {
   /// The same without conversion: k, v receive exact_dtype() elements (bit copies).
   void copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k, std::byte* v) const;
 
+  /// The page block `block` (tokens [sinks + block·Π, sinks + (block + 1)·Π)) of a layer
+  /// will be once quantized — byte for byte, as quantization is a pure function of the
+  /// block's exact tokens — written to `page` (hack_layout(layer).page_bytes() bytes). For
+  /// a block already quantized, its stored page; for a full exact block, quantized into
+  /// `page` while the cache keeps attending to the exact tokens (a prefill node streams
+  /// pages of an exact prefill this way before the prefill ends).
+  void peek_block_page(int seq_id, int layer, int block, std::byte* page) const;
+
   /// Full HACK pages of a sequence's layer, as opaque bytes (hack mode).
   int hack_page_count(int seq_id, int layer) const;
   std::span<const std::byte> hack_page(int seq_id, int layer, int index) const;
@@ -224,6 +232,8 @@ class PagedKvCache final : public KvCache {
   PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
   // Quantizes the pending blocks that have left the recent window into HACK pages.
   void quantize_pending(int layer, LayerPages& lp);
+  // Quantizes one exact block (bf16 [K|V][head][Π][dim]) starting at `first_token` into `page`.
+  void quantize_block(int layer, const std::byte* block, int64_t first_token, std::byte* page) const;
   // Attends rows to one quantized block by expanding it to f32 (HackAttention::dequantized).
   void attend_dequantized(int layer, const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
                           float* work) const;

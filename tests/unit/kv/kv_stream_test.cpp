@@ -140,6 +140,31 @@ TEST_CASE("kv stream: an exported layer imports to the same state", "[kv][stream
         reference.close_pending_blocks(1);
         require_same_state(reference, 1, decode, 3);
         require_same_state(reference, 1, prefill, 2);
+        if (config.options.mode == KvMode::hack) {
+          // An exact prefill (nothing quantized until it ends) with the prompt length known
+          // streams the same pages, each as soon as its block fills, to the same state.
+          PagedKvCache held(shape, config.options), decode2(shape, config.options);
+          held.add_sequence(4, length + 1);
+          decode2.add_sequence(5, length + 1);
+          held.begin_prefill(4);
+          std::vector<Message> streamed;
+          KvExportCursor early;
+          early.prompt_tokens = length;
+          fill(held, 4, prompt, chunk, &streamed, &early);
+          held.end_prefill(4);
+          for (const Message& m : streamed) import_message(decode2, 5, m.layer, m.kind, m.bytes);
+          require_same_state(reference, 1, decode2, 5);
+          require_same_state(reference, 1, held, 4);
+          for (int l = 0; l < kLayers; ++l) {  // per layer: the same pages in the same order
+            std::vector<const Message*> pages_a, pages_b;
+            for (const Message& m : messages)
+              if (m.kind == KvMessageKind::hack_page && m.layer == l) pages_a.push_back(&m);
+            for (const Message& m : streamed)
+              if (m.kind == KvMessageKind::hack_page && m.layer == l) pages_b.push_back(&m);
+            REQUIRE(pages_a.size() == pages_b.size());
+            for (size_t i = 0; i < pages_a.size(); ++i) REQUIRE(pages_a[i]->bytes == pages_b[i]->bytes);
+          }
+        }
         // A further export of a finished layer is refused.
         REQUIRE_THROWS_AS(export_layer(prefill, 2, 0, true, cursor, [](KvMessageKind, std::span<const std::byte>) {}),
                           Error);
