@@ -67,7 +67,7 @@ std::optional<Args> parse(int argc, char** argv) {
                 "HACK_ATTN_BENCH");
   flags.add_string("contexts", &contexts, "context lengths, comma-separated");
   flags.add_string("batch", &batches, "batch sizes, comma-separated");
-  flags.add_string("modes", &modes, "fp32, bf16, hack2, hack4, hack8");
+  flags.add_string("modes", &modes, "fp32, bf16, hack2, hack4, hack8, hack-kKvV (e.g. hack-k4v2)");
   flags.add_int("block", &a.block, "tokens per page (Π)");
   flags.add_int("threads", &a.threads, "threads (0 = all cores)");
   flags.add_float("min-time-s", &min_time_s, "minimum time per trial");
@@ -109,6 +109,10 @@ Mode make_mode(const std::string& name, int block) {
   if (name == "fp32" || name == "bf16") {
     o.mode = KvMode::fp;
     o.fp_dtype = name == "fp32" ? DType::f32 : DType::bf16;
+  } else if (name.rfind("hack-k", 0) == 0 && name.find('v', 6) != std::string::npos) {  // hack-k4v2
+    o.mode = KvMode::hack;
+    o.k_bits = std::stoi(name.substr(6));
+    o.v_bits = std::stoi(name.substr(name.find('v', 6) + 1));
   } else if (name.rfind("hack", 0) == 0) {
     o.mode = KvMode::hack;
     o.k_bits = o.v_bits = std::stoi(name.substr(4));
