@@ -46,6 +46,8 @@ using Json = nlohmann::ordered_json;
 constexpr int kBootstrapBlockTokens = 32;
 constexpr int kBootstrapResamples = 1000;
 constexpr uint64_t kBootstrapSeed = 20261125;
+constexpr int kCopyLeadTokens = 256;  // filler before the copy probe's span
+constexpr const char* kSections[] = {"decode", "prefill", "copy", "passkey", "greedy"};
 
 // ---------------------------------------------------------------- configurations
 
@@ -54,8 +56,10 @@ struct Config {
   hack::KvCacheOptions options;
 };
 
-// One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill"
-// (space or ',' separated; unnamed fields keep the defaults of the other flags).
+// One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill",
+// or "bf16" (the fp cache with bf16 pages: what storing exact tokens in bf16 costs, which
+// every HACK config pays for its sinks, open block and recent window). Space or ','
+// separated; unnamed fields keep the defaults of the other flags.
 hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions o) {
   std::string item;
   std::string norm = spec;
@@ -75,6 +79,10 @@ hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions 
     else if (key == "deq") o.attention = hack::HackAttention::dequantized;
     else if (key == "qprefill") o.exact_prefill = false;
     else if (key == "stochastic") o.rounding = hack::Rounding::stochastic;
+    else if (key == "bf16") {
+      o.mode = hack::KvMode::fp;
+      o.fp_dtype = hack::DType::bf16;
+    }
     else hack::fail("--configs: unknown field '{}' in '{}'", item, spec);
   }
   return o;
@@ -416,7 +424,7 @@ std::vector<Sample> text_windows(const std::vector<int>& text, int bos, int wind
 // tokens after the first are scored. Span ids are drawn from the non-special vocabulary.
 std::vector<Sample> copy_probes(const Bench& b, const std::vector<int>& text, int bos, int probes, int span_tokens,
                                 int gap_tokens) {
-  constexpr size_t kLeadTokens = 256;
+  constexpr size_t kLeadTokens = kCopyLeadTokens;
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<int> id(0, static_cast<int>(b.vocab) - 1);
   std::vector<Sample> out;
@@ -448,11 +456,12 @@ void report_copy(const Output& out, const std::vector<Config>& configs, const st
            "top-1 vs fp [95% CI]");
   for (size_t c = 0; c < results.size(); ++c) {
     const std::string label = c == 0 ? "fp32 (reference)" : configs[c - 1].label;
+    const hack::KvCacheOptions opt = c == 0 ? reference_options() : configs[c - 1].options;
     const Summary s = summarize(results[c].scores);
     const Point& p = s.point;
     out.line("%-28s %10.4f %10.4f %10.4f %10.4f %-28s %-26s\n", label.c_str(), p.nll_ref, p.nll_kv, p.acc_ref, p.acc_kv,
              with_ci(s.kl_mean, "%.2e").c_str(), with_ci(s.top1, "%.4f").c_str());
-    out.record(Json{{"section", "copy"}, {"config", label}, {"positions", s.positions}, {"nll_ref", p.nll_ref},
+    out.record(Json{{"section", "copy"}, {"config", label}, {"kv", hack::describe(opt)}, {"positions", s.positions}, {"nll_ref", p.nll_ref},
                     {"nll", p.nll_kv}, {"acc_ref", p.acc_ref}, {"acc", p.acc_kv}, {"kl_mean", interval_json(s.kl_mean)},
                     {"top1", interval_json(s.top1)}});
   }
@@ -518,7 +527,8 @@ void run_passkey(const Bench& b, const Output& out, const std::vector<Config>& c
     }
     const double acc = static_cast<double>(total) / (trials * static_cast<double>(lengths.size()));
     out.line(" %10.3f\n", acc);
-    out.record(Json{{"section", "passkey"}, {"config", rows[r].label}, {"trials_per_length", trials},
+    out.record(Json{{"section", "passkey"}, {"config", rows[r].label}, {"kv", hack::describe(rows[r].options)},
+                    {"trials_per_length", trials},
                     {"accuracy_by_length", per_length}, {"accuracy", acc}});
   }
 }
@@ -568,7 +578,8 @@ void run_greedy(const Bench& b, const Output& out, const std::vector<Config>& co
   for (size_t c = 0; c < configs.size(); ++c) {
     const double same = static_cast<double>(identical[c]) / n, common = static_cast<double>(prefix[c]) / n;
     out.line("%-28s %12.3f %18.1f\n", configs[c].label.c_str(), same, common);
-    out.record(Json{{"section", "greedy"}, {"config", configs[c].label}, {"chats", n}, {"identical", same},
+    out.record(Json{{"section", "greedy"}, {"config", configs[c].label}, {"kv", hack::describe(configs[c].options)},
+                    {"chats", n}, {"identical", same},
                     {"common_prefix_tokens", common}, {"ref_tokens_mean", static_cast<double>(ref_tokens) / n}});
   }
 }
@@ -611,6 +622,9 @@ int main(int argc, char** argv) {
     const std::vector<Config> configs = parse_configs(configs_spec, base, ablation);
     const std::vector<std::string> wanted = hack::split_list(sections);
     const auto want = [&](const char* s) { return std::find(wanted.begin(), wanted.end(), s) != wanted.end(); };
+    for (const std::string& w : wanted)
+      HACK_CHECK(std::find(std::begin(kSections), std::end(kSections), w) != std::end(kSections),
+                 "--sections: unknown section '{}' (decode, prefill, copy, passkey, greedy)", w);
 
     const hack::Model model = hack::Model::load(model_dir);
     const hack::Tokenizer tok = hack::Tokenizer::load(model_dir);
@@ -632,8 +646,7 @@ int main(int argc, char** argv) {
     out.line("reference: %s — the same engine, backend and paged cache with fp32 pages; bf16 = %.0f bytes/token\n",
              hack::describe(reference_options()).c_str(), b.bf16_bytes_per_token);
     out.line("text: %s, %zu tokens\n", text_path.c_str(), text.size());
-    for (const Config& c : configs) out.line("  %-28s = %s%s\n", c.label.c_str(), hack::describe(c.options).c_str(),
-                                            c.options.exact_prefill ? "" : " qprefill");
+    for (const Config& c : configs) out.line("  %-28s = %s\n", c.label.c_str(), hack::describe(c.options).c_str());
     out.line("KL, top-1, Δppl: 95%% block-bootstrap CIs (%d-position blocks, %d resamples). closed%% = bytes/token of\n"
              "closed pages, ctx%% = bytes attention reads per token at the window's final context, both vs bf16.\n",
              kBootstrapBlockTokens, kBootstrapResamples);
@@ -650,7 +663,9 @@ int main(int argc, char** argv) {
       out.line("(%s: %.0f s)\n", name, std::chrono::duration<double>(clock::now() - t0).count());
       std::fflush(stdout);
     };
-    const std::vector<Sample> wins = text_windows(text, bos, windows, prefill_tokens, decode_tokens);
+    const std::vector<Sample> wins =
+        want("decode") || want("prefill") ? text_windows(text, bos, windows, prefill_tokens, decode_tokens)
+                                          : std::vector<Sample>{};
     const int window_tokens = prefill_tokens + decode_tokens;
     section("decode", std::to_string(wins.size()) + " windows: prefill " + std::to_string(prefill_tokens) +
                           " (chunks of " + std::to_string(prefill_chunk) + "), then " + std::to_string(decode_tokens) +
@@ -661,7 +676,7 @@ int main(int argc, char** argv) {
                            " tokens prefilled in chunks of " + std::to_string(prefill_chunk) +
                            " with all logits, every position scored",
             [&] { report_distributions(b, out, "prefill", configs, compare(b, Path::prefill, wins, configs), window_tokens); });
-    section("copy", std::to_string(copy_probes_n) + " probes: 256 filler + " + std::to_string(copy_span) +
+    section("copy", std::to_string(copy_probes_n) + " probes: " + std::to_string(kCopyLeadTokens) + " filler + " + std::to_string(copy_span) +
                         " random ids + " + std::to_string(copy_gap) + " filler + the span again, repeat decoded (" +
                         std::to_string(copy_span - 1) + " positions each)",
             [&] {
