@@ -34,6 +34,7 @@
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
 #include "hack/core/read_file.h"
+#include "hack/kv/hack_allocation.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/generation_config.h"
 #include "hack/model/weights.h"
@@ -57,6 +58,7 @@ struct Config {
 };
 
 // One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill",
+// "alloc=FILE" (a per-layer allocation; a later recent= overrides its window),
 // or "bf16" (the fp cache with bf16 pages: what storing exact tokens in bf16 costs, which
 // every HACK config pays for its sinks, open block and recent window). Space or ','
 // separated; unnamed fields keep the defaults of the other flags.
@@ -79,6 +81,11 @@ hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions 
     else if (key == "deq") o.attention = hack::HackAttention::dequantized;
     else if (key == "qprefill") o.exact_prefill = false;
     else if (key == "stochastic") o.rounding = hack::Rounding::stochastic;
+    else if (key == "alloc") {  // a hack_kv.json (hack-calibrate --hack): per-layer bits and its window
+      const hack::HackAllocation a = hack::load_hack_allocation(val);
+      o.layer_bits = a.layers;
+      if (a.recent_tokens) o.recent_tokens = *a.recent_tokens;
+    }
     else if (key == "bf16") {
       o.mode = hack::KvMode::fp;
       o.fp_dtype = hack::DType::bf16;
