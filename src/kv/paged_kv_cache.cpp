@@ -123,6 +123,7 @@ PagedKvCache::~PagedKvCache() {
 }
 
 std::string PagedKvCache::name() const {
+  if (options_.mode == KvMode::hack && !options_.layer_bits.empty()) return "hack-per-layer";
   if (options_.mode == KvMode::hack)
     return options_.k_bits == options_.v_bits ? fmt::format("hack-{}bit", options_.k_bits)
                                               : fmt::format("hack-k{}v{}", options_.k_bits, options_.v_bits);

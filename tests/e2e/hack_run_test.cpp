@@ -126,4 +126,16 @@ TEST_CASE("hack-run --kv hack generates from hack-tiny over closed HACK blocks",
   REQUIRE(!j2["text"].get<std::string>().empty());
   // 8-bit codes move the next-token distribution by KL ~1e-6 here: greedy text is unchanged.
   REQUIRE(j8["ids"] == jfp["ids"]);
+
+  SECTION("a per-layer allocation file is applied, and a bad one is refused by name") {
+    const std::string alloc = (test::fixtures_dir() / "allocations" / "hack-tiny-mixed.hack_kv.json").string();
+    const Result a = run_hack_run(common + " --kv hack --hack-allocation " + alloc);
+    INFO(a.err);
+    REQUIRE(a.exit_code == 0);
+    REQUIRE(a.err.find("hack-per-layer") != std::string::npos);
+    const test::TempFile bad("bad_alloc.json", R"({"format": "hackserve.hack-allocation", "version": 1, "layers": [{"k_bits": 2, "v_bits": 2}]})");
+    const Result b = run_hack_run(common + " --kv hack --hack-allocation " + bad.arg());
+    REQUIRE(b.exit_code != 0);
+    REQUIRE(b.err.find("1 layers, the model 6") != std::string::npos);
+  }
 }

@@ -102,7 +102,7 @@ class PagedKvCache final : public KvCache {
   ~PagedKvCache() override;
 
   const KvShape& shape() const override { return shape_; }
-  /// "hack-2bit", "bf16-paged", "fp32-paged".
+  /// "hack-2bit", "hack-k4v2", "hack-per-layer" (an allocation), "bf16-paged", "fp32-paged".
   std::string name() const override;
   /// Reserves the sequence's worst case in steady state (its HACK or fp pages, one open
   /// block, the sinks) against capacity_bytes; bf16 blocks pending quantization after a

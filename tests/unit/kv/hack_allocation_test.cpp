@@ -64,7 +64,7 @@ TEST_CASE("HACK allocation files round-trip and bad ones are refused by name", "
   }
 }
 
-TEST_CASE("--hack-allocation auto applies the model directory's allocation", "[kv][allocation]") {
+TEST_CASE("the auto allocation flag applies the model directory's allocation", "[kv][allocation]") {
   const TempDir model;
   HackAllocation a;
   a.layers = {{4, 2}, {2, 2}};
