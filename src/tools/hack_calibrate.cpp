@@ -40,6 +40,8 @@ struct CalibrateConfig {
 hack::HackLayerBits parse_bits(const std::string& s, const char* flag) {
   int k = 0, v = 0;
   HACK_CHECK(std::sscanf(s.c_str(), "k%dv%d", &k, &v) == 2, "--{} must look like k4v2, got '{}'", flag, s);
+  for (const int bits : {k, v})
+    HACK_CHECK(bits == 2 || bits == 4 || bits == 8, "--{}: bit widths are 2, 4 or 8, got '{}'", flag, s);
   return {k, v};
 }
 
@@ -71,6 +73,12 @@ int run(int argc, char** argv) {
   HACK_CHECK(!c.model.empty() && !c.text.empty(), "--model and --text are required");
   HACK_CHECK(c.windows > 0 && c.prefill_tokens > 0 && c.decode_tokens > 0, "--windows, --prefill-tokens and "
              "--decode-tokens must be positive");
+  hack::HackBitsSearch search;
+  search.base = parse_bits(c.base, "base");
+  search.upgrade = parse_bits(c.upgrade, "upgrade");
+  HACK_CHECK(c.max_bytes_pct > 0 && c.max_kl >= 0, "--max-bytes-pct must be positive and --max-kl not negative");
+  search.max_bytes_fraction = c.max_bytes_pct / 100.0;
+  search.max_kl = c.max_kl;
   const auto t0 = std::chrono::steady_clock::now();
   const hack::Model model = hack::Model::load(c.model);
   const hack::Tokenizer tokenizer = hack::Tokenizer::load(c.model);
@@ -98,11 +106,6 @@ int run(int argc, char** argv) {
   std::fprintf(stderr, "hack-calibrate: %s, %d windows × (%d prefill + %d decode) tokens of %s; %s\n", c.model.c_str(),
                c.windows, c.prefill_tokens, c.decode_tokens, c.text.c_str(), hack::describe(options).c_str());
   const hack::DecodePathReference reference(*backend, windows, c.prefill_tokens, c.prefill_chunk);
-  hack::HackBitsSearch search;
-  search.base = parse_bits(c.base, "base");
-  search.upgrade = parse_bits(c.upgrade, "upgrade");
-  search.max_bytes_fraction = c.max_bytes_pct / 100.0;
-  search.max_kl = c.max_kl;
   const hack::HackBitsResult r = hack::search_hack_bits(reference, shape, options, search, [](const std::string& line) {
     std::fprintf(stderr, "  %s\n", line.c_str());
   });
