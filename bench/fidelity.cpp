@@ -644,7 +644,7 @@ int main(int argc, char** argv) {
     b.prefill_chunk = prefill_chunk;
     b.eos_ids = hack::merge_eos_ids(cfg.eos_token_ids, hack::load_generation_config(model_dir), tok.eos_id());
     b.vocab = static_cast<size_t>(cfg.vocab_size);
-    b.bf16_bytes_per_token = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2;
+    b.bf16_bytes_per_token = hack::bf16_kv_bytes_per_token(b.shape);
     const Output out{json};
 
     out.line("fidelity: %s (%d layers, %d q / %d kv heads, head_dim %d, vocab %zu), %s threads\n", model_dir.c_str(),

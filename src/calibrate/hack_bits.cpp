@@ -23,8 +23,6 @@ void log_softmax(std::span<const float> logits, std::vector<float>& out) {
 
 KvShape shape_of(const ModelConfig& c) { return {c.num_layers, c.num_kv_heads, c.head_dim, c.group_size()}; }
 
-double bf16_bytes_per_token(const KvShape& s) { return 2.0 * s.num_layers * s.num_kv_heads * s.head_dim * 2.0; }
-
 }  // namespace
 
 DecodePathReference::DecodePathReference(Backend& backend, std::vector<std::vector<int>> windows, int prefill_tokens,
@@ -109,7 +107,7 @@ HackBitsResult search_hack_bits(const DecodePathReference& reference, const KvSh
     return o;
   };
   auto fraction = [&](const std::vector<HackLayerBits>& bits) {
-    return kv_bytes_per_token(shape, with(bits)) / bf16_bytes_per_token(shape);
+    return kv_bytes_per_token(shape, with(bits)) / bf16_kv_bytes_per_token(shape);
   };
   auto measure = [&](const std::vector<HackLayerBits>& bits, const std::string& what) {
     const DecodePathScore s = reference.score(with(bits));

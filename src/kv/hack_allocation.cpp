@@ -35,7 +35,7 @@ HackAllocation load_hack_allocation(const std::string& path) {
                "{}: layers[{}] needs integer k_bits and v_bits", path, l);
     const HackLayerBits b{e["k_bits"].get<int>(), e["v_bits"].get<int>()};
     for (const int bits : {b.k_bits, b.v_bits})
-      HACK_CHECK(bits == 2 || bits == 4 || bits == 8, "{}: layers[{}]: bits must be 2, 4 or 8, got {}", path, l, bits);
+      HACK_CHECK(is_hack_bits(bits), "{}: layers[{}]: bits must be 2, 4 or 8, got {}", path, l, bits);
     a.layers.push_back(b);
   }
   if (j.contains("num_layers"))

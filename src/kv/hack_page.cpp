@@ -61,7 +61,7 @@ int hack_group_for(int dim, int max_group) {
 
 HackPageLayout::HackPageLayout(const HackPageParams& p) {
   for (const int b : {p.k_bits, p.v_bits})
-    HACK_CHECK(b == 2 || b == 4 || b == 8, "HACK page: bit widths must be 2, 4 or 8, got K {} / V {}", p.k_bits,
+    HACK_CHECK(is_hack_bits(b), "HACK page: bit widths must be 2, 4 or 8, got K {} / V {}", p.k_bits,
                p.v_bits);
   HACK_CHECK(p.block_tokens >= 16 && p.block_tokens % 16 == 0 && p.block_tokens <= 4096,
              "HACK page: block tokens must be a multiple of 16 in [16, 4096], got {}", p.block_tokens);

@@ -38,7 +38,7 @@ KvCacheOptions kv_options_from(const KvFlags& c, const std::string& model_dir, i
   o.k_bits = c.hack_k_bits > 0 ? c.hack_k_bits : c.hack_bits;
   o.v_bits = c.hack_v_bits > 0 ? c.hack_v_bits : c.hack_bits;
   for (const int b : {o.k_bits, o.v_bits})
-    HACK_CHECK(b == 2 || b == 4 || b == 8, "--hack-bits / --hack-k-bits / --hack-v-bits must be 2, 4 or 8, got {}", b);
+    HACK_CHECK(is_hack_bits(b), "--hack-bits / --hack-k-bits / --hack-v-bits must be 2, 4 or 8, got {}", b);
   o.block_tokens = c.hack_block;
   o.sinks = c.hack_sinks;
   HACK_CHECK(c.hack_recent >= -1, "--hack-recent must be -1 or a token count, got {}", c.hack_recent);

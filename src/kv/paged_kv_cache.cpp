@@ -870,6 +870,13 @@ std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const Kv
   return std::make_unique<PagedKvCache>(shape, options);
 }
 
+double bf16_kv_bytes_per_token(const KvShape& shape) {
+  KvCacheOptions bf16;
+  bf16.mode = KvMode::fp;
+  bf16.fp_dtype = DType::bf16;
+  return kv_bytes_per_token(shape, bf16);
+}
+
 double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options) {
   if (options.mode == KvMode::fp)
     return static_cast<double>(shape.num_layers) * 2.0 * shape.num_kv_heads * shape.head_dim * static_cast<double>(dtype_size(options.fp_dtype));

@@ -41,7 +41,7 @@ hack::HackLayerBits parse_bits(const std::string& s, const char* flag) {
   int k = 0, v = 0;
   HACK_CHECK(std::sscanf(s.c_str(), "k%dv%d", &k, &v) == 2, "--{} must look like k4v2, got '{}'", flag, s);
   for (const int bits : {k, v})
-    HACK_CHECK(bits == 2 || bits == 4 || bits == 8, "--{}: bit widths are 2, 4 or 8, got '{}'", flag, s);
+    HACK_CHECK(hack::is_hack_bits(bits), "--{}: bit widths are 2, 4 or 8, got '{}'", flag, s);
   return {k, v};
 }
 

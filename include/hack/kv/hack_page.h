@@ -68,6 +68,9 @@ struct HackHeadEntry {
 };
 static_assert(sizeof(HackHeadEntry) == 16);
 
+/// The code widths a HACK page can hold (K and V alike).
+inline bool is_hack_bits(int bits) { return bits == 2 || bits == 4 || bits == 8; }
+
 /// Per-head dims of one layer (FDC gives heads their own; plain models repeat head_dim).
 struct HackHeadDims {
   int k_dim = 0;

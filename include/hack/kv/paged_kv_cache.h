@@ -270,5 +270,7 @@ std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const Kv
 /// KV bytes per token (all layers) of closed blocks for a shape and options, without
 /// building a cache (for tables and the bench).
 double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options);
+/// The same for an uncompressed bf16 cache: what compression ratios are quoted against.
+double bf16_kv_bytes_per_token(const KvShape& shape);
 
 }  // namespace hack

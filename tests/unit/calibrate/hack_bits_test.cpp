@@ -39,7 +39,7 @@ TEST_CASE("the HACK bit search raises the layers that matter within the budget",
   HackBitsSearch search;
   search.base = {2, 2};
   search.upgrade = {8, 8};
-  const double bf16 = 2.0 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2;
+  const double bf16 = bf16_kv_bytes_per_token(shape);
   KvCacheOptions all_up = options;
   all_up.k_bits = all_up.v_bits = 8;
   KvCacheOptions one_up = options;
