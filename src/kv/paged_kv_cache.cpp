@@ -28,12 +28,6 @@ Rounding parse_rounding(std::string_view name) {
   fail("--hack-rounding must be nearest or stochastic, got '{}'", name);
 }
 
-HackAttention parse_hack_attention(std::string_view name) {
-  if (name == "homomorphic") return HackAttention::homomorphic;
-  if (name == "dequantized") return HackAttention::dequantized;
-  fail("HACK attention must be homomorphic or dequantized, got '{}'", name);
-}
-
 std::string_view hack_attention_name(HackAttention attention) {
   return attention == HackAttention::homomorphic ? "homomorphic" : "dequantized";
 }

@@ -76,7 +76,6 @@ KvMode parse_kv_mode(std::string_view name);        ///< "fp" | "hack"
 Rounding parse_rounding(std::string_view name);     ///< "nearest" | "stochastic"
 std::string_view kv_mode_name(KvMode mode);
 std::string_view rounding_name(Rounding rounding);
-HackAttention parse_hack_attention(std::string_view name);  ///< "homomorphic" | "dequantized"
 std::string_view hack_attention_name(HackAttention attention);
 /// One line for logs and quality tables: "hack k2v2 block=64 sinks=4 nearest", "fp f32 block=64".
 std::string describe(const KvCacheOptions& options);
