@@ -200,20 +200,32 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   auto cache = make_paged_kv_cache(shape, mode.options);
   std::mt19937 rng(42);
   for (int s = 0; s < batch; ++s) cache->add_sequence(s, context);
-  fill(*cache, shape, batch, context, rng);
+  fill(*cache, shape, batch, context - 1, rng);
+  // A decode step as the backend runs it: plan the batch's next token, append it in every
+  // layer, then run the plan layer after layer.
+  std::vector<PlanItem> items;
+  for (int s = 0; s < batch; ++s) items.push_back(PlanItem{s, context - 1, 1, s});
+  AttentionPlan plan;
+  cache->plan(items, PlanPolicy{}, plan);
+  {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> k(static_cast<size_t>(8 * 128)), v(k.size());
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    for (int s = 0; s < batch; ++s)
+      for (int l = 0; l < r.layers; ++l) cache->append(l, s, context - 1, 1, k.data(), v.data());
+  }
 
   const size_t q_floats = 32 * 128;
   std::vector<float> q(static_cast<size_t>(batch) * q_floats), out(q.size());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& x : q) x = normal(rng);
-  std::vector<DecodeQuery> queries;
-  for (int s = 0; s < batch; ++s)
-    queries.push_back({s, q.data() + static_cast<size_t>(s) * q_floats, out.data() + static_cast<size_t>(s) * q_floats});
   r.kv_bytes = 0;
   for (int s = 0; s < batch; ++s) r.kv_bytes += static_cast<double>(cache->attend_bytes(s, 0));
-  DecodeWorkspace ws;
+  AttentionWorkspace ws;
   const float scale = 1.0f / std::sqrt(128.0f);
-  for (int l = 0; l < r.layers; ++l) cache->attend_decode(pool, l, queries, scale, ws);  // warm up
+  auto step = [&](int layer) { cache->run(plan, layer, q.data(), q_floats, out.data(), q_floats, scale, pool, ws); };
+  for (int l = 0; l < r.layers; ++l) step(l);  // warm up
   // Best of 7 trials, each cycling all layers for min_time/7: on a shared machine the best
   // trial is the one least disturbed by other processes (the bandwidth is measured alike).
   double best = 1e30;
@@ -222,7 +234,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
     const auto t0 = Clock::now();
     double elapsed = 0;
     while (elapsed < args.min_time_s / 7 || steps < r.layers) {
-      cache->attend_decode(pool, steps % r.layers, queries, scale, ws);
+      step(steps % r.layers);
       ++steps;
       elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     }

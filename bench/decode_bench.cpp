@@ -1,7 +1,9 @@
 // bench/decode_bench: prefill and decode tokens/s of the CPU backend, and the weight
 // streaming bandwidth decode achieves against the machine's measured read bandwidth.
 //   decode_bench (--model DIR | --synthetic NAME) [--threads 1,2] [--prompt-tokens 128]
-//                [--decode-tokens 32] [--batch 1] [--dtype bf16] [--json]
+//                [--decode-tokens 32] [--batch 1] [--dtype bf16] [--kv fp --kv-dtype f32 | --kv hack ...] [--json]
+// The engine, backend and paged cache are those hack-run and the nodes serve with (the
+// attention plan per step); the cache defaults to fp32 pages, the other KV flags as hack-run's.
 // Decode is memory-bound: time per step >= weight bytes / read bandwidth (DESIGN.md §6),
 // so "achieved GB/s" = weight bytes per step / seconds per step.
 #include <chrono>
@@ -17,7 +19,7 @@
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
 #include "hack/core/membw.h"
-#include "hack/kv/fp_kv_cache.h"
+#include "hack/kv/kv_flags.h"
 #include "hack/model/weights.h"
 
 namespace {
@@ -43,6 +45,10 @@ int main(int argc, char** argv) {
   flags.add_int("batch", &batch, "sequences decoded together");
   flags.add_string("dtype", &dtype_name, "synthetic weight type: bf16, f16 or f32");
   flags.add_bool("json", &json, "JSON lines output");
+  hack::KvFlags kv_flags;
+  kv_flags.kv = "fp";
+  kv_flags.kv_dtype = "f32";
+  hack::add_kv_flags(flags, kv_flags);
   std::vector<int> threads_list;
   try {
     if (!flags.parse(argc, argv)) return 0;
@@ -60,11 +66,12 @@ int main(int argc, char** argv) {
     const double load_s = seconds_since(t_load);
     const std::string name = model_dir.empty() ? synthetic : model_dir;
     const hack::ModelConfig& cfg = model.config;
+    const hack::KvCacheOptions kv_options = hack::kv_options_from(kv_flags, model_dir, cfg.num_layers);
     const double weight_gb = static_cast<double>(model.weight_bytes()) / 1e9;
     if (!json) {
       std::printf("model %s: %d layers, hidden %d, %lld params, %.3f GB weights (loaded in %.1f s)\n", name.c_str(),
                   cfg.num_layers, cfg.hidden_size, static_cast<long long>(cfg.parameter_count()), weight_gb, load_s);
-      std::printf("cpu: %s\n", hack::cpu_features().describe().c_str());
+      std::printf("cpu: %s\nkv: %s\n", hack::cpu_features().describe().c_str(), hack::describe(kv_options).c_str());
     }
     std::mt19937 rng(7);
     std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
@@ -72,10 +79,8 @@ int main(int argc, char** argv) {
     for (int threads : threads_list) {
       hack::ThreadPool pool(threads);
       const double membw = hack::measure_read_bandwidth_gbs(pool, size_t{1} << 30, 3);
-      auto backend = hack::make_cpu_backend(model, pool);
-      hack::KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
-      hack::FpKvCache kv(shape);
-      hack::Engine engine(*backend, kv);
+      hack::CpuEngine cpu = hack::make_cpu_engine(model, pool, kv_options);
+      hack::Engine& engine = *cpu.engine;
       std::vector<int> seqs;
       for (int b = 0; b < batch; ++b) {
         engine.add_sequence(b, prompt_tokens + decode_tokens + 1);

@@ -132,7 +132,8 @@ hack::KvCacheOptions reference_options() {
 
 // What every run shares: the model, its tokenizer and the engine's chunking.
 struct Bench {
-  hack::Backend& backend;
+  const hack::Model& model;
+  hack::ThreadPool& pool;
   const hack::Tokenizer& tok;
   hack::KvShape shape;
   int prefill_chunk = 512;
@@ -176,8 +177,8 @@ enum class Path { decode, prefill };
 //         rows predict tokens[n_prefill + 1, n).
 // prefill: tokens[0, n − 1) prefilled with all_logits; rows predict tokens[1, n).
 Run run_path(const Bench& b, const hack::KvCacheOptions& opt, Path path, std::span<const int> tokens, int n_prefill) {
-  auto kv = hack::make_paged_kv_cache(b.shape, opt);
-  hack::Engine engine(b.backend, *kv, hack::EngineOptions{b.prefill_chunk});
+  hack::CpuEngine e = hack::make_cpu_engine(b.model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
+  hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(tokens.size()));
   Run run;
   run.logprobs.vocab = b.vocab;
@@ -195,14 +196,14 @@ Run run_path(const Bench& b, const hack::KvCacheOptions& opt, Path path, std::sp
       run.logprobs.data.insert(run.logprobs.data.end(), logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(b.vocab));
     }
   }
-  run.attend_bytes_per_token = attend_bytes_per_token(*kv, 0, b.shape.num_layers);
+  run.attend_bytes_per_token = attend_bytes_per_token(*e.kv, 0, b.shape.num_layers);
   return run;
 }
 
 // Greedy continuation (stops at EOS or max_tokens).
 std::vector<int> greedy(const Bench& b, const hack::KvCacheOptions& opt, std::span<const int> prompt, int max_tokens) {
-  auto kv = hack::make_paged_kv_cache(b.shape, opt);
-  hack::Engine engine(b.backend, *kv, hack::EngineOptions{b.prefill_chunk});
+  hack::CpuEngine e = hack::make_cpu_engine(b.model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
+  hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(prompt.size()) + max_tokens);
   hack::SamplingParams sp;
   sp.temperature = 0;
@@ -639,8 +640,7 @@ int main(int argc, char** argv) {
     const int bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id();
     const std::vector<int> text = tok.encode(hack::read_file(text_path, "text"), false);
     hack::ThreadPool pool(threads);
-    auto backend = hack::make_cpu_backend(model, pool);
-    Bench b{*backend, tok, hack::KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}};
+    Bench b{model, pool, tok, hack::KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}};
     b.prefill_chunk = prefill_chunk;
     b.eos_ids = hack::merge_eos_ids(cfg.eos_token_ids, hack::load_generation_config(model_dir), tok.eos_id());
     b.vocab = static_cast<size_t>(cfg.vocab_size);

@@ -8,8 +8,8 @@
 
 namespace hack {
 
-Engine::Engine(Backend& backend, KvCache& kv, EngineOptions options)
-    : backend_(backend), kv_(kv), options_(options) {
+Engine::Engine(Backend& backend, EngineOptions options)
+    : backend_(backend), kv_(backend.kv()), options_(options) {
   HACK_CHECK(options_.prefill_chunk_tokens > 0, "prefill_chunk_tokens must be positive");
 }
 
@@ -17,6 +17,15 @@ void Engine::add_sequence(int seq_id, int max_tokens) {
   HACK_CHECK(!positions_.contains(seq_id), "sequence {} already exists", seq_id);
   kv_.add_sequence(seq_id, max_tokens);
   positions_[seq_id] = 0;
+}
+
+CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options, EngineOptions options) {
+  const ModelConfig& c = model.config;
+  CpuEngine e;
+  e.kv = make_paged_kv_cache(KvShape{c.num_layers, c.num_kv_heads, c.head_dim, c.group_size()}, kv_options);
+  e.backend = make_cpu_backend(model, pool, *e.kv);
+  e.engine = std::make_unique<Engine>(*e.backend, options);
+  return e;
 }
 
 std::string_view finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }
@@ -59,7 +68,7 @@ void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>
     const bool last_chunk = done + n == tokens.size();
     LayerDoneFn layer_done;
     if (on_layer_done) layer_done = [&](int layer) { on_layer_done(layer, last_chunk); };
-    backend_.forward(std::span<const SequenceChunk>(&c, 1), kv_, chunk_logits, layer_done);
+    backend_.forward(std::span<const SequenceChunk>(&c, 1), chunk_logits, layer_done);
     if (all_logits) std::copy(chunk_logits.begin(), chunk_logits.end(), logits.begin() + static_cast<std::ptrdiff_t>(done * vocab));
     pos += static_cast<int>(n);
     done += n;
@@ -74,7 +83,7 @@ void Engine::decode(std::span<const int> seq_ids, std::span<const int> tokens, s
   for (size_t i = 0; i < seq_ids.size(); ++i) {
     chunks_.push_back(SequenceChunk{seq_ids[i], position(seq_ids[i]), tokens.subspan(i, 1), false});
   }
-  backend_.forward(chunks_, kv_, logits);
+  backend_.forward(chunks_, logits);
   for (int id : seq_ids) ++positions_.at(id);
 }
 
@@ -96,12 +105,9 @@ GenerationResult generate(Engine& engine, int seq_id, std::span<const int> promp
 
   clock::time_point t_first;
   for (int i = 0; i < params.max_tokens; ++i) {
-    if (i < params.min_tokens) {
-      // Like HF min_new_tokens and vLLM min_tokens: ending tokens cannot be chosen yet.
-      for (int id : eos_ids) logits[static_cast<size_t>(id)] = -INFINITY;
-      for (int id : params.stop_token_ids) logits[static_cast<size_t>(id)] = -INFINITY;
-    }
-    SampleResult s = sampler.sample(std::span<float>(logits.data(), static_cast<size_t>(vocab)));
+    const std::span<float> row(logits.data(), static_cast<size_t>(vocab));
+    suppress_ending_tokens(row, params, eos_ids, i);
+    SampleResult s = sampler.sample(row);
     if (i == 0) {
       t_first = clock::now();
       result.stats.first_token_s = std::chrono::duration<double>(t_first - t_start).count();

@@ -21,13 +21,11 @@ void log_softmax(std::span<const float> logits, std::vector<float>& out) {
   for (float& v : out) v -= lse;
 }
 
-KvShape shape_of(const ModelConfig& c) { return {c.num_layers, c.num_kv_heads, c.head_dim, c.group_size()}; }
-
 }  // namespace
 
-DecodePathReference::DecodePathReference(Backend& backend, std::vector<std::vector<int>> windows, int prefill_tokens,
-                                         int prefill_chunk)
-    : backend_(backend), windows_(std::move(windows)), prefill_tokens_(prefill_tokens), prefill_chunk_(prefill_chunk) {
+DecodePathReference::DecodePathReference(const Model& model, ThreadPool& pool, std::vector<std::vector<int>> windows,
+                                         int prefill_tokens, int prefill_chunk)
+    : model_(model), pool_(pool), windows_(std::move(windows)), prefill_tokens_(prefill_tokens), prefill_chunk_(prefill_chunk) {
   HACK_CHECK(!windows_.empty(), "calibration: no windows");
   for (const auto& w : windows_)
     HACK_CHECK(static_cast<int>(w.size()) > prefill_tokens_ + 1 && prefill_tokens_ > 0,
@@ -51,11 +49,11 @@ DecodePathReference::DecodePathReference(Backend& backend, std::vector<std::vect
 // predicting window[P], ..., window[end−1] (the first from the prefill's last logits).
 std::vector<std::vector<float>> DecodePathReference::run(const KvCacheOptions& options,
                                                          const std::vector<int>& window) const {
-  auto kv = make_paged_kv_cache(shape_of(backend_.config()), options);
-  Engine engine(backend_, *kv, EngineOptions{prefill_chunk_});
+  CpuEngine run = make_cpu_engine(model_, pool_, options, EngineOptions{prefill_chunk_});
+  Engine& engine = *run.engine;
   const int seq = 0;
   engine.add_sequence(seq, static_cast<int>(window.size()));
-  const size_t vocab = static_cast<size_t>(backend_.config().vocab_size);
+  const size_t vocab = static_cast<size_t>(model_.config.vocab_size);
   std::vector<float> logits;
   engine.prefill(seq, std::span<const int>(window.data(), static_cast<size_t>(prefill_tokens_)), logits);
   std::vector<std::vector<float>> out;

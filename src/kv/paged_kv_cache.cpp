@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 
 #include "hack/core/error.h"
 
@@ -340,30 +341,36 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
   }
 }
 
-template <class Fn>
-void PagedKvCache::for_each_segment(const LayerPages& lp, int end, Fn&& fn) const {
+void PagedKvCache::list_segments(int length, int closed_pages, std::vector<PlanSegment>& out) const {
   const int T = options_.block_tokens;
-  const int stored = std::min(end, lp.length);
   if (options_.mode == KvMode::fp) {
-    for (size_t i = 0; i < lp.pages.size() && static_cast<int>(i) * T < stored; ++i) {
-      const int first = static_cast<int>(i) * T;
-      fn(Segment{first, std::min(T, lp.length - first), false, lp.pages[i].data, T});
-    }
+    for (int i = 0; i * T < length; ++i) out.push_back({i * T, std::min(T, length - i * T), SegmentSlot::closed, i});
     return;
   }
   const int S = options_.sinks;
-  if (S > 0 && stored > 0) fn(Segment{0, std::min(S, lp.length), false, lp.sink.data, S});
-  for (size_t i = 0; i < lp.pages.size(); ++i) {
-    const int first = S + static_cast<int>(i) * T;
-    if (first >= stored) return;
-    fn(Segment{first, T, true, lp.pages[i].data, T});
+  if (S > 0 && length > 0) out.push_back({0, std::min(S, length), SegmentSlot::sinks, 0});
+  const int full = full_blocks(length);
+  for (int b = 0; b < full; ++b) {
+    const bool closed = b < closed_pages;
+    out.push_back({S + b * T, T, closed ? SegmentSlot::closed : SegmentSlot::pending, closed ? b : b - closed_pages});
   }
-  int first = S + static_cast<int>(lp.pages.size()) * T;
-  for (size_t i = 0; i < lp.pending.size(); ++i, first += T) {
-    if (first >= stored) return;
-    fn(Segment{first, T, false, lp.pending[i].data, T});
+  const int first = S + full * T;
+  if (first < length) out.push_back({first, length - first, SegmentSlot::open, 0});
+}
+
+PagedKvCache::Segment PagedKvCache::resolve(const LayerPages& lp, const PlanSegment& s) const {
+  const int T = options_.block_tokens;
+  switch (s.slot) {
+    case SegmentSlot::sinks:
+      return {s.first_token, s.tokens, false, lp.sink.data, options_.sinks};
+    case SegmentSlot::closed:
+      return {s.first_token, s.tokens, options_.mode == KvMode::hack, lp.pages[static_cast<size_t>(s.index)].data, T};
+    case SegmentSlot::pending:
+      return {s.first_token, s.tokens, false, lp.pending[static_cast<size_t>(s.index)].data, T};
+    case SegmentSlot::open:
+      break;
   }
-  if (first < stored) fn(Segment{first, lp.length - first, false, lp.open.data, T});
+  return {s.first_token, s.tokens, false, lp.open.data, T};
 }
 
 cpu::ExactHeadView PagedKvCache::exact_view(const Segment& seg, int kv_head) const {
@@ -427,20 +434,21 @@ size_t PagedKvCache::attend_scratch_floats(int n_tokens, int) const {
   return align16(rows * d) * 2 + align16(rows) * 3 + work_floats() + 16;
 }
 
-void PagedKvCache::attend_rows(const LayerPages& lp, int end, int head_begin, int head_end, int start_pos,
-                               int n_tokens, const cpu::AttentionRows* rows, int seg_begin, int seg_end,
-                               float* work) const {
+void PagedKvCache::attend_segments(const LayerPages& lp, std::span<const PlanSegment> segments, const int* selection,
+                                   int seg_begin, int seg_end, int head_begin, int head_end, int start_pos,
+                                   int n_tokens, const cpu::AttentionRows* rows, float* work) const {
   const int G = shape_.group_size;
+  auto segment = [&](int i) { return resolve(lp, segments[static_cast<size_t>(selection ? selection[i] : i)]); };
   // Segments are visited in position order and, inside one, every head in turn, so a page
   // is read front to back. The next segment is prefetched while this one computes: a HACK
   // kernel spreads prefetches of the next page's section of its head over its work; exact
   // segments get their first lines requested here.
-  const Segment* prev = nullptr;
-  Segment held;
-  auto run = [&](const Segment& seg, const Segment* next) {
+  for (int i = seg_begin; i < seg_end; ++i) {
+    const Segment seg = segment(i);
+    const std::optional<Segment> next = i + 1 < seg_end ? std::optional<Segment>(segment(i + 1)) : std::nullopt;
     // Rows of tokens at positions >= seg.first_token see part of the segment.
     const int t0 = std::max(0, seg.first_token - start_pos);
-    if (t0 >= n_tokens) return;
+    if (t0 >= n_tokens) continue;
     const size_t r0 = static_cast<size_t>(t0) * static_cast<size_t>(G);
     for (int h = head_begin; h < head_end; ++h) {
       const cpu::AttentionRows& rh = rows[h - head_begin];
@@ -456,14 +464,14 @@ void PagedKvCache::attend_rows(const LayerPages& lp, int end, int head_begin, in
       sub.max = rh.max + r0;
       sub.sum = rh.sum + r0;
       sub.acc = rh.acc + r0 * static_cast<size_t>(rh.v_dim);
-      if (next != nullptr && !next->quantized) {
+      if (next && !next->quantized) {
         const cpu::ExactHeadView v = exact_view(*next, h);
         for (const void* base : {v.k, v.v})
           for (size_t off = 0; off < 1024; off += 64) _mm_prefetch(static_cast<const char*>(base) + off, _MM_HINT_T0);
       }
       if (seg.quantized) {
         cpu::HackHeadView view = hack_view(lp.layer, seg.data, h);
-        if (next != nullptr && next->quantized) {
+        if (next && next->quantized) {
           const HackHeadLayout& hl = layouts_[static_cast<size_t>(lp.layer)].head(h);
           view.prefetch = next->data + hl.offset;
           view.prefetch_bytes = hl.bytes;
@@ -477,17 +485,7 @@ void PagedKvCache::attend_rows(const LayerPages& lp, int end, int head_begin, in
         kernels_->exact_block(exact_view(seg, h), sub, work);
       }
     }
-  };
-  // Segments run one behind the enumeration so the next one is known.
-  int index = 0;
-  for_each_segment(lp, end, [&](const Segment& seg) {
-    const int i = index++;
-    if (i < seg_begin || i >= seg_end) return;
-    if (prev != nullptr) run(*prev, &seg);
-    held = seg;
-    prev = &held;
-  });
-  if (prev != nullptr) run(*prev, nullptr);
+  }
 }
 
 void PagedKvCache::attend_dequantized(int layer, const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
@@ -537,7 +535,10 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
     }
   const cpu::AttentionRows rows{static_cast<int>(rows_n), d, d, qs, visible, mx, sum, acc};
   cpu::attention_rows_reset(rows);
-  attend_rows(lp, start_pos + n_tokens, kv_head, kv_head + 1, start_pos, n_tokens, &rows, 0, 1 << 30, work);
+  std::vector<PlanSegment> segments;  // the reference path may allocate
+  list_segments(start_pos + n_tokens, static_cast<int>(lp.pages.size()), segments);
+  attend_segments(lp, segments, nullptr, 0, static_cast<int>(segments.size()), kv_head, kv_head + 1, start_pos, n_tokens,
+                  &rows, work);
   for (int t = 0; t < n_tokens; ++t) {
     cpu::AttentionRows tr = rows;
     tr.n = G;
@@ -548,98 +549,167 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
   }
 }
 
-void PagedKvCache::attend_decode(ThreadPool& pool, int layer, std::span<const DecodeQuery> queries, float scale,
-                                 DecodeWorkspace& workspace) const {
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
-  if (queries.empty()) return;
-  const int H = shape_.num_kv_heads, G = shape_.group_size, d = shape_.head_dim;
-  const size_t ud = static_cast<size_t>(d), uG = static_cast<size_t>(G), uH = static_cast<size_t>(H);
-  // Tasks: (query, segment range) with all heads, so each thread streams through whole
-  // pages; a sequence's segments are split so there are ~2 tasks per thread. Task t is
-  // ints[3t .. 3t+3) = query, first segment, end segment.
-  std::vector<const void*>& lps = workspace.layers;
-  std::vector<int>& ints = workspace.ints;
-  lps.clear();
-  ints.clear();
-  const size_t target = static_cast<size_t>(pool.size()) * 2;
-  const int splits_wanted = static_cast<int>((target + queries.size() - 1) / queries.size());
-  // Sized for the most tasks this batch size can make, so later steps never grow it.
-  const size_t max_tasks = queries.size() * static_cast<size_t>(splits_wanted);
-  ints.reserve(3 * max_tasks);
-  lps.reserve(queries.size());
-  for (size_t i = 0; i < queries.size(); ++i) {
-    const LayerPages& lp = get(queries[i].seq_id).layers[static_cast<size_t>(layer)];
-    HACK_CHECK(lp.length > 0, "sequence {} layer {}: nothing stored to attend to", queries[i].seq_id, layer);
-    lps.push_back(&lp);
-    int n = 0;
-    for_each_segment(lp, lp.length, [&](const Segment&) { ++n; });
-    const int splits = std::clamp(splits_wanted, 1, std::max(1, n / 4));
-    for (int s = 0; s < splits; ++s) ints.insert(ints.end(), {static_cast<int>(i), n * s / splits, n * (s + 1) / splits});
+void PagedKvCache::plan(std::span<const PlanItem> items, const PlanPolicy& policy, AttentionPlan& plan) const {
+  const int H = shape_.num_kv_heads;
+  plan.clear();
+  plan.num_kv_heads = H;
+  plan.group_size = shape_.group_size;
+  plan.k_dims.resize(static_cast<size_t>(shape_.num_layers * H));
+  plan.v_dims.resize(plan.k_dims.size());
+  for (int l = 0; l < shape_.num_layers; ++l)
+    for (int h = 0; h < H; ++h) {
+      const size_t at = static_cast<size_t>(l * H + h);
+      plan.k_dims[at] = options_.mode == KvMode::hack ? layouts_[static_cast<size_t>(l)].head(h).k_dim : shape_.head_dim;
+      plan.v_dims[at] = options_.mode == KvMode::hack ? layouts_[static_cast<size_t>(l)].head(h).v_dim : shape_.head_dim;
+    }
+  const int T = options_.block_tokens;
+  for (const PlanItem& in : items) {
+    for (const PlanItem& seen : plan.items)
+      HACK_CHECK(seen.seq_id != in.seq_id, "attention plan: sequence {} appears twice in one step", in.seq_id);
+    const Sequence& s = get(in.seq_id);
+    const LayerPages& lp = s.layers.front();
+    HACK_CHECK(in.n_tokens > 0 && in.start_pos == lp.length,
+               "sequence {}: a chunk of {} tokens at {} but {} are stored", in.seq_id, in.n_tokens, in.start_pos,
+               lp.length);
+    HACK_CHECK(in.start_pos + in.n_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}", in.seq_id,
+               in.start_pos + in.n_tokens, s.max_tokens);
+    // The closed pages after the step's append: append quantizes the pending blocks that
+    // have left the recent window (as of the length before it) unless a prefill is open.
+    int closed = static_cast<int>(lp.pages.size());
+    if (options_.mode == KvMode::hack && !s.prefilling) {
+      const int window_end = in.start_pos - options_.recent_tokens - options_.sinks;
+      if (window_end >= 0) closed = std::max(closed, window_end / T);
+    }
+    PlanItem item = in;
+    item.closed_pages = closed;
+    plan.items.push_back(item);
+    list_segments(in.start_pos + in.n_tokens, closed, plan.segments);
+    plan.segment_offsets.push_back(static_cast<int>(plan.segments.size()));
   }
-  const size_t n_tasks = ints.size() / 3;
+  build_plan_tasks(plan, policy);
+}
 
-  // Workspace: per task and head the state [G] max, [G] sum, [G] visible, [G·d] acc; per
-  // thread the scaled q of all heads and the kernel work area.
-  const size_t head_state = align16(3 * uG) + align16(uG * ud);
-  const size_t task_floats = uH * head_state;
-  const size_t thread_floats = align16(uH * uG * ud) + work_floats();
-  const size_t need = max_tasks * task_floats + static_cast<size_t>(pool.size()) * thread_floats + 16;
-  if (workspace.floats.size() < need) workspace.floats.resize(need);
-  float* state_base = workspace.floats.data();
-  float* thread_base = state_base + max_tasks * task_floats;
-  auto head_rows = [&](size_t task, int h, const float* qs) {
-    float* st = state_base + task * task_floats + static_cast<size_t>(h) * head_state;
-    return cpu::AttentionRows{G, d, d, qs, reinterpret_cast<int*>(st + 2 * uG), st, st + uG, st + align16(3 * uG)};
+void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, size_t q_stride, float* out,
+                       size_t out_stride, float scale, ThreadPool& pool, AttentionWorkspace& ws) const {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
+  HACK_CHECK(plan.num_kv_heads == shape_.num_kv_heads && plan.group_size == shape_.group_size,
+             "attention plan for {} KV heads × {} does not fit the cache's {} × {}", plan.num_kv_heads, plan.group_size,
+             shape_.num_kv_heads, shape_.group_size);
+  if (plan.tasks.empty()) return;
+  // The plan was made before the step's appends; check this layer now holds what it says.
+  ws.layers.resize(plan.items.size());
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    const PlanItem& it = plan.items[i];
+    const LayerPages& lp = get(it.seq_id).layers[static_cast<size_t>(layer)];
+    HACK_CHECK(lp.length == it.start_pos + it.n_tokens &&
+                   (options_.mode == KvMode::fp || static_cast<int>(lp.pages.size()) == it.closed_pages),
+               "sequence {} layer {}: holds {} tokens in {} closed pages, the step's plan expects {} in {}", it.seq_id,
+               layer, lp.length, lp.pages.size(), it.start_pos + it.n_tokens, it.closed_pages);
+    ws.layers[i] = &lp;
+  }
+  const int H = shape_.num_kv_heads, G = shape_.group_size;
+  const size_t d = static_cast<size_t>(shape_.head_dim);
+  const int v_dim = plan.max_v_dim();
+  const size_t q_floats = align16(static_cast<size_t>(plan.max_task_rows) * d);
+  const size_t thread_floats = q_floats + work_floats();
+  const size_t need = plan.state_floats + static_cast<size_t>(pool.size()) * thread_floats + 16;
+  if (ws.floats.size() < need) ws.floats.resize(need);
+  float* state_base = ws.floats.data();
+  float* thread_base = state_base + plan.state_floats;
+
+  // Rows of head h of a task: n_rows·G query rows, state inside the task's state block.
+  auto head_rows = [&](const PlanTask& t, int h, const float* qs) {
+    const int n = t.n_rows * G;
+    float* st = state_base + t.state + static_cast<size_t>(h - t.head_begin) * plan_head_state_floats(n, v_dim);
+    const size_t un = static_cast<size_t>(n);
+    return cpu::AttentionRows{n, static_cast<int>(d), static_cast<int>(d), qs, reinterpret_cast<int*>(st + 2 * un),
+                              st, st + un, st + align16(3 * un)};
+  };
+  // Tasks that differ only in their segment range form one group, merged in order.
+  auto same_group = [&](size_t a, size_t b) {
+    const PlanTask &x = plan.tasks[a], &y = plan.tasks[b];
+    return x.item == y.item && x.head_begin == y.head_begin && x.row_begin == y.row_begin;
+  };
+  auto finish = [&](const PlanTask& t, const cpu::AttentionRows& rows, int h) {
+    const PlanItem& it = plan.items[static_cast<size_t>(t.item)];
+    for (int r = 0; r < t.n_rows; ++r) {
+      cpu::AttentionRows tr = rows;
+      const size_t at = static_cast<size_t>(r) * static_cast<size_t>(G);
+      tr.n = G;
+      tr.max = rows.max + at;
+      tr.sum = rows.sum + at;
+      tr.acc = rows.acc + at * static_cast<size_t>(rows.v_dim);
+      float* dst = out + static_cast<size_t>(it.row + t.row_begin + r) * out_stride +
+                   static_cast<size_t>(h) * static_cast<size_t>(G) * d;
+      cpu::attention_rows_finish(tr, dst, d);
+    }
   };
 
   // One captured pointer keeps the std::function of pool.run in its small buffer (no heap).
   struct Context {
     const PagedKvCache* self;
-    std::span<const DecodeQuery> queries;
-    const std::vector<const void*>* lps;
-    const int* tasks;
-    size_t n_tasks, thread_floats, q_floats;
+    const AttentionPlan* plan;
+    const AttentionWorkspace* ws;
+    const float* q;
+    size_t q_stride, thread_floats, q_floats;
     float* thread_base;
     float scale;
-    int H;
     const decltype(head_rows)* rows_of;
+    const decltype(same_group)* same_group_of;
+    const decltype(finish)* finish_of;
     std::atomic<size_t> next{0};
-  } ctx{this, queries, &lps, ints.data(), n_tasks, thread_floats, uH * uG * ud, thread_base, scale, H, &head_rows};
+  } ctx{this, &plan, &ws, q, q_stride, thread_floats, q_floats, thread_base, scale, &head_rows, &same_group, &finish};
   pool.run([c = &ctx](int thread, int) {
+    const AttentionPlan& p = *c->plan;
+    const int Gc = p.group_size;
+    const size_t dc = static_cast<size_t>(c->self->shape_.head_dim);
     float* qs = c->thread_base + static_cast<size_t>(thread) * c->thread_floats;
-    float* work = qs + align16(c->q_floats);
-    int loaded = -1;  // query whose scaled q is in qs
+    float* work = qs + c->q_floats;
     cpu::AttentionRows rows[kMaxDecodeHeads];
     for (;;) {
-      const size_t t = c->next.fetch_add(1, std::memory_order_relaxed);
-      if (t >= c->n_tasks) return;
-      const int* task = c->tasks + 3 * t;
-      if (task[0] != loaded) {
-        const float* src = c->queries[static_cast<size_t>(task[0])].q;
-        for (size_t i = 0; i < c->q_floats; ++i) qs[i] = src[i] * c->scale;
-        loaded = task[0];
-      }
-      const LayerPages& lp = *static_cast<const LayerPages*>((*c->lps)[static_cast<size_t>(task[0])]);
+      const size_t ti = c->next.fetch_add(1, std::memory_order_relaxed);
+      if (ti >= p.tasks.size()) return;
+      const PlanTask& t = p.tasks[ti];
+      const PlanItem& it = p.items[static_cast<size_t>(t.item)];
+      const LayerPages& lp = *static_cast<const LayerPages*>(c->ws->layers[static_cast<size_t>(t.item)]);
+      const std::span<const PlanSegment> segments = p.segments_of(t.item);
+      const std::span<const int> sel = p.selection_of(t.item, t.head_begin);
+      const int* selection = t.head_end - t.head_begin == 1 && !sel.empty() ? sel.data() : nullptr;
+      const bool alone = (ti == 0 || !(*c->same_group_of)(ti - 1, ti)) &&
+                         (ti + 1 == p.tasks.size() || !(*c->same_group_of)(ti, ti + 1));
       // Heads in groups of kMaxDecodeHeads (all of them for usual models).
-      for (int h0 = 0; h0 < c->H; h0 += kMaxDecodeHeads) {
-        const int h1 = std::min(c->H, h0 + kMaxDecodeHeads);
+      for (int h0 = t.head_begin; h0 < t.head_end; h0 += kMaxDecodeHeads) {
+        const int h1 = std::min(t.head_end, h0 + kMaxDecodeHeads);
         for (int h = h0; h < h1; ++h) {
-          rows[h - h0] = (*c->rows_of)(t, h, qs + static_cast<size_t>(h) * (c->q_floats / static_cast<size_t>(c->H)));
+          // Scaled q of head h's rows: [n_rows][G][d], from the batch rows of the item.
+          float* qh = qs + static_cast<size_t>(h - h0) * static_cast<size_t>(t.n_rows * Gc) * dc;
+          for (int r = 0; r < t.n_rows; ++r) {
+            const float* src = c->q + static_cast<size_t>(it.row + t.row_begin + r) * c->q_stride +
+                               static_cast<size_t>(h * Gc) * dc;
+            float* dst = qh + static_cast<size_t>(r * Gc) * dc;
+            for (size_t i = 0; i < static_cast<size_t>(Gc) * dc; ++i) dst[i] = src[i] * c->scale;
+          }
+          rows[h - h0] = (*c->rows_of)(t, h, qh);
           cpu::attention_rows_reset(rows[h - h0]);
         }
-        c->self->attend_rows(lp, lp.length, h0, h1, lp.length - 1, 1, rows, task[1], task[2], work);
+        c->self->attend_segments(lp, segments, selection, t.seg_begin, t.seg_end, h0, h1, it.start_pos + t.row_begin,
+                                 t.n_rows, rows, work);
+        if (alone)
+          for (int h = h0; h < h1; ++h) (*c->finish_of)(t, rows[h - h0], h);
       }
     }
   });
-  // Merge the splits of each query in task order and write the output.
-  for (size_t t = 0; t < n_tasks;) {
-    const int query = ints[3 * t];
+  // Merge the splits of each group in task order and write their output.
+  for (size_t t = 0; t < plan.tasks.size();) {
     size_t u = t + 1;
-    while (u < n_tasks && ints[3 * u] == query) ++u;
-    for (int h = 0; h < H; ++h) {
-      const cpu::AttentionRows dst = head_rows(t, h, nullptr);
-      for (size_t v = t + 1; v < u; ++v) cpu::attention_rows_merge(dst, head_rows(v, h, nullptr));
-      cpu::attention_rows_finish(dst, queries[static_cast<size_t>(query)].out + static_cast<size_t>(h) * uG * ud, ud);
+    while (u < plan.tasks.size() && same_group(t, u)) ++u;
+    if (u - t > 1) {
+      const PlanTask& first = plan.tasks[t];
+      for (int h = first.head_begin; h < first.head_end; ++h) {
+        const cpu::AttentionRows dst = head_rows(first, h, nullptr);
+        for (size_t v = t + 1; v < u; ++v) cpu::attention_rows_merge(dst, head_rows(plan.tasks[v], h, nullptr));
+        finish(first, dst, h);
+      }
     }
     t = u;
   }
@@ -803,10 +873,12 @@ size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   const size_t exact_token = 2 * static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim) *
                              exact_elem_bytes_;
+  std::vector<PlanSegment> segments;
+  list_segments(lp.length, static_cast<int>(lp.pages.size()), segments);
   size_t bytes = 0;
-  for_each_segment(lp, lp.length, [&](const Segment& seg) {
-    bytes += seg.quantized ? pages_of(layer).page_bytes() : static_cast<size_t>(seg.tokens) * exact_token;
-  });
+  for (const PlanSegment& s : segments)
+    bytes += s.slot == SegmentSlot::closed && options_.mode == KvMode::hack ? pages_of(layer).page_bytes()
+                                                                            : static_cast<size_t>(s.tokens) * exact_token;
   return bytes;
 }
 

@@ -309,4 +309,12 @@ bool Sampler::is_stop_token(int token, std::span<const int> eos_ids) const {
   return !params_.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
 }
 
+void suppress_ending_tokens(std::span<float> logits, const SamplingParams& params, std::span<const int> eos_ids,
+                            int generated) {
+  if (generated >= params.min_tokens) return;
+  for (const std::span<const int> ids : {eos_ids, std::span<const int>(params.stop_token_ids)})
+    for (int id : ids)
+      if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[static_cast<size_t>(id)] = -INFINITY;
+}
+
 }  // namespace hack

@@ -276,10 +276,7 @@ bool DecodeScheduler::admit_one(Request& r) {
     r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
     r.sampler->add_prompt_tokens(r.req.prompt);
     std::span<float> row(logits_.data(), static_cast<size_t>(vocab_));
-    if (r.req.params.min_tokens > 0) {
-      for (int e : r.req.eos_ids) row[static_cast<size_t>(e)] = -INFINITY;
-      for (int e : r.req.params.stop_token_ids) row[static_cast<size_t>(e)] = -INFINITY;
-    }
+    suppress_ending_tokens(row, r.req.params, r.req.eos_ids, 0);
     start_decoding(r, r.sampler->sample(row));
   } catch (const Error& e) {
     fail(r, fmt::format("prefill failed: {}", e.what()));
@@ -376,10 +373,7 @@ void DecodeScheduler::step() {
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
     std::span<float> row(logits_.data() + i * vocab, vocab);
-    if (static_cast<int>(r.generated.size()) < r.req.params.min_tokens) {
-      for (int e : r.req.eos_ids) row[static_cast<size_t>(e)] = -INFINITY;
-      for (int e : r.req.params.stop_token_ids) row[static_cast<size_t>(e)] = -INFINITY;
-    }
+    suppress_ending_tokens(row, r.req.params, r.req.eos_ids, static_cast<int>(r.generated.size()));
     emit_token(r, r.sampler->sample(row));
   }
 }

@@ -52,13 +52,12 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, bo
   HACK_CHECK(c.max_model_len >= 0, "--max-model-len must not be negative, got {}", c.max_model_len);
   rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
   rt->kv_options = kv_options_from(c, rt->model.config.num_layers);
-  const ModelConfig& cfg = rt->model.config;
   rt->pool = std::make_unique<ThreadPool>(c.threads);
-  rt->backend = make_cpu_backend(rt->model, *rt->pool);
   if (!with_engine) return rt;
-  rt->kv = make_paged_kv_cache(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()},
-                               rt->kv_options);
-  rt->engine = std::make_unique<Engine>(*rt->backend, *rt->kv, EngineOptions{c.prefill_chunk});
+  CpuEngine e = make_cpu_engine(rt->model, *rt->pool, rt->kv_options, EngineOptions{c.prefill_chunk});
+  rt->kv = std::move(e.kv);
+  rt->backend = std::move(e.backend);
+  rt->engine = std::move(e.engine);
   return rt;
 }
 

@@ -131,6 +131,7 @@ std::string to_json(const PrefillCall& call) {
 std::string to_json(const FirstToken& first) {
   json j = sample_json(first.sample);
   j["seed"] = first.seed;
+  if (first.prompt_tokens > 0) j["prompt_tokens"] = first.prompt_tokens;
   return j.dump();
 }
 
@@ -214,7 +215,10 @@ PrefillCall parse_prefill_call(std::string_view text) {
 FirstToken parse_first_token(std::string_view text) {
   constexpr std::string_view what = "first token";
   const json j = parse_object(text, what);
-  return FirstToken{parse_sample(j, what), field<uint64_t>(j, what, "seed")};
+  FirstToken first{parse_sample(j, what), field<uint64_t>(j, what, "seed")};
+  first.prompt_tokens = field_or<int>(j, what, "prompt_tokens", 0);
+  HACK_CHECK(first.prompt_tokens >= 0, "{}: 'prompt_tokens' must not be negative", what);
+  return first;
 }
 
 PrefillReply parse_prefill_reply(std::string_view text) {

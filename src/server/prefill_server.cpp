@@ -62,7 +62,7 @@ struct PrefillServer::Impl {
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
     wo.test_layer_delay_ms = config.test_layer_delay_ms;
-    worker = std::make_unique<PrefillWorker>(*rt->backend, *ucx, wo);
+    worker = std::make_unique<PrefillWorker>(rt->model, *rt->pool, *ucx, wo);
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics.serialize(); }};
     HttpServerOptions ho;
     ho.host = config.host;
@@ -71,7 +71,7 @@ struct PrefillServer::Impl {
     http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
       handle(std::move(req), std::move(res));
     });
-    spdlog::info("hack-prefill: model {} ({}), kv {}, HTTP {}:{}", rt->name, rt->backend->name(),
+    spdlog::info("hack-prefill: model {} ({}), kv {}, HTTP {}:{}", rt->name, config.model.device,
                  describe(rt->kv_options), config.host, http->port());
   }
 

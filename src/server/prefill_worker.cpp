@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "hack/kv/kv_stream.h"
+#include "hack/server/node_protocol.h"
 
 namespace hack {
 
@@ -27,24 +27,22 @@ void throw_if_failed(const Status& s) {
   if (!s) throw Error(s.message());
 }
 
+// The request_done message: the first token in the node protocol's words.
 std::vector<std::byte> done_payload(const SampleResult& first, uint64_t seed, int prompt_tokens) {
-  nlohmann::json top = nlohmann::json::array();
-  for (const TokenLogprob& t : first.top_logprobs) top.push_back({t.token, t.logprob});
-  const nlohmann::json j = {{"token", first.token},       {"logprob", first.logprob}, {"top_logprobs", top},
-                            {"seed", seed},               {"prompt_tokens", prompt_tokens}};
-  const std::string text = j.dump();
+  const std::string text = server::to_json(server::FirstToken{first, seed, prompt_tokens});
   const auto* b = reinterpret_cast<const std::byte*>(text.data());
   return {b, b + text.size()};
 }
 
 }  // namespace
 
-PrefillWorker::PrefillWorker(Backend& backend, net::UcxWorker& ucx, PrefillWorkerOptions options)
-    : backend_(backend), ucx_(ucx), options_(std::move(options)) {
+PrefillWorker::PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorker& ucx, PrefillWorkerOptions options)
+    : config_(model.config), ucx_(ucx), options_(std::move(options)) {
   HACK_CHECK(options_.send_timeout_s > 0, "prefill worker: send_timeout_s must be positive");
-  const ModelConfig& cfg = backend_.config();
-  kv_ = make_paged_kv_cache(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, options_.kv);
-  engine_ = std::make_unique<Engine>(backend_, *kv_, options_.engine);
+  CpuEngine e = make_cpu_engine(model, pool, options_.kv, options_.engine);
+  kv_ = std::move(e.kv);
+  backend_ = std::move(e.backend);
+  engine_ = std::move(e.engine);
   sender_ = std::make_unique<net::KvSender>(ucx_, net::KvSenderCallbacks{}, options_.sender);
   disconnect_token_ = ucx_.add_disconnect_handler([this](net::EndpointId endpoint, const Status&) {
     std::lock_guard lock(mutex_);
@@ -75,7 +73,7 @@ PrefillWorker::~PrefillWorker() {
 }
 
 Status PrefillWorker::submit(PrefillJob job) {
-  const int vocab = backend_.config().vocab_size;
+  const int vocab = config_.vocab_size;
   if (job.tokens.empty()) return Status::error(fmt::format("request {}: empty prompt", job.request_id));
   for (int t : job.tokens)
     if (t < 0 || t >= vocab)
@@ -184,7 +182,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
   const uint64_t id = job.request_id;
   const double t_start = now_s();
   const int seq = next_seq_id_++;
-  const size_t vocab = static_cast<size_t>(backend_.config().vocab_size);
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
   std::optional<net::EndpointId> peer;
   bool added = false;
   PrefillResult result;
@@ -216,13 +214,10 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     });
     const double t_prefilled = now_s();
 
-    // The first token, as generate() samples it (min_tokens holds back ending tokens).
-    if (job.sampling.min_tokens > 0) {
-      for (int e : job.eos_ids)
-        if (e >= 0 && static_cast<size_t>(e) < vocab) logits[static_cast<size_t>(e)] = -INFINITY;
-      for (int s : job.sampling.stop_token_ids) logits[static_cast<size_t>(s)] = -INFINITY;
-    }
-    result.first = sampler.sample(std::span<float>(logits.data(), vocab));
+    // The first token, as generate() samples it.
+    const std::span<float> row(logits.data(), vocab);
+    suppress_ending_tokens(row, job.sampling, job.eos_ids, 0);
+    result.first = sampler.sample(row);
     result.seed = sampler.seed();
     result.prompt_tokens = static_cast<int>(job.tokens.size());
     result.kv_bytes = cursor.bytes;

@@ -97,7 +97,6 @@ int run(int argc, char** argv) {
     windows.push_back(std::move(win));
   }
   hack::ThreadPool pool(c.threads);
-  auto backend = hack::make_cpu_backend(model, pool);
   const hack::ModelConfig& cfg = model.config;
   const hack::KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
   hack::KvFlags kv = c.kv;
@@ -105,7 +104,7 @@ int run(int argc, char** argv) {
   const hack::KvCacheOptions options = hack::kv_options_from(kv, c.model, cfg.num_layers);
   std::fprintf(stderr, "hack-calibrate: %s, %d windows × (%d prefill + %d decode) tokens of %s; %s\n", c.model.c_str(),
                c.windows, c.prefill_tokens, c.decode_tokens, c.text.c_str(), hack::describe(options).c_str());
-  const hack::DecodePathReference reference(*backend, windows, c.prefill_tokens, c.prefill_chunk);
+  const hack::DecodePathReference reference(model, pool, windows, c.prefill_tokens, c.prefill_chunk);
   const hack::HackBitsResult r = hack::search_hack_bits(reference, shape, options, search, [](const std::string& line) {
     std::fprintf(stderr, "  %s\n", line.c_str());
   });

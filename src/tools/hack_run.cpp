@@ -173,26 +173,28 @@ int run(int argc, char** argv) {
 
   hack::ThreadPool pool(c.threads);
   const hack::ModelConfig& cfg = model.config;
-  std::unique_ptr<hack::Backend> backend;
   std::unique_ptr<hack::KvCache> kv;
+  std::unique_ptr<hack::Backend> backend;
   if (device == hack::DeviceKind::cpu) {
-    backend = hack::make_cpu_backend(model, pool);
-    kv = hack::make_paged_kv_cache(hack::KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()},
-                                   kv_options);
+    auto paged = hack::make_paged_kv_cache(
+        hack::KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, kv_options);
+    backend = hack::make_cpu_backend(model, pool, *paged);
+    kv = std::move(paged);
   } else {
 #ifdef HACK_HAVE_CUDA
     HACK_CHECK(c.prefill_chunk > 0, "--prefill-chunk must be positive");
     hack::CudaBackendOptions bo;
     bo.max_batch_tokens = c.prefill_chunk;
     bo.max_sequences = 1;
-    backend = hack::make_cuda_backend(model, bo);
     hack::CudaKvOptions ko;
     ko.page_tokens = c.kv.hack_block;
     ko.num_pages = hack::CudaPagedKvCache::pages_for(static_cast<int>(prompt.size()) + c.max_tokens, c.kv.hack_block);
-    kv = hack::make_cuda_kv_cache(cfg, ko);
+    auto device_kv = hack::make_cuda_kv_cache(cfg, ko);
+    backend = hack::make_cuda_backend(model, *device_kv, bo);
+    kv = std::move(device_kv);
 #endif
   }
-  hack::Engine engine(*backend, *kv, hack::EngineOptions{c.prefill_chunk});
+  hack::Engine engine(*backend, hack::EngineOptions{c.prefill_chunk});
 
   hack::SamplingParams sp;
   sp.temperature = c.temperature;

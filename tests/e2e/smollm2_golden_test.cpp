@@ -63,10 +63,12 @@ TEST_CASE("SmolLM2: last-position logits and greedy chats match transformers", "
   const auto& g = goldens();
   Model model = Model::load(dir);
   ThreadPool pool(2);
-  std::unique_ptr<Backend> backend = make_cpu_backend(model, pool);
   const ModelConfig& cfg = model.config;
-  FpKvCache kv(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()});
-  Engine engine(*backend, kv);
+  KvCacheOptions fp32;
+  fp32.mode = KvMode::fp;
+  fp32.fp_dtype = DType::f32;
+  CpuEngine cpu = make_cpu_engine(model, pool, fp32);
+  Engine& engine = *cpu.engine;
   const size_t vocab = static_cast<size_t>(cfg.vocab_size);
   REQUIRE(vocab == 49152);
   auto logits_file = SafetensorsFile::open(golden_dir() / "logits.safetensors");

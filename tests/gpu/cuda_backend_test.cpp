@@ -75,11 +75,11 @@ struct CpuRef {
   explicit CpuRef(const Model& model, int chunk = 512)
       : model(bf16_weights(model)),
         pool(2),
-        backend(make_cpu_backend(this->model, pool)),
         kv(make_paged_kv_cache(KvShape{this->model.config.num_layers, this->model.config.num_kv_heads,
                                        this->model.config.head_dim, this->model.config.group_size()},
                                options())),
-        engine(*backend, *kv, EngineOptions{chunk}) {}
+        backend(make_cpu_backend(this->model, pool, *kv)),
+        engine(*backend, EngineOptions{chunk}) {}
   static KvCacheOptions options() {
     KvCacheOptions o;
     o.mode = KvMode::fp;
@@ -89,16 +89,16 @@ struct CpuRef {
   }
   Model model;
   ThreadPool pool;
-  std::unique_ptr<Backend> backend;
   std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<Backend> backend;
   Engine engine;
 };
 
 struct GpuRun {
   explicit GpuRun(const Model& model, int chunk = 512, int pages = 256)
-      : backend(make_cuda_backend(model, backend_options(chunk))),
-        kv(make_cuda_kv_cache(model.config, kv_options(pages))),
-        engine(*backend, *kv, EngineOptions{chunk}) {}
+      : kv(make_cuda_kv_cache(model.config, kv_options(pages))),
+        backend(make_cuda_backend(model, *kv, backend_options(chunk))),
+        engine(*backend, EngineOptions{chunk}) {}
   static CudaBackendOptions backend_options(int chunk) {
     CudaBackendOptions o;
     o.max_batch_tokens = std::max(chunk, 64);
@@ -112,8 +112,8 @@ struct GpuRun {
     o.num_pages = pages;
     return o;
   }
-  std::unique_ptr<Backend> backend;
   std::unique_ptr<CudaPagedKvCache> kv;
+  std::unique_ptr<Backend> backend;
   Engine engine;
 };
 
@@ -241,11 +241,11 @@ TEST_CASE("cuda backend: chunked prefill equals whole prefill, mixed batches equ
       {1, static_cast<int>(prompts[1].size()), std::span<const int>(&d1, 1), false},
   };
   std::vector<float> got;
-  REQUIRE(batched.backend->forward(mixed, *batched.kv, got) == 2 + new_prompt.size());
+  REQUIRE(batched.backend->forward(mixed, got) == 2 + new_prompt.size());
   size_t row = 0;
   for (const SequenceChunk& c : mixed) {
     std::vector<float> ref;
-    const size_t rows = single.backend->forward(std::span<const SequenceChunk>(&c, 1), *single.kv, ref);
+    const size_t rows = single.backend->forward(std::span<const SequenceChunk>(&c, 1), ref);
     for (size_t r = 0; r < rows; ++r, ++row) {
       const auto [diff, mag] = row_diff(&got[row * vocab], &ref[r * vocab], vocab);
       INFO("sequence " << c.seq_id << " row " << r << " max|Δ| " << diff);
@@ -254,26 +254,25 @@ TEST_CASE("cuda backend: chunked prefill equals whole prefill, mixed batches equ
   }
 }
 
-TEST_CASE("cuda backend rejects a host KV cache and malformed batches", "[gpu][backend]") {
+TEST_CASE("cuda backend rejects a cache of another shape and malformed batches", "[gpu][backend]") {
   const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-llama");
   GpuRun gpu(model);
-  const auto host_kv = make_paged_kv_cache(
-      KvShape{model.config.num_layers, model.config.num_kv_heads, model.config.head_dim, model.config.group_size()},
-      CpuRef::options());
-  host_kv->add_sequence(0, 8);
+  ModelConfig other = model.config;
+  other.num_layers += 1;
+  const auto wrong_kv = make_cuda_kv_cache(other, GpuRun::kv_options(8));
+  REQUIRE_THROWS_AS(make_cuda_backend(model, *wrong_kv, GpuRun::backend_options(64)), hack::Error);
   const int token = 1;
   std::vector<float> logits;
   const SequenceChunk c{0, 0, std::span<const int>(&token, 1), false};
-  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), *host_kv, logits), hack::Error);
-  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), *gpu.kv, logits), hack::Error);  // unknown seq
+  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), logits), hack::Error);  // unknown seq
   gpu.kv->add_sequence(0, 8);
   const SequenceChunk late{0, 3, std::span<const int>(&token, 1), false};  // start_pos ≠ length
-  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&late, 1), *gpu.kv, logits), hack::Error);
+  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&late, 1), logits), hack::Error);
   const int bad = model.config.vocab_size;
   const SequenceChunk oob{0, 0, std::span<const int>(&bad, 1), false};
-  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&oob, 1), *gpu.kv, logits), hack::Error);
+  REQUIRE_THROWS_AS(gpu.backend->forward(std::span<const SequenceChunk>(&oob, 1), logits), hack::Error);
   const SequenceChunk twice[] = {c, c};
-  REQUIRE_THROWS_AS(gpu.backend->forward(twice, *gpu.kv, logits), hack::Error);
-  REQUIRE(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), *gpu.kv, logits) == 1);
+  REQUIRE_THROWS_AS(gpu.backend->forward(twice, logits), hack::Error);
+  REQUIRE(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), logits) == 1);
   REQUIRE(logits.size() == static_cast<size_t>(model.config.vocab_size));
 }

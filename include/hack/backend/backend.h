@@ -11,6 +11,7 @@
 
 #include "hack/core/thread_pool.h"
 #include "hack/kv/kv_cache.h"
+#include "hack/kv/paged_kv_cache.h"
 #include "hack/model/weights.h"
 
 namespace hack {
@@ -39,16 +40,23 @@ class Backend {
   virtual std::string name() const = 0;
   virtual const ModelConfig& config() const = 0;
 
-  /// Runs every chunk through the model, appending its K/V to `kv` (the chunk's
-  /// sequence must exist there), and writes logits rows into `logits`:
+  /// The KV cache this backend computes over. Each backend is built over its own cache
+  /// type (the CPU backend a PagedKvCache, the CUDA backend a CudaPagedKvCache); callers
+  /// that only open, close and measure sequences use this interface.
+  virtual KvCache& kv() = 0;
+
+  /// Runs every chunk through the model, appending its K/V to kv() (the chunk's sequence
+  /// must exist there, each sequence at most once), and writes logits rows into `logits`:
   /// for each chunk in order, n_tokens rows if all_logits else 1 row; each row vocab floats.
-  /// Returns the number of rows written. `on_layer_done` (optional) runs after each layer; an
-  /// exception it throws aborts the forward (the KV of the layers done so far stays stored).
-  virtual size_t forward(std::span<const SequenceChunk> batch, KvCache& kv, std::vector<float>& logits,
+  /// Attention is planned once for the batch and run in every layer. Returns the number of
+  /// rows written. `on_layer_done` (optional) runs after each layer; an exception it throws
+  /// aborts the forward (the KV of the layers done so far stays stored).
+  virtual size_t forward(std::span<const SequenceChunk> batch, std::vector<float>& logits,
                          const LayerDoneFn& on_layer_done = {}) = 0;
 };
 
-/// The CPU reference backend. `pool` runs every kernel; it must outlive the backend.
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool);
+/// The CPU reference backend over `kv` (fp or HACK pages). `pool` runs every kernel; the
+/// model, the pool and the cache must outlive the backend.
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv);
 
 }  // namespace hack

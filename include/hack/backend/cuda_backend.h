@@ -25,9 +25,11 @@ struct CudaBackendOptions {
 };
 
 /// Uploads the model's weights (as bf16) to the device and pre-allocates the workspace for
-/// options.max_batch_tokens. Throws hack::Error when no CUDA device is present or memory
-/// runs out. forward() requires a CudaPagedKvCache on the same device.
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaBackendOptions& options = {});
+/// options.max_batch_tokens; the backend computes over `kv` (on the same device, shaped for
+/// the model; it must outlive the backend). Throws hack::Error when no CUDA device is
+/// present, the cache does not fit the model, or memory runs out.
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, CudaPagedKvCache& kv,
+                                           const CudaBackendOptions& options = {});
 
 /// The device KV cache shaped for `config`: num_pages pages of page_tokens tokens.
 std::unique_ptr<CudaPagedKvCache> make_cuda_kv_cache(const ModelConfig& config, const CudaKvOptions& options);

@@ -8,10 +8,9 @@
 /// add_sequence reserves all pages the sequence may need (max_tokens), so appends never
 /// allocate and never fail for lack of memory.
 ///
-/// The KvCache data calls (append, attend) speak of host fp32 pointers. append is
-/// implemented as a synchronous upload (tests, restoring KV); attend is not — attention
-/// runs on the device inside CudaBackend::forward, which writes K/V with the kv_append
-/// kernel and then calls commit_append.
+/// KvCache::append speaks of host fp32 pointers and is implemented as a synchronous upload
+/// (tests, restoring KV); the CUDA backend, which owns this cache, writes K/V on the device
+/// with the kv_append kernel and then calls commit_append, and runs attention there.
 #pragma once
 
 #include <span>
@@ -44,10 +43,6 @@ class CudaPagedKvCache final : public KvCache {
   int length(int seq_id, int layer) const override;
   /// Host fp32 K/V -> bf16 pages, synchronously (not the backend's path; see the file comment).
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
-  /// Not available: attention over device KV runs in CudaBackend::forward. Throws.
-  void attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q, size_t q_row_stride,
-              float* out, size_t out_row_stride, float scale, float* scratch) const override;
-  size_t attend_scratch_floats(int, int) const override { return 0; }
   KvCacheStats stats() const override;
 
   int page_tokens() const { return options_.page_tokens; }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -21,7 +22,8 @@ struct EngineOptions {
 
 class Engine {
  public:
-  Engine(Backend& backend, KvCache& kv, EngineOptions options = {});
+  /// Runs over backend.kv().
+  explicit Engine(Backend& backend, EngineOptions options = {});
 
   const ModelConfig& config() const { return backend_.config(); }
   KvCache& kv() { return kv_; }
@@ -53,6 +55,17 @@ class Engine {
   std::unordered_map<int, int> positions_;
   std::vector<SequenceChunk> chunks_;
 };
+
+/// A paged KV cache, the CPU backend over it and an engine over both: what a tool or a test
+/// needs to run a model over one cache configuration.
+struct CpuEngine {
+  std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+};
+/// The cache is shaped for `model`; `model` and `pool` must outlive the result.
+CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options,
+                          EngineOptions options = {});
 
 enum class FinishReason { stop, length };
 /// "stop" | "length", as the OpenAI API names them.

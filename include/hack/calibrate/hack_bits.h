@@ -35,7 +35,8 @@ struct DecodePathScore {
 /// prefill_tokens + decode_tokens long.
 class DecodePathReference {
  public:
-  DecodePathReference(Backend& backend, std::vector<std::vector<int>> windows, int prefill_tokens,
+  /// `model` and `pool` must outlive the reference.
+  DecodePathReference(const Model& model, ThreadPool& pool, std::vector<std::vector<int>> windows, int prefill_tokens,
                       int prefill_chunk);
   /// Scores `options` (a hack or fp configuration) on the same windows.
   DecodePathScore score(const KvCacheOptions& options) const;
@@ -45,7 +46,8 @@ class DecodePathReference {
  private:
   std::vector<std::vector<float>> run(const KvCacheOptions& options, const std::vector<int>& window) const;
 
-  Backend& backend_;
+  const Model& model_;
+  ThreadPool& pool_;
   std::vector<std::vector<int>> windows_;
   int prefill_tokens_ = 0;
   int prefill_chunk_ = 512;

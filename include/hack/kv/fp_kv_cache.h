@@ -24,8 +24,8 @@ class FpKvCache final : public KvCache {
   int length(int seq_id, int layer) const override;
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
   void attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q, size_t q_row_stride,
-              float* out, size_t out_row_stride, float scale, float* scratch) const override;
-  size_t attend_scratch_floats(int n_tokens, int context_tokens) const override;
+              float* out, size_t out_row_stride, float scale, float* scratch) const;
+  size_t attend_scratch_floats(int n_tokens, int context_tokens) const;
   KvCacheStats stats() const override;
 
  private:

@@ -1,7 +1,8 @@
 /// @file kv_cache.h
-/// @brief The interface between the transformer and KV storage. The transformer writes each
-/// layer's new K/V through append() and computes attention through attend(), so a
-/// contiguous fp cache and the paged HACK cache are interchangeable (`--kv fp|hack`).
+/// @brief What every KV cache offers the engine and the servers: sequences, their lengths,
+/// appends and byte accounting. Attention is not here: each backend owns its cache type
+/// (the CPU backend a PagedKvCache, the CUDA backend a CudaPagedKvCache) and runs attention
+/// through that type's plan (kv/attention_plan.h), so no backend casts a KvCache.
 #pragma once
 
 #include <cstddef>
@@ -48,17 +49,6 @@ class KvCache {
   /// k, v: [n_tokens][num_kv_heads][head_dim] f32, K already rotated (RoPE).
   /// Calls for different sequences may run concurrently.
   virtual void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) = 0;
-
-  /// Causal attention of one KV head's query group:
-  ///   out[t][g] = softmax(scale * q[t][g] · K[0 .. start_pos + t]) · V[0 .. start_pos + t]
-  /// q: n_tokens rows of group_size × head_dim floats, row t at q + t * q_row_stride;
-  /// out: same layout with out_row_stride. Requires length(seq_id, layer) >= start_pos + n_tokens.
-  /// `scratch` holds attend_scratch_floats(n_tokens, start_pos + n_tokens) floats.
-  /// Thread-safe for concurrent calls (different heads / sequences).
-  virtual void attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q,
-                      size_t q_row_stride, float* out, size_t out_row_stride, float scale,
-                      float* scratch) const = 0;
-  virtual size_t attend_scratch_floats(int n_tokens, int context_tokens) const = 0;
 
   /// A prompt's prefill starts / ends (Engine::prefill brackets its chunks with these). A
   /// quantizing cache keeps everything the prompt stores exact in between, so every chunk

@@ -1,7 +1,7 @@
 /// @file paged_kv_cache.h
 /// @brief The paged KV cache behind `--kv fp|hack`: per-sequence page tables over a shared
-/// page pool with reference counts, and attention computed page by page with an online
-/// softmax.
+/// page pool with reference counts, and attention planned once per step (plan) and run
+/// page by page with an online softmax in every layer (run).
 ///
 /// Per (sequence, layer), tokens live in:
 ///   fp mode:   fp pages of Π tokens (bf16 or f32), the last one partly filled.
@@ -29,6 +29,7 @@
 #include "hack/core/dtype.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kernels/hack_attention.h"
+#include "hack/kv/attention_plan.h"
 #include "hack/kv/hack_page.h"
 #include "hack/kv/kv_cache.h"
 #include "hack/kv/page_pool.h"
@@ -80,19 +81,11 @@ std::string_view hack_attention_name(HackAttention attention);
 /// One line for logs and quality tables: "hack k2v2 block=64 sinks=4 nearest", "fp f32 block=64".
 std::string describe(const KvCacheOptions& options);
 
-/// One decode query of attend_decode: all query heads of one sequence at its next position.
-struct DecodeQuery {
-  int seq_id = 0;
-  const float* q = nullptr;  ///< [num_kv_heads · group_size][head_dim]
-  float* out = nullptr;      ///< same layout
-};
-
-/// Caller-owned scratch of attend_decode, grown on first use and reused after (so a
+/// Caller-owned scratch of PagedKvCache::run, grown on first use and reused after (so a
 /// decode step allocates nothing once the batch shape has been seen).
-struct DecodeWorkspace {
-  std::vector<float> floats;
-  std::vector<int> ints;
-  std::vector<const void*> layers;
+struct AttentionWorkspace {
+  std::vector<float> floats;        ///< the plan's softmax states, then per thread: scaled q, kernel work
+  std::vector<const void*> layers;  ///< per plan item: its page table in the running layer
 };
 
 class PagedKvCache final : public KvCache {
@@ -117,9 +110,28 @@ class PagedKvCache final : public KvCache {
   bool has_sequence(int seq_id) const override;
   int length(int seq_id, int layer) const override;
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
+
+  /// Plans the attention of one step (kv/attention_plan.h) whose chunks are `items`
+  /// (seq_id, start_pos = the sequence's length now, n_tokens, row); each sequence at most
+  /// once. Run it after the step's appends, in every layer. Throws hack::Error naming the
+  /// sequence when a chunk does not fit.
+  void plan(std::span<const PlanItem> items, const PlanPolicy& policy, AttentionPlan& plan) const;
+  /// Runs `plan` in `layer`: for every item, out rows = causal attention of its q rows over
+  /// all stored tokens (or the selected segments). q, out: [rows][num_kv_heads · group ·
+  /// head_dim] f32 with row strides q_stride / out_stride; q is scaled by `scale` here.
+  /// Work is split over `pool` by the plan's tasks; results depend only on the plan, not on
+  /// the pool's size. Throws hack::Error when the layer does not hold what the plan expects.
+  void run(const AttentionPlan& plan, int layer, const float* q, size_t q_stride, float* out, size_t out_stride,
+           float scale, ThreadPool& pool, AttentionWorkspace& workspace) const;
+
+  /// The reference: causal attention of one KV head's query group, on the calling thread,
+  ///   out[t][g] = softmax(scale · q[t][g] · K[0 .. start_pos + t]) · V[0 .. start_pos + t]
+  /// q: n_tokens rows of group_size × head_dim floats, row t at q + t · q_row_stride; out:
+  /// the same with out_row_stride; requires length(seq_id, layer) ≥ start_pos + n_tokens.
+  /// `scratch` holds attend_scratch_floats(n_tokens) floats. Tests compare run() with it.
   void attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q, size_t q_row_stride,
-              float* out, size_t out_row_stride, float scale, float* scratch) const override;
-  size_t attend_scratch_floats(int n_tokens, int context_tokens) const override;
+              float* out, size_t out_row_stride, float scale, float* scratch) const;
+  size_t attend_scratch_floats(int n_tokens, int context_tokens = 0) const;
   KvCacheStats stats() const override;
   /// Between these, appends quantize nothing (options().exact_prefill); end_prefill closes
   /// the blocks that left the recent window, as close_pending_blocks does.
@@ -137,15 +149,6 @@ class PagedKvCache final : public KvCache {
   /// (reference counted, never written again), a partly filled block is copied. n_tokens
   /// must not cut into a quantized block that src has already closed beyond n_tokens.
   void fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens);
-
-  /// Decode attention for a batch of sequences, all KV heads: work is split over (sequence,
-  /// page range) across the pool — each task streams through whole pages, every head of a
-  /// page in turn — and partial states are merged with the online-softmax rule. Each query
-  /// attends to all length(seq, layer) stored tokens (its own token is already appended).
-  /// The split depends on the pool size, so results agree across pool sizes to fp32
-  /// rounding (bit for bit when a sequence is not split).
-  void attend_decode(ThreadPool& pool, int layer, std::span<const DecodeQuery> queries, float scale,
-                     DecodeWorkspace& workspace) const;
 
   /// KV bytes per token of closed blocks, all layers (hack: HACK pages incl. headers;
   /// fp: the page element type).
@@ -223,9 +226,10 @@ class PagedKvCache final : public KvCache {
   size_t reserve_bytes_for(int max_tokens) const;
   void release_pages(Sequence& s);
   int full_blocks(int length) const;
-  // Segments of a layer covering tokens [0, end), in position order.
-  template <class Fn>
-  void for_each_segment(const LayerPages& lp, int end, Fn&& fn) const;
+  // Appends the segments of a layer holding `length` tokens of which the first
+  // closed_pages blocks are closed, in position order (the same in every layer).
+  void list_segments(int length, int closed_pages, std::vector<PlanSegment>& out) const;
+  Segment resolve(const LayerPages& lp, const PlanSegment& segment) const;
   cpu::ExactHeadView exact_view(const Segment& seg, int kv_head) const;
   cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;
   PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
@@ -240,10 +244,13 @@ class PagedKvCache final : public KvCache {
   // capacity per head (the V region follows K's num_kv_heads · capacity rows).
   const std::byte* exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,
                                   int& capacity) const;
-  // Runs segments [seg_begin, seg_end) for heads [head_begin, head_end), rows[h − head_begin]
-  // holding head h's n_tokens·group rows; a segment is done for every head before the next.
-  void attend_rows(const LayerPages& lp, int end, int head_begin, int head_end, int start_pos, int n_tokens,
-                   const cpu::AttentionRows* rows, int seg_begin, int seg_end, float* work) const;
+  // Attends segments [seg_begin, seg_end) of `segments` (or of `selection`, indices into
+  // it) for heads [head_begin, head_end), rows[h − head_begin] holding head h's
+  // n_tokens·group query rows at positions start_pos..; a segment is done for every head
+  // before the next.
+  void attend_segments(const LayerPages& lp, std::span<const PlanSegment> segments, const int* selection, int seg_begin,
+                       int seg_end, int head_begin, int head_end, int start_pos, int n_tokens,
+                       const cpu::AttentionRows* rows, float* work) const;
   static constexpr int kMaxDecodeHeads = 64;
   size_t work_floats() const;
 

@@ -51,6 +51,14 @@ double uniform_for_step(uint64_t seed, uint64_t step);
 /// uniform_for_step(seed, i) only, so generation can move between processes — prefill
 /// samples token 0, decode records it (record_token) and samples tokens 1, 2, ... with the
 /// same seed, drawing exactly what one process would have drawn.
+/// min_tokens (HF min_new_tokens, vLLM min_tokens): while fewer than params.min_tokens
+/// tokens have been generated, the tokens that would end generation — `eos_ids` and
+/// params.stop_token_ids — get −inf logits, so they cannot be chosen. Ids outside the row
+/// are ignored. The one place every sampling path (generate, the decode scheduler, the
+/// prefill node's first token) applies it.
+void suppress_ending_tokens(std::span<float> logits, const SamplingParams& params, std::span<const int> eos_ids,
+                            int generated);
+
 class Sampler {
  public:
   /// Validates `params` (throws hack::Error like SamplingParams::validate). Without

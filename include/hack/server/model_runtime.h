@@ -41,13 +41,14 @@ struct ModelRuntime {
   int max_model_len = 0;
   KvCacheOptions kv_options;
   std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<Backend> backend;
   std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<Backend> backend;  ///< the CPU backend over kv
   std::unique_ptr<Engine> engine;
 };
 
 /// Loads and builds everything; throws hack::Error naming the bad flag or file. Without
-/// `with_engine` the cache and engine are left out (a prefill node's worker builds its own).
+/// `with_engine` the cache, backend and engine are left out (a prefill node's worker builds
+/// its own).
 std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& config, bool with_engine = true);
 
 /// KvCacheOptions for the `--kv*` / `--hack-*` flags of a model of `num_layers` layers

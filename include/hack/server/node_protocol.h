@@ -45,7 +45,8 @@ struct PrefillCall {
 /// The first token, sampled by the prefill node (also sent to decode with the KV).
 struct FirstToken {
   SampleResult sample;
-  uint64_t seed = 0;  ///< the sampler's seed (decode continues its stream)
+  uint64_t seed = 0;      ///< the sampler's seed (decode continues its stream)
+  int prompt_tokens = 0;  ///< the prompt's length (0 = not said)
 };
 
 struct PrefillReply {

@@ -92,9 +92,9 @@ struct PrefillWorkerStats {
 
 class PrefillWorker {
  public:
-  /// backend (and its thread pool) and ucx must outlive the worker; the worker is the only
-  /// user of backend. Builds the cache and the sender and starts the engine thread.
-  PrefillWorker(Backend& backend, net::UcxWorker& ucx, PrefillWorkerOptions options);
+  /// model, pool and ucx must outlive the worker; the worker is the only user of pool.
+  /// Builds its cache, the CPU backend over it, the sender, and starts the engine thread.
+  PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorker& ucx, PrefillWorkerOptions options);
   /// Fails queued jobs ("shutting down"), lets the running one finish its current layer
   /// and fail likewise, and joins the thread.
   ~PrefillWorker();
@@ -125,10 +125,11 @@ class PrefillWorker {
   PrefillOutcome run_job(Queued& queued);
   net::EndpointId resolve(const DecodePeer& peer);
 
-  Backend& backend_;
+  const ModelConfig& config_;
   net::UcxWorker& ucx_;
   PrefillWorkerOptions options_;
   std::unique_ptr<PagedKvCache> kv_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<net::KvSender> sender_;
   int disconnect_token_ = 0;

@@ -1,8 +1,8 @@
 // The CPU reference backend: the Llama-family transformer in fp32 activations over
 // checkpoint-dtype weights. One forward() runs a batch of sequence chunks (prefill chunks
-// and decode tokens mixed) through every layer; attention goes through KvCache.
+// and decode tokens mixed) through every layer; attention is planned once per forward by
+// the backend's PagedKvCache and run in every layer.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -21,32 +21,40 @@ DeviceKind parse_device(const std::string& name) {
 
 namespace {
 
-// Long prefill chunks are split into blocks of this many query rows per attention task,
-// so both threads get work even for a single sequence.
-constexpr int kAttentionRowBlock = 16;
 // Below this many token rows, element-wise ops run on the calling thread.
 constexpr size_t kParallelRowsMin = 32;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Model& model, ThreadPool& pool)
-      : model_(model), cfg_(model.config), pool_(pool), inv_freq_(cpu::rope_inv_freq(model.config)) {
-    scratch_.resize(static_cast<size_t>(pool.size()));
+  CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv)
+      : model_(model), cfg_(model.config), pool_(pool), kv_(kv), inv_freq_(cpu::rope_inv_freq(model.config)) {
+    const KvShape& ks = kv.shape();
+    HACK_CHECK(ks.num_layers == cfg_.num_layers && ks.num_kv_heads == cfg_.num_kv_heads && ks.head_dim == cfg_.head_dim &&
+                   ks.group_size == cfg_.group_size(),
+               "CPU backend: KV cache shape (layers {}, KV heads {}, head_dim {}, group {}) does not match the model",
+               ks.num_layers, ks.num_kv_heads, ks.head_dim, ks.group_size);
   }
 
   std::string name() const override { return "cpu"; }
   const ModelConfig& config() const override { return cfg_; }
+  KvCache& kv() override { return kv_; }
 
-  size_t forward(std::span<const SequenceChunk> batch, KvCache& kv, std::vector<float>& logits,
+  size_t forward(std::span<const SequenceChunk> batch, std::vector<float>& logits,
                  const LayerDoneFn& on_layer_done) override {
     size_t total = 0;
     size_t logit_rows = 0;
+    plan_items_.clear();
     for (const SequenceChunk& c : batch) {
       HACK_CHECK(!c.tokens.empty(), "sequence {}: empty chunk", c.seq_id);
+      for (int t : c.tokens)
+        HACK_CHECK(t >= 0 && t < cfg_.vocab_size, "sequence {}: token id {} out of range [0, {})", c.seq_id, t,
+                   cfg_.vocab_size);
+      plan_items_.push_back(PlanItem{c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()), static_cast<int>(total)});
       total += c.tokens.size();
       logit_rows += c.all_logits ? c.tokens.size() : 1;
     }
     if (total == 0) return 0;
+    kv_.plan(plan_items_, PlanPolicy{}, plan_);  // validates every chunk before anything is stored
     resize(total);
 
     const size_t H = static_cast<size_t>(cfg_.hidden_size);
@@ -88,10 +96,10 @@ class CpuBackend final : public Backend {
 
       size_t t0 = 0;
       for (const SequenceChunk& c : batch) {
-        kv.append(l, c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()), &k_[t0 * kvd], &v_[t0 * kvd]);
+        kv_.append(l, c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()), &k_[t0 * kvd], &v_[t0 * kvd]);
         t0 += c.tokens.size();
       }
-      attention(batch, kv, l, scale);
+      kv_.run(plan_, l, q_.data(), qd, attn_.data(), qd, scale, pool_, attention_ws_);
       if (on_layer_done) on_layer_done(l);
 
       cpu::matmul(attn_.data(), total, w.wo, tmp_.data(), pool_, mm_ws_);
@@ -124,11 +132,6 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  struct AttentionTask {
-    int seq_id, kv_head, start_pos, n_rows;
-    size_t row;  // first token row in the batch
-  };
-
   void resize(size_t total) {
     const size_t H = static_cast<size_t>(cfg_.hidden_size);
     auto grow = [](std::vector<float>& v, size_t n) {
@@ -165,52 +168,29 @@ class CpuBackend final : public Backend {
     for (size_t r = 0; r < rows; ++r) cpu::add_inplace(y + r * n, bias.data<float>(), n);
   }
 
-  // One task = (chunk, kv head, block of query rows); tasks are handed out dynamically.
-  void attention(std::span<const SequenceChunk> batch, KvCache& kv, int layer, float scale) {
-    tasks_.clear();
-    size_t t = 0;
-    for (const SequenceChunk& c : batch) {
-      const int n = static_cast<int>(c.tokens.size());
-      for (int r0 = 0; r0 < n; r0 += kAttentionRowBlock) {
-        const int nr = std::min(kAttentionRowBlock, n - r0);
-        for (int h = 0; h < cfg_.num_kv_heads; ++h)
-          tasks_.push_back({c.seq_id, h, c.start_pos + r0, nr, t + static_cast<size_t>(r0)});
-      }
-      t += static_cast<size_t>(n);
-    }
-    const size_t qd = static_cast<size_t>(cfg_.q_dim());
-    const size_t group_floats = static_cast<size_t>(cfg_.group_size()) * static_cast<size_t>(cfg_.head_dim);
-    std::atomic<size_t> next{0};
-    pool_.run([&](int thread, int) {
-      std::vector<float>& scratch = scratch_[static_cast<size_t>(thread)];
-      for (;;) {
-        const size_t i = next.fetch_add(1, std::memory_order_relaxed);
-        if (i >= tasks_.size()) return;
-        const AttentionTask& task = tasks_[i];
-        const size_t need = kv.attend_scratch_floats(task.n_rows, task.start_pos + task.n_rows);
-        if (scratch.size() < need) scratch.resize(need);
-        const size_t off = task.row * qd + static_cast<size_t>(task.kv_head) * group_floats;
-        kv.attend(layer, task.seq_id, task.kv_head, task.start_pos, task.n_rows, &q_[off], qd, &attn_[off], qd, scale,
-                  scratch.data());
-      }
-    });
-  }
-
   const Model& model_;
   const ModelConfig& cfg_;
   ThreadPool& pool_;
-  std::vector<float> inv_freq_;
+  PagedKvCache& kv_;
+  std::vector<float> inv_freq_;  // [head_dim / 2] RoPE frequencies
   cpu::MatmulWorkspace mm_ws_;
-  std::vector<float> x_, xn_, tmp_, q_, k_, v_, attn_, gate_, up_;
-  std::vector<int> positions_;
-  std::vector<std::vector<float>> scratch_;  // [thread] attention scratch
-  std::vector<AttentionTask> tasks_;
+  // Activations, grown to the largest batch seen (T = token rows of the forward), f32:
+  std::vector<float> x_;          // [T][hidden] residual stream
+  std::vector<float> xn_;         // [T][hidden] normed input of a projection (the logits rows at the end)
+  std::vector<float> tmp_;        // [T][hidden] output of o_proj / down_proj before the residual add
+  std::vector<float> q_, attn_;   // [T][num_heads · head_dim] queries (RoPE applied), attention output
+  std::vector<float> k_, v_;      // [T][num_kv_heads · head_dim] new keys (RoPE applied) and values
+  std::vector<float> gate_, up_;  // [T][intermediate] SwiGLU inputs (gate_ then holds the product)
+  std::vector<int> positions_;    // [T] position of each row
+  std::vector<PlanItem> plan_items_;  // [chunks] the forward's chunks as the plan sees them
+  AttentionPlan plan_;                // this forward's attention plan, run by every layer
+  AttentionWorkspace attention_ws_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool) {
-  return std::make_unique<CpuBackend>(model, pool);
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv) {
+  return std::make_unique<CpuBackend>(model, pool, kv);
 }
 
 }  // namespace hack

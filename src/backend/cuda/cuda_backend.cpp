@@ -137,8 +137,8 @@ T* ptr(const Buffer& b) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Model& model, const CudaBackendOptions& options)
-      : cfg_(model.config), options_(options), cublas_(stream_.get()) {
+  CudaBackend(const Model& model, CudaPagedKvCache& kv, const CudaBackendOptions& options)
+      : cfg_(model.config), options_(options), kv_(kv), cublas_(stream_.get()) {
     HACK_CHECK(options.max_batch_tokens > 0 && options.max_sequences > 0 && options.max_logit_rows > 0,
                "CUDA backend: max_batch_tokens, max_sequences and max_logit_rows must be positive");
     HACK_CHECK(cfg_.head_dim % 2 == 0, "CUDA backend: head_dim {} must be even (RoPE pairs)", cfg_.head_dim);
@@ -149,6 +149,13 @@ class CudaBackend final : public Backend {
     HACK_CHECK(cuda::prefill_attention_smem_bytes(cfg_.head_dim) <= max_smem_bytes_,
                "CUDA backend: head_dim {} needs {} bytes of shared memory in prefill attention, the device has {}",
                cfg_.head_dim, cuda::prefill_attention_smem_bytes(cfg_.head_dim), max_smem_bytes_);
+    HACK_CHECK(kv.device() == options.device, "CUDA backend on device {} got a KV cache on device {}", options.device,
+               kv.device());
+    const KvShape& ks = kv.shape();
+    HACK_CHECK(ks.num_layers == cfg_.num_layers && ks.num_kv_heads == cfg_.num_kv_heads &&
+                   ks.head_dim == cfg_.head_dim && ks.group_size == cfg_.group_size(),
+               "CUDA backend: KV cache shape (layers {}, kv heads {}, head_dim {}) does not match the model", ks.num_layers,
+               ks.num_kv_heads, ks.head_dim);
     upload_weights(model);
     allocate_workspace();
     dec_.reserve(static_cast<size_t>(options.max_sequences));
@@ -159,20 +166,11 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   const ModelConfig& config() const override { return cfg_; }
 
-  size_t forward(std::span<const SequenceChunk> batch, KvCache& kv_base, std::vector<float>& logits,
+  KvCache& kv() override { return kv_; }
+
+  size_t forward(std::span<const SequenceChunk> batch, std::vector<float>& logits,
                  const LayerDoneFn& on_layer_done) override {
-    auto* kv = dynamic_cast<CudaPagedKvCache*>(&kv_base);
-    HACK_CHECK(kv != nullptr,
-               "CUDA backend: the KV cache '{}' lives on the host; the CUDA backend needs a CudaPagedKvCache "
-               "(make_cuda_kv_cache)",
-               kv_base.name());
-    HACK_CHECK(kv->device() == options_.device, "CUDA backend on device {} got a KV cache on device {}",
-               options_.device, kv->device());
-    const KvShape& ks = kv->shape();
-    HACK_CHECK(ks.num_layers == cfg_.num_layers && ks.num_kv_heads == cfg_.num_kv_heads &&
-                   ks.head_dim == cfg_.head_dim && ks.group_size == cfg_.group_size(),
-               "CUDA backend: KV cache shape (layers {}, kv heads {}, head_dim {}) does not match the model", ks.num_layers,
-               ks.num_kv_heads, ks.head_dim);
+    CudaPagedKvCache* kv = &kv_;
     const size_t T = plan(batch, *kv);
     if (T == 0) return 0;
     const cudaStream_t s = stream_.get();
@@ -506,6 +504,7 @@ class CudaBackend final : public Backend {
 
   ModelConfig cfg_;
   CudaBackendOptions options_;
+  CudaPagedKvCache& kv_;
   CudaStream stream_;
   CublasHandle cublas_;
   int sm_count_ = 1;
@@ -532,14 +531,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaBackendOptions& options) {
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, CudaPagedKvCache& kv, const CudaBackendOptions& options) {
   HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
   int n_devices = 0;
   HACK_CUDA_CHECK(cudaGetDeviceCount(&n_devices));
   HACK_CHECK(options.device >= 0 && options.device < n_devices, "CUDA device {} does not exist ({} present)",
              options.device, n_devices);
   HACK_CUDA_CHECK(cudaSetDevice(options.device));
-  return std::make_unique<CudaBackend>(model, options);
+  return std::make_unique<CudaBackend>(model, kv, options);
 }
 
 std::unique_ptr<CudaPagedKvCache> make_cuda_kv_cache(const ModelConfig& config, const CudaKvOptions& options) {

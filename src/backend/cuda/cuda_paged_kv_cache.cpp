@@ -132,11 +132,6 @@ void CudaPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens
   commit_append(layer, seq_id, start_pos, n_tokens);
 }
 
-void CudaPagedKvCache::attend(int, int, int, int, int, const float*, size_t, float*, size_t, float, float*) const {
-  fail("device KV cache ({}): attention over device KV runs inside the CUDA backend, not through KvCache::attend",
-       name());
-}
-
 KvCacheStats CudaPagedKvCache::stats() const {
   KvCacheStats st;
   st.sequences = static_cast<int64_t>(sequences_.size());

@@ -43,19 +43,23 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(in);
 }
 
+// fp32 pages of 4096 tokens: every fixture sequence lives in one page, laid out as a
+// contiguous cache is.
+KvCacheOptions fp32_options(int block_tokens = 4096) {
+  KvCacheOptions o;
+  o.mode = KvMode::fp;
+  o.fp_dtype = DType::f32;
+  o.block_tokens = block_tokens;
+  return o;
+}
+
 struct Runner {
   explicit Runner(const fs::path& dir, int chunk = 512)
-      : model(Model::load(dir)),
-        pool(2),
-        backend(make_cpu_backend(model, pool)),
-        kv(KvShape{model.config.num_layers, model.config.num_kv_heads, model.config.head_dim,
-                   model.config.group_size()}),
-        engine(*backend, kv, EngineOptions{chunk}) {}
+      : model(Model::load(dir)), pool(2), cpu(make_cpu_engine(model, pool, fp32_options(), EngineOptions{chunk})) {}
   Model model;
   ThreadPool pool;
-  std::unique_ptr<Backend> backend;
-  FpKvCache kv;
-  Engine engine;
+  CpuEngine cpu;
+  Engine& engine = *cpu.engine;
 };
 
 }  // namespace
@@ -169,16 +173,12 @@ TEST_CASE("batched decode equals single-sequence decode", "[backend]") {
   }
 }
 
-TEST_CASE("paged fp32 KV cache gives the contiguous cache's logits through the model", "[backend][kv]") {
+TEST_CASE("small pages and chunks give the one-page cache's logits through the model", "[backend][kv]") {
   const fs::path dir = test::fixtures_dir() / "models" / "tiny-llama";
   Runner ref(dir);
   const ModelConfig& cfg = ref.model.config;
-  KvCacheOptions opt;
-  opt.mode = KvMode::fp;
-  opt.fp_dtype = DType::f32;
-  opt.block_tokens = 16;
-  auto paged = make_paged_kv_cache(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, opt);
-  Engine engine(*ref.backend, *paged, EngineOptions{13});
+  CpuEngine paged = make_cpu_engine(ref.model, ref.pool, fp32_options(16), EngineOptions{13});
+  Engine& engine = *paged.engine;
   std::vector<int> ids;
   for (int i = 0; i < 100; ++i) ids.push_back((i * 53 + 7) % cfg.vocab_size);
   std::vector<float> a, b;
@@ -271,8 +271,8 @@ TEST_CASE("HACK KV keeps hack-tiny's next-token distribution close to fp", "[bac
     KvCacheOptions opt;
     opt.mode = KvMode::hack;
     opt.k_bits = opt.v_bits = c.bits;
-    auto kv = make_paged_kv_cache(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, opt);
-    Engine engine(*ref.backend, *kv, EngineOptions{64});
+    CpuEngine hack = make_cpu_engine(ref.model, ref.pool, opt, EngineOptions{64});
+    Engine& engine = *hack.engine;
     const Divergence d = divergence(fp, run(engine), vocab);
     INFO("bits " << c.bits << " mean KL " << d.mean_kl << " top-1 " << d.top1);
     CHECK(d.mean_kl <= c.max_kl);

@@ -79,7 +79,6 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
   const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 2024);
   ThreadPool pool(2);
-  auto backend = make_cpu_backend(model, pool);
   const KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
   const size_t vocab = static_cast<size_t>(cfg.vocab_size);
 
@@ -121,7 +120,8 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
 
       // hack-run: one engine, one cache.
       PagedKvCache ref_kv(shape, o);
-      Engine ref(*backend, ref_kv, EngineOptions{kChunk});
+      const std::unique_ptr<Backend> ref_backend = make_cpu_backend(model, pool, ref_kv);
+      Engine ref(*ref_backend, EngineOptions{kChunk});
       ref.add_sequence(1, max_tokens);
       std::vector<float> ref_logits;
       ref.prefill(1, prompt, ref_logits);
@@ -136,7 +136,8 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
 
       // Prefill node: export each layer as it finishes; decode node imports as it arrives.
       PagedKvCache prefill_kv(shape, o), decode_kv(shape, o);
-      Engine prefill(*backend, prefill_kv, EngineOptions{kChunk});
+      const std::unique_ptr<Backend> prefill_backend = make_cpu_backend(model, pool, prefill_kv);
+      Engine prefill(*prefill_backend, EngineOptions{kChunk});
       prefill.add_sequence(1, length);
       decode_kv.add_sequence(1, max_tokens);
       KvExportCursor cursor;
@@ -151,7 +152,8 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
       });
       REQUIRE(final_layers == cfg.num_layers);
       REQUIRE(messages == static_cast<int>(cursor.messages));
-      Engine decode(*backend, decode_kv, EngineOptions{kChunk});
+      const std::unique_ptr<Backend> decode_backend = make_cpu_backend(model, pool, decode_kv);
+      Engine decode(*decode_backend, EngineOptions{kChunk});
       decode.adopt_sequence(1);
       REQUIRE(decode.position(1) == length);
 
@@ -182,11 +184,11 @@ TEST_CASE("engine: the layer callback runs once per layer per chunk, after the l
   const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 7);
   ThreadPool pool(1);
-  auto backend = make_cpu_backend(model, pool);
   KvCacheOptions o;
   o.mode = KvMode::fp;
   PagedKvCache kv(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, o);
-  Engine engine(*backend, kv, EngineOptions{40});
+  const std::unique_ptr<Backend> engine_backend = make_cpu_backend(model, pool, kv);
+  Engine engine(*engine_backend, EngineOptions{40});
   engine.add_sequence(3, 100);
   const std::vector<int> prompt = test::random_prompt(100, cfg.vocab_size, 3);
   std::vector<std::pair<int, bool>> calls;
@@ -204,7 +206,8 @@ TEST_CASE("engine: the layer callback runs once per layer per chunk, after the l
   CHECK(calls == expected);
   // The callback changes nothing: same logits as without it.
   PagedKvCache kv2(kv.shape(), o);
-  Engine engine2(*backend, kv2, EngineOptions{40});
+  const std::unique_ptr<Backend> engine2_backend = make_cpu_backend(model, pool, kv2);
+  Engine engine2(*engine2_backend, EngineOptions{40});
   engine2.add_sequence(3, 100);
   engine2.prefill(3, prompt, plain);
   CHECK(same_bits(logits, plain));

@@ -14,10 +14,9 @@ TEST_CASE("the HACK bit search raises the layers that matter within the budget",
   ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 7);
   ThreadPool pool(2);
-  auto backend = make_cpu_backend(model, pool);
   std::vector<std::vector<int>> windows = {test::random_prompt(80, cfg.vocab_size, 1),
                                            test::random_prompt(80, cfg.vocab_size, 2)};
-  const DecodePathReference reference(*backend, windows, 64, 32);
+  const DecodePathReference reference(model, pool, windows, 64, 32);
   const KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
   KvCacheOptions options;
   options.block_tokens = 16;

@@ -477,3 +477,16 @@ TEST_CASE("sampler: the per-step uniform is a function of (seed, step) and looks
   INFO("chi2 " << chi2);
   CHECK(chi2 < 44.3);
 }
+
+TEST_CASE("min_tokens holds back EOS and stop tokens until enough are generated", "[sampler]") {
+  SamplingParams p;
+  p.min_tokens = 2;
+  p.stop_token_ids = {3};
+  const std::vector<int> eos = {1, 99};  // 99 lies outside the row: ignored
+  std::vector<float> row(5, 0.5f);
+  suppress_ending_tokens(row, p, eos, 1);
+  REQUIRE(row == std::vector<float>{0.5f, -INFINITY, 0.5f, -INFINITY, 0.5f});
+  std::vector<float> later(5, 0.5f);
+  suppress_ending_tokens(later, p, eos, 2);
+  REQUIRE(later == std::vector<float>(5, 0.5f));
+}

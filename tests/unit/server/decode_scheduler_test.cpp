@@ -40,12 +40,12 @@ KvCacheOptions kv_options(KvMode mode, size_t capacity_bytes = 0) {
 struct Node {
   explicit Node(const KvCacheOptions& options)
       : pool(2),
-        backend(make_cpu_backend(tiny_model(), pool)),
         kv(make_paged_kv_cache(shape_of(tiny_model().config), options)),
-        engine(*backend, *kv) {}
+        backend(make_cpu_backend(tiny_model(), pool, *kv)),
+        engine(*backend) {}
   ThreadPool pool;
-  std::unique_ptr<Backend> backend;
   std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<Backend> backend;
   Engine engine;
 };
 

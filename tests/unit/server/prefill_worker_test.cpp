@@ -115,8 +115,6 @@ struct Fixture {
   ModelConfig cfg = test::small_synthetic_config();
   Model model = Model::synthetic(cfg, 99);
   ThreadPool prefill_pool{1}, decode_pool{1};
-  std::unique_ptr<Backend> prefill_backend = make_cpu_backend(model, prefill_pool);
-  std::unique_ptr<Backend> decode_backend = make_cpu_backend(model, decode_pool);
   KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
 };
 
@@ -136,7 +134,7 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
     wo.kv = o;
     wo.engine.prefill_chunk_tokens = 64;
     Outcomes outcomes;
-    PrefillWorker worker(*f.prefill_backend, tx_worker, wo);
+    PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
 
     // The decode node: its cache, one sequence per request, opened before the KV arrives.
     PagedKvCache decode_kv(f.shape, o);
@@ -190,7 +188,8 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
     }
     for (const auto& [id, prompt] : prompts) REQUIRE(outcomes.wait(id, net::test::kWaitS));
 
-    Engine decode(*f.decode_backend, decode_kv);
+    const std::unique_ptr<Backend> decode_backend = make_cpu_backend(f.model, f.decode_pool, decode_kv);
+    Engine decode(*decode_backend);
     for (const auto& [id, prompt] : prompts) {
       INFO("request " << id << ", " << prompt.size() << " prompt tokens");
       const auto& outcome = outcomes.by_id.at(id);
@@ -204,7 +203,8 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
 
       // hack-run: generate() on one engine and one cache.
       PagedKvCache ref_kv(f.shape, o);
-      Engine ref(*f.decode_backend, ref_kv);
+      const std::unique_ptr<Backend> ref_backend = make_cpu_backend(f.model, f.decode_pool, ref_kv);
+      Engine ref(*ref_backend);
       ref.add_sequence(1, static_cast<int>(prompt.size()) + new_tokens);
       SamplingParams sp;
       sp.temperature = 0.0f;
@@ -256,7 +256,7 @@ TEST_CASE("prefill worker: cancel a queued and a running job", "[server][prefill
   wo.kv = kv_options(KvMode::hack);
   wo.engine.prefill_chunk_tokens = 64;
   Outcomes outcomes;
-  PrefillWorker worker(*f.prefill_backend, tx_worker, wo);
+  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
   auto job_of = [&](uint64_t id, int length) {
     PrefillJob job;
     job.request_id = id;
@@ -315,7 +315,7 @@ TEST_CASE("prefill worker: losing the decode node fails the job and frees its KV
   wo.kv = kv_options(KvMode::fp);
   wo.engine.prefill_chunk_tokens = 64;
   Outcomes outcomes;
-  PrefillWorker worker(*f.prefill_backend, tx_worker, wo);
+  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
   PrefillJob job;
   job.request_id = 5;
   job.tokens = test::random_prompt(3500, f.cfg.vocab_size, 5);

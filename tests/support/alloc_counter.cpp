@@ -1,20 +1,22 @@
-// Replaces the global operator new/delete of unit_kv with counting versions, so tests can
-// assert that a path does not allocate. Kept in its own file so no caller inlines them.
+// Replaces the global operator new/delete of every Catch2 test binary with counting
+// versions, so a test can assert that a path — all its threads — does not allocate. Kept in
+// its own file so no caller inlines them.
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
-#include "alloc_counter.h"
+#include "support/alloc_counter.h"
 
 namespace {
-thread_local long g_allocations = 0;
+std::atomic<long> g_allocations{0};
 }
 
 namespace hack::test {
-long thread_allocations() { return g_allocations; }
+long process_allocations() { return g_allocations.load(std::memory_order_relaxed); }
 }  // namespace hack::test
 
 void* operator new(std::size_t n) {
-  ++g_allocations;
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
