@@ -43,10 +43,10 @@
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
 #include "hack/core/logging.h"
-#include "hack/server/http_client.h"
-#include "hack/server/node_client.h"
-#include "hack/server/node_protocol.h"
-#include "hack/server/routing.h"
+#include "hack/http/http_client.h"
+#include "hack/router/node_client.h"
+#include "hack/node/node_protocol.h"
+#include "hack/router/routing.h"
 
 using namespace hack;
 using namespace hack::server;

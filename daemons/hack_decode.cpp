@@ -1,10 +1,10 @@
 // hack-decode: receives KV from prefill nodes over UCX, runs continuous batching and
-// streams tokens over its internal HTTP/SSE endpoint (see hack/server/decode_server.h).
+// streams tokens over its internal HTTP/SSE endpoint (see hack/decode/decode_server.h).
 #include <cstdio>
 
 #include "hack/core/logging.h"
-#include "hack/server/decode_server.h"
-#include "hack/server/shutdown_signal.h"
+#include "hack/decode/decode_server.h"
+#include "hack/node/shutdown_signal.h"
 
 int main(int argc, char** argv) {
   try {

@@ -1,10 +1,10 @@
 // hack-prefill: computes prompts' KV, streams it as HACK pages to decode nodes over UCX
-// layer by layer, returns the first token (see hack/server/prefill_server.h).
+// layer by layer, returns the first token (see hack/prefill/prefill_server.h).
 #include <cstdio>
 
 #include "hack/core/logging.h"
-#include "hack/server/prefill_server.h"
-#include "hack/server/shutdown_signal.h"
+#include "hack/prefill/prefill_server.h"
+#include "hack/node/shutdown_signal.h"
 
 int main(int argc, char** argv) {
   try {

@@ -1,10 +1,10 @@
 // hack-router: the public OpenAI-compatible API over pools of prefill and decode nodes
-// (see hack/server/router_server.h).
+// (see hack/router/router_server.h).
 #include <cstdio>
 
 #include "hack/core/logging.h"
-#include "hack/server/router_server.h"
-#include "hack/server/shutdown_signal.h"
+#include "hack/router/router_server.h"
+#include "hack/node/shutdown_signal.h"
 
 int main(int argc, char** argv) {
   try {

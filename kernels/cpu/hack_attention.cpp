@@ -1,5 +1,5 @@
 // HACK attention: run-time kernel choice and the per-row state helpers.
-#include "hack/kernels/hack_attention.h"
+#include "hack/kernels/cpu/hack_attention.h"
 
 #include <algorithm>
 #include <cstring>

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "hack/kernels/hack_attention.h"
+#include "hack/kernels/cpu/hack_attention.h"
 #include "hack/kernels/hack_quant_math.h"
 
 namespace hack::cpu::detail {

@@ -1,4 +1,4 @@
-#include "hack/kernels/matmul.h"
+#include "hack/kernels/cpu/matmul.h"
 
 #include <cblas.h>
 

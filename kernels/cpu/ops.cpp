@@ -3,10 +3,9 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <numbers>
 
 #include "hack/core/error.h"
-#include "hack/kernels/cpu_ops.h"
+#include "hack/kernels/cpu/ops.h"
 
 namespace hack::cpu {
 
@@ -58,38 +57,6 @@ void rmsnorm(const float* x, const float* weight, float* out, size_t rows, size_
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
     for (size_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * weight[i];
   }
-}
-
-std::vector<float> rope_inv_freq(const ModelConfig& config) {
-  const int half = config.head_dim / 2;
-  std::vector<float> inv(static_cast<size_t>(half));
-  for (int i = 0; i < half; ++i) {
-    inv[static_cast<size_t>(i)] = static_cast<float>(
-        1.0 / std::pow(static_cast<double>(config.rope_theta), (2.0 * i) / config.head_dim));
-  }
-  const RopeScaling& s = config.rope_scaling;
-  switch (s.type) {
-    case RopeScalingType::none: break;
-    case RopeScalingType::linear:
-      for (float& f : inv) f /= s.factor;
-      break;
-    case RopeScalingType::llama3: {
-      const double old_ctx = s.original_max_position_embeddings;
-      const double low_freq_wavelen = old_ctx / s.low_freq_factor;
-      const double high_freq_wavelen = old_ctx / s.high_freq_factor;
-      for (float& f : inv) {
-        const double wavelen = 2.0 * std::numbers::pi / f;
-        if (wavelen > low_freq_wavelen) {
-          f = static_cast<float>(f / s.factor);
-        } else if (wavelen >= high_freq_wavelen) {
-          const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-          f = static_cast<float>((1.0 - smooth) * f / s.factor + smooth * f);
-        }
-      }
-      break;
-    }
-  }
-  return inv;
 }
 
 void rope_apply(float* x, int n_heads, int head_dim, int position, const float* inv_freq) {

@@ -18,8 +18,8 @@
 
 #include <cstdint>
 
-#include "hack/kernels/cuda/hack_cuda.h"
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/hack.h"
+#include "hack/kernels/cuda/ops.h"
 #include "hack/kernels/hack_quant_math.h"
 
 namespace hack::cuda {

@@ -3,8 +3,8 @@
 // (and the CTA of head 0 the header), so every byte of a page is written exactly once.
 // The arithmetic is hack_quant_math.h, shared with the CPU, so both roundings give the
 // CPU quantizer's bytes (stochastic: the same counter-based stream per element).
-#include "hack/kernels/cuda/hack_cuda.h"
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/hack.h"
+#include "hack/kernels/cuda/ops.h"
 #include "hack/kernels/hack_quant_math.h"
 
 namespace hack::cuda {

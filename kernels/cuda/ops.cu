@@ -1,7 +1,7 @@
 // Element-wise and row-wise CUDA kernels of the fp path: the twins of kernels/cpu/ops.cpp.
 // All reductions accumulate in fp32; transcendental functions are the precise ones (no
 // fast-math), so per-element results match the CPU to a few ulp.
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/ops.h"
 
 namespace hack::cuda {
 

@@ -5,7 +5,7 @@
 // and divide by l at the end.
 #include <cmath>
 
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/ops.h"
 
 namespace hack::cuda {
 

@@ -28,7 +28,6 @@ CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOpt
   return e;
 }
 
-std::string_view finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }
 
 void Engine::adopt_sequence(int seq_id) {
   auto it = positions_.find(seq_id);

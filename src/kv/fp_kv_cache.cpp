@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "hack/core/error.h"
-#include "hack/kernels/cpu_ops.h"
+#include "hack/kernels/cpu/ops.h"
 
 namespace hack {
 

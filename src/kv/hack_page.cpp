@@ -7,7 +7,7 @@
 
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
-#include "hack/kernels/hack_attention.h"
+#include "hack/kernels/cpu/hack_attention.h"
 #include "hack/kernels/hack_quant_math.h"
 
 namespace hack {

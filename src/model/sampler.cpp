@@ -309,6 +309,8 @@ bool Sampler::is_stop_token(int token, std::span<const int> eos_ids) const {
   return !params_.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
 }
 
+std::string_view finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }
+
 void suppress_ending_tokens(std::span<float> logits, const SamplingParams& params, std::span<const int> eos_ids,
                             int generated) {
   if (generated >= params.min_tokens) return;

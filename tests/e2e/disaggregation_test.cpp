@@ -25,9 +25,9 @@
 #include <utility>
 #include <vector>
 
-#include "hack/server/http_client.h"
-#include "hack/server/node_client.h"
-#include "hack/server/node_protocol.h"
+#include "hack/http/http_client.h"
+#include "hack/router/node_client.h"
+#include "hack/node/node_protocol.h"
 #include "support/daemon_process.h"
 #include "support/run_process.h"
 #include "support/test_support.h"

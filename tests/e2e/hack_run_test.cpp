@@ -34,7 +34,7 @@ TEST_CASE("hack-run greedy output equals Hugging Face generate on a fixture mode
   const auto& prompt = g["prompts"][0];
   const std::vector<int> greedy = prompt["greedy"].get<std::vector<int>>();
   const Result r = run_hack_run("--model " + dir.string() + " --prompt-ids " + join_ids(prompt["ids"]) +
-                                " --temperature 0 --json --threads 2 --max-tokens " + std::to_string(greedy.size()) +
+                                " --kv fp --kv-dtype f32 --temperature 0 --json --threads 2 --max-tokens " + std::to_string(greedy.size()) +
                                 " --min-tokens " + std::to_string(greedy.size()));
   INFO(r.err);
   REQUIRE(r.exit_code == 0);

@@ -11,7 +11,7 @@
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
 #include "hack/core/tensor.h"
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/ops.h"
 
 namespace hack::test {
 

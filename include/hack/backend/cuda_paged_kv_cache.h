@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "hack/core/tensor.h"
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/ops.h"
 #include "hack/kv/kv_cache.h"
 
 namespace hack {

@@ -67,10 +67,6 @@ struct CpuEngine {
 CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options,
                           EngineOptions options = {});
 
-enum class FinishReason { stop, length };
-/// "stop" | "length", as the OpenAI API names them.
-std::string_view finish_reason_name(FinishReason reason);
-
 struct GenerationStats {
   int prompt_tokens = 0;
   int generated_tokens = 0;

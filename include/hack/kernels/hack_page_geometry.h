@@ -1,5 +1,5 @@
 /// @file hack_page_geometry.h
-/// @brief Plain descriptions the HACK device kernels (hack/kernels/cuda/hack_cuda.h) are
+/// @brief Plain descriptions the HACK device kernels (hack/kernels/cuda/hack.h) are
 /// launched with: the flat byte geometry of one layer's HACK pages (kv/hack_page.h) and
 /// the split-K plan of decode attention. No CUDA types: the host side (kv/
 /// hack_attention_plan.h) builds them from a HackPageLayout and the device's SM count.

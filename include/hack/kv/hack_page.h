@@ -152,7 +152,7 @@ struct RoundingSpec {
 };
 
 /// The per-element arithmetic of both quantizers lives in kernels/hack_quant_math.h, shared
-/// with the CUDA quantizer (kernels/cuda/hack_cuda.h), which writes the same bytes.
+/// with the CUDA quantizer (kernels/cuda/hack.h), which writes the same bytes.
 ///
 /// Quantizes one head's K block. k: [Π][k_dim] bf16 (token rows `k_stride` elements apart).
 /// Per channel: min rounded down and scale rounded up to bf16 so the range is covered,

@@ -28,7 +28,7 @@
 #include "hack/core/cpu_features.h"
 #include "hack/core/dtype.h"
 #include "hack/core/thread_pool.h"
-#include "hack/kernels/hack_attention.h"
+#include "hack/kernels/cpu/hack_attention.h"
 #include "hack/kv/attention_plan.h"
 #include "hack/kv/hack_page.h"
 #include "hack/kv/kv_cache.h"

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -51,6 +52,11 @@ double uniform_for_step(uint64_t seed, uint64_t step);
 /// uniform_for_step(seed, i) only, so generation can move between processes — prefill
 /// samples token 0, decode records it (record_token) and samples tokens 1, 2, ... with the
 /// same seed, drawing exactly what one process would have drawn.
+/// Why generation ended.
+enum class FinishReason { stop, length };
+/// "stop" | "length", as the OpenAI API names them.
+std::string_view finish_reason_name(FinishReason reason);
+
 /// min_tokens (HF min_new_tokens, vLLM min_tokens): while fewer than params.min_tokens
 /// tokens have been generated, the tokens that would end generation — `eos_ids` and
 /// params.stop_token_ids — get −inf logits, so they cannot be chosen. Ids outside the row

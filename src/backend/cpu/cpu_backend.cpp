@@ -6,18 +6,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "hack/model/rope.h"
 #include "hack/backend/backend.h"
 #include "hack/core/error.h"
-#include "hack/kernels/cpu_ops.h"
-#include "hack/kernels/matmul.h"
+#include "hack/kernels/cpu/ops.h"
+#include "hack/kernels/cpu/matmul.h"
 
 namespace hack {
-
-DeviceKind parse_device(const std::string& name) {
-  if (name == "cpu") return DeviceKind::cpu;
-  if (name == "cuda") return DeviceKind::cuda;
-  fail("unknown device '{}' (cpu|cuda)", name);
-}
 
 namespace {
 
@@ -27,7 +22,7 @@ constexpr size_t kParallelRowsMin = 32;
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv)
-      : model_(model), cfg_(model.config), pool_(pool), kv_(kv), inv_freq_(cpu::rope_inv_freq(model.config)) {
+      : model_(model), cfg_(model.config), pool_(pool), kv_(kv), inv_freq_(rope_inv_freq(model.config)) {
     const KvShape& ks = kv.shape();
     HACK_CHECK(ks.num_layers == cfg_.num_layers && ks.num_kv_heads == cfg_.num_kv_heads && ks.head_dim == cfg_.head_dim &&
                    ks.group_size == cfg_.group_size(),

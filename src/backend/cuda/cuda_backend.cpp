@@ -18,11 +18,12 @@
 #include <cstring>
 #include <vector>
 
+#include "hack/model/rope.h"
 #include "hack/backend/cuda_backend.h"
 #include "hack/backend/cuda_check.h"
 #include "hack/core/error.h"
-#include "hack/kernels/cpu_ops.h"
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cpu/ops.h"
+#include "hack/kernels/cuda/ops.h"
 
 namespace hack {
 
@@ -307,7 +308,7 @@ class CudaBackend final : public Backend {
       HACK_CHECK(d.attn_norm.data() && d.ffn_norm.data(), "CUDA backend: layer {} lacks its norms", l);
     }
     HACK_CHECK(final_norm_.data() != nullptr, "CUDA backend: the model lacks its final norm");
-    inv_freq_ = upload_floats(cpu::rope_inv_freq(cfg_), dev);
+    inv_freq_ = upload_floats(rope_inv_freq(cfg_), dev);
   }
 
   void allocate_workspace() {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "hack/core/error.h"
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/ops.h"
 
 namespace hack::cuda {
 

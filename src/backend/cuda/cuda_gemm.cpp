@@ -2,7 +2,7 @@
 #include <cublas_v2.h>
 
 #include "hack/core/error.h"
-#include "hack/kernels/cuda_ops.h"
+#include "hack/kernels/cuda/ops.h"
 
 namespace hack::cuda {
 

@@ -10,7 +10,7 @@
 
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
-#include "hack/kernels/hack_attention.h"
+#include "hack/kernels/cpu/hack_attention.h"
 #include "hack/kv/hack_page.h"
 
 using namespace hack;

@@ -1,0 +1,51 @@
+/// @file decode_server.h
+/// @brief hack-decode as a library object: the DecodeScheduler behind an internal HTTP/SSE
+/// endpoint and a UCX listener whose KvReceiver feeds received KV into the scheduler.
+/// See node_protocol.h for the endpoints. The daemon's main() only parses flags into
+/// DecodeServerConfig, builds this and waits for a signal.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "hack/core/flags.h"
+#include "hack/decode/decode_scheduler.h"
+#include "hack/runtime/model_runtime.h"
+
+namespace hack::server {
+
+struct DecodeServerConfig {
+  ModelRuntimeConfig model;
+  std::string host = "127.0.0.1";  ///< HTTP and UCX bind address
+  int port = 8300;                 ///< HTTP port (0 = any)
+  int ucx_port = 0;                ///< UCX listener port (0 = any; reported by /health)
+  std::string secret;              ///< shared secret of the internal endpoints ("" = none)
+  int http_threads = 2;
+  int max_batch = 64;
+  int reserve_ahead_tokens = 64;
+  float kv_timeout_s = 120;
+  bool json_logs = false;
+  std::string log_level = "info";
+};
+
+/// Registers every DecodeServerConfig flag (env mirrors HACK_DECODE_*).
+void add_decode_flags(FlagSet& flags, DecodeServerConfig& config);
+
+class DecodeServer {
+ public:
+  /// Loads the model, binds HTTP and UCX, starts serving. Throws hack::Error.
+  explicit DecodeServer(const DecodeServerConfig& config);
+  /// Stops accepting, fails open requests, joins every thread.
+  ~DecodeServer();
+  DecodeServer(const DecodeServer&) = delete;
+  DecodeServer& operator=(const DecodeServer&) = delete;
+
+  int port() const;
+  std::string ucx_address() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hack::server

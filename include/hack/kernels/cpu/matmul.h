@@ -1,0 +1,35 @@
+/// @file kernels/cpu/matmul.h
+/// @brief y = x · Wᵀ for the transformer's linear layers on the CPU, W in its checkpoint
+/// dtype (f32, f16, bf16) and HF layout [out_features, in_features].
+///
+/// Few rows (decode): a weight-streaming GEMV that reads each weight row once for all rows
+/// of x (memory-bound; AVX2 or AVX-512 chosen at run time). Many rows (prefill): OpenBLAS
+/// sgemm, converting 16-bit weights to fp32 tile by tile.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "hack/core/cpu_features.h"
+#include "hack/core/tensor.h"
+#include "hack/core/thread_pool.h"
+
+namespace hack::cpu {
+
+/// Rows of x at or below which matmul() streams weights (GEMV) instead of calling sgemm.
+inline constexpr size_t kGemvMaxRows = 8;
+
+/// Scratch for matmul(): fp32 weight tiles for sgemm on 16-bit weights. Reused across calls.
+struct MatmulWorkspace {
+  std::vector<float> weight_tile;
+};
+
+/// y[t][o] = Σ_i x[t][i] · w[o][i] for t < rows; x: [rows][in], y: [rows][out] (row-major,
+/// contiguous). `w` is [out][in] f32/f16/bf16.
+void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool, MatmulWorkspace& ws);
+
+/// The GEMV path on an explicit ISA (tests compare every ISA with the scalar one).
+/// Computes output rows [o_begin, o_end) only.
+void gemv_rows(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* y, size_t o_begin, size_t o_end);
+
+}  // namespace hack::cpu

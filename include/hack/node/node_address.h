@@ -1,0 +1,24 @@
+/// @file node_address.h
+/// @brief Where a node listens, as the router's pools and the prefill node's decode peers
+/// name it ("host:port").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace hack::server {
+
+/// Where a node listens.
+struct NodeAddress {
+  std::string name;  ///< unique in its pool; used in logs, metrics and exclude sets
+  std::string host;
+  uint16_t port = 0;
+  std::string ucx_address;  ///< decode nodes: the UCX worker address prefill connects to
+};
+
+/// Parses "host:port" (the last ':' splits, so "[::1]:80"-style hosts keep theirs; the name
+/// is the text as given). `what` labels errors: "--decode '10.0.0.1': expected host:port".
+NodeAddress parse_node_address(std::string_view host_port, std::string_view what);
+
+}  // namespace hack::server

@@ -1,0 +1,47 @@
+/// @file prefill_server.h
+/// @brief hack-prefill as a library object: a PrefillWorker behind the internal HTTP
+/// endpoint POST /internal/prefill (see node_protocol.h). Each call names the decode node's
+/// UCX address; the worker streams the KV there layer by layer and the reply carries the
+/// first token once every message has left. The daemon's main() only parses flags.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "hack/core/flags.h"
+#include "hack/runtime/model_runtime.h"
+
+namespace hack::server {
+
+struct PrefillServerConfig {
+  ModelRuntimeConfig model;
+  std::string host = "127.0.0.1";  ///< HTTP bind address
+  int port = 8200;                 ///< HTTP port (0 = any)
+  std::string secret;              ///< shared secret of the internal endpoints ("" = none)
+  int http_threads = 2;
+  int64_t window_mb = 64;          ///< unacknowledged KV bytes in flight per decode node
+  float send_timeout_s = 60;
+  bool enable_test_hooks = false;  ///< honour test_corrupt_page; --test-layer-delay-ms
+  int test_layer_delay_ms = 0;
+  bool json_logs = false;
+  std::string log_level = "info";
+};
+
+/// Registers every PrefillServerConfig flag (env mirrors HACK_PREFILL_*).
+void add_prefill_flags(FlagSet& flags, PrefillServerConfig& config);
+
+class PrefillServer {
+ public:
+  explicit PrefillServer(const PrefillServerConfig& config);
+  ~PrefillServer();
+  PrefillServer(const PrefillServer&) = delete;
+  PrefillServer& operator=(const PrefillServer&) = delete;
+
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hack::server

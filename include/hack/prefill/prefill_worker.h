@@ -1,0 +1,152 @@
+/// @file prefill_worker.h
+/// @brief The prefill node's engine loop: one thread owns an Engine over a PagedKvCache and
+/// runs prefill jobs in FIFO order. Each layer's KV is exported (kv/kv_stream.h) and sent
+/// to the job's decode node (net/kv_transfer.h) from the layer callback, so the transfer
+/// of layer l overlaps the compute of layers l+1..; then the first token is sampled, sent
+/// in request_done's payload, and the job ends once every message has left.
+///
+/// request_done payload (JSON): {"token": id, "logprob": lp, "top_logprobs": [[id, lp], ...],
+/// "seed": u64, "prompt_tokens": n} — logprob/top_logprobs as SampleResult (0 / [] unless
+/// requested). The decode node continues with Sampler{seed}, add_prompt_tokens(prompt),
+/// record_token(token), so sampled continuations match one process.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "hack/backend/backend.h"
+#include "hack/backend/engine.h"
+#include "hack/core/error.h"
+#include "hack/kv/paged_kv_cache.h"
+#include "hack/model/sampler.h"
+#include "hack/net/kv_transfer.h"
+#include "hack/net/ucx_worker.h"
+
+namespace hack::server {
+
+struct PrefillWorkerOptions {
+  KvCacheOptions kv;                 ///< the prefill cache (must match the decode node's)
+  EngineOptions engine;              ///< prefill chunk size
+  net::KvSenderOptions sender;       ///< flow-control window per decode node
+  double send_timeout_s = 60.0;      ///< a job fails if its KV has not left by then after prefill
+  int test_layer_delay_ms = 0;       ///< fault tests: sleep after each layer (long transfers)
+};
+
+/// Where a job's KV goes: an endpoint of the worker's UcxWorker, or host:port, connected
+/// on first use and reused by later jobs (a lost connection is dropped and redialled).
+struct DecodePeer {
+  std::optional<net::EndpointId> endpoint;
+  std::string host;
+  uint16_t port = 0;
+};
+
+struct PrefillTimings {
+  double queue_s = 0;     ///< submit → start
+  double prefill_s = 0;   ///< the model over the prompt (KV sends overlap it)
+  double drain_s = 0;     ///< after prefill, until every message of the job had left
+  double total_s = 0;     ///< submit → done
+};
+
+struct PrefillResult {
+  SampleResult first;     ///< the first generated token
+  uint64_t seed = 0;      ///< the sampler's seed (the decode node continues with it)
+  size_t kv_bytes = 0;    ///< payload bytes of the KV messages
+  size_t kv_messages = 0;
+  int prompt_tokens = 0;
+  PrefillTimings timings;
+};
+
+/// Either the result or why the job failed.
+using PrefillOutcome = std::variant<PrefillResult, Status>;
+
+struct PrefillJob {
+  uint64_t request_id = 0;         ///< names the request on the wire; unique among live jobs
+  std::vector<int> tokens;         ///< the prompt
+  SamplingParams sampling;
+  std::vector<int> eos_ids;        ///< the model's EOS ids (for min_tokens)
+  DecodePeer peer;
+  bool corrupt_page_for_test = false;  ///< fault tests: the first HACK page gets a flipped byte
+  /// Runs once per accepted job: on the worker's thread, or on the thread that calls
+  /// cancel() / the destructor for a job still queued then.
+  std::function<void(uint64_t request_id, PrefillOutcome outcome)> on_done;
+};
+
+struct PrefillWorkerStats {
+  uint64_t jobs_done = 0;
+  uint64_t jobs_failed = 0;        ///< cancelled ones included
+  uint64_t kv_bytes_sent = 0;      ///< KV payload bytes of jobs that succeeded
+  int64_t kv_sequences = 0;        ///< sequences in the prefill cache after the last job (0: all freed)
+  size_t kv_bytes_used = 0;        ///< its bytes then
+};
+
+class PrefillWorker {
+ public:
+  /// model, pool and ucx must outlive the worker; the worker is the only user of pool.
+  /// Builds its cache, the CPU backend over it, the sender, and starts the engine thread.
+  PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorker& ucx, PrefillWorkerOptions options);
+  /// Fails queued jobs ("shutting down"), lets the running one finish its current layer
+  /// and fail likewise, and joins the thread.
+  ~PrefillWorker();
+  PrefillWorker(const PrefillWorker&) = delete;
+  PrefillWorker& operator=(const PrefillWorker&) = delete;
+
+  /// Queues a job. Returns an error (and does not call on_done) for a bad job: empty
+  /// prompt, a request id already queued or running, sampling params out of range,
+  /// a token outside the vocabulary, no peer.
+  Status submit(PrefillJob job);
+  /// Cancels a queued job (removed at once) or the running one (it stops at the next layer
+  /// boundary or while its KV drains); the receiver is told, the sequence freed, on_done
+  /// gets an error. False when no such job is queued or running.
+  bool cancel(uint64_t request_id);
+
+  /// Prompt tokens of queued jobs plus the running one (the router's queue length).
+  int64_t queue_tokens() const;
+  PrefillWorkerStats stats() const;
+  /// The cache (for tests and metrics; touched by the engine thread only while jobs run).
+  const PagedKvCache& kv() const { return *kv_; }
+
+ private:
+  struct Queued {
+    PrefillJob job;
+    double submitted_s = 0;
+  };
+  void run();
+  PrefillOutcome run_job(Queued& queued);
+  net::EndpointId resolve(const DecodePeer& peer);
+
+  const ModelConfig& config_;
+  net::UcxWorker& ucx_;
+  PrefillWorkerOptions options_;
+  std::unique_ptr<PagedKvCache> kv_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<net::KvSender> sender_;
+  int disconnect_token_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Queued> queue_;
+  bool stopping_ = false;
+  uint64_t running_id_ = 0;
+  bool running_ = false;
+  int64_t running_tokens_ = 0;
+  int64_t queued_tokens_ = 0;
+  std::atomic<bool> cancel_running_{false};
+  PrefillWorkerStats stats_;
+  std::map<std::string, net::EndpointId> peers_;  // "host:port" → endpoint
+  int next_seq_id_ = 1;
+  std::thread thread_;
+};
+
+}  // namespace hack::server

@@ -1,0 +1,67 @@
+/// @file model_runtime.h
+/// @brief One options struct for loading a model and everything it runs on — weights, a
+/// thread pool, the KV cache, the backend built over it, the engine — used by hack-run,
+/// hack-prefill and hack-decode alike, so the single-process reference and the cluster
+/// read the same flags with the same defaults and cannot disagree.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hack/backend/backend.h"
+#include "hack/backend/engine.h"
+#include "hack/core/flags.h"
+#include "hack/core/thread_pool.h"
+#include "hack/kv/kv_flags.h"
+#include "hack/kv/paged_kv_cache.h"
+#include "hack/model/weights.h"
+
+namespace hack {
+
+struct ModelRuntimeConfig {
+  std::string model;               ///< Hugging Face model directory
+  std::string synthetic;           ///< instead of model: random weights of a named shape
+  std::string served_name;         ///< name reported to clients; default: the directory's name (nodes)
+  std::string device = "cpu";      ///< cpu | cuda
+  int threads = 0;                 ///< 0 = all cores
+  KvFlags kv;                      ///< --kv, --hack-*, --kv-dtype (kv/kv_flags.h)
+  int64_t kv_capacity_mb = 0;      ///< KV byte budget in MiB; 0 = unbounded
+  int prefill_chunk = 512;
+  int max_model_len = 0;           ///< prompt + completion limit; 0 = max_position_embeddings
+};
+
+/// Registers the model, device, thread and KV flags on `flags` (hack-run, hack-prefill and
+/// hack-decode all call it; the nodes add --served-model-name with add_served_name_flag).
+void add_model_flags(FlagSet& flags, ModelRuntimeConfig& config);
+void add_served_name_flag(FlagSet& flags, ModelRuntimeConfig& config);
+
+/// What to build beyond the weights and the pool.
+struct RuntimeParts {
+  bool engine = true;         ///< the cache, the backend and the engine (a prefill node's worker builds its own)
+  int device_kv_tokens = 0;   ///< --device cuda: tokens the device KV pool holds; 0 = max_model_len
+};
+
+struct ModelRuntime {
+  Model model;
+  std::string name;                ///< served model name
+  std::vector<int> eos_ids;
+  int max_model_len = 0;
+  DeviceKind device = DeviceKind::cpu;
+  KvCacheOptions kv_options;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<KvCache> kv;       ///< the backend's cache
+  PagedKvCache* paged_kv = nullptr;  ///< kv on the CPU (whose pages the nodes export and import)
+  std::unique_ptr<Backend> backend;  ///< built over kv
+  std::unique_ptr<Engine> engine;
+};
+
+/// Loads and builds everything; throws hack::Error naming the bad flag or file.
+std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& config, RuntimeParts parts = {});
+
+/// KvCacheOptions for the `--kv*` / `--hack-*` flags of a model of `num_layers` layers
+/// (its directory's bit allocation applies, see kv/kv_flags.h) and --kv-capacity-mb.
+KvCacheOptions kv_options_from(const ModelRuntimeConfig& config, int num_layers);
+
+}  // namespace hack

@@ -1,0 +1,458 @@
+#include "hack/decode/decode_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <variant>
+
+#include <spdlog/spdlog.h>
+
+namespace hack::server {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+}
+
+struct DecodeScheduler::Request {
+  enum class State { waiting, receiving, running };
+
+  DecodeRequest req;
+  DecodeEventFn on_event;
+  State state = State::waiting;
+  int seq_id = 0;                 // 0: no KV held
+  int reserved_tokens = 0;        // the sequence's current reservation
+  std::unique_ptr<Sampler> sampler;
+  std::vector<int> generated;
+  int next_token = -1;            // input of the next decode step
+  Clock::time_point admitted_at;
+};
+
+struct DecodeScheduler::Command {
+  struct Submit {
+    DecodeRequest request;
+    DecodeEventFn on_event;
+  };
+  struct Cancel {
+    uint64_t id;
+  };
+  struct KvMessage {
+    uint64_t id;
+    uint32_t layer;
+    KvMessageKind kind;
+    std::vector<std::byte> payload;
+  };
+  struct KvComplete {
+    uint64_t id;
+    SampleResult first;
+    uint64_t seed;
+  };
+  struct KvFailed {
+    uint64_t id;
+    std::string message;
+  };
+  std::variant<Submit, Cancel, KvMessage, KvComplete, KvFailed> body;
+};
+
+DecodeScheduler::DecodeScheduler(Engine& engine, PagedKvCache& kv, DecodeSchedulerOptions options)
+    : engine_(engine), kv_(kv), options_(options), vocab_(engine.config().vocab_size) {
+  HACK_CHECK(&engine.kv() == &kv, "DecodeScheduler: the engine must run on the given cache");
+  HACK_CHECK(options_.max_batch > 0, "max_batch must be positive, got {}", options_.max_batch);
+  HACK_CHECK(options_.reserve_ahead_tokens > 0, "reserve_ahead_tokens must be positive, got {}",
+             options_.reserve_ahead_tokens);
+  capacity_bytes_ = kv_.stats().bytes_capacity;
+  publish_stats();
+  thread_ = std::thread([this] { run(); });
+}
+
+DecodeScheduler::~DecodeScheduler() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+Status DecodeScheduler::submit(DecodeRequest request, DecodeEventFn on_event) {
+  if (request.prompt.empty()) return Status::error("empty prompt");
+  for (int t : request.prompt) {
+    if (t < 0 || t >= vocab_) return Status::error(fmt::format("prompt token {} is outside the vocabulary (0..{})", t, vocab_ - 1));
+  }
+  try {
+    request.params.validate(vocab_);
+  } catch (const Error& e) {
+    return Status::error(e.what());
+  }
+  if (request.params.max_tokens < 1) return Status::error("max_tokens must be at least 1");
+  const int total = static_cast<int>(request.prompt.size()) + request.params.max_tokens;
+  // capacity_bytes_, not kv_.stats(): the cache belongs to the engine thread.
+  const size_t capacity = capacity_bytes_;
+  if (capacity > 0 && kv_.sequence_bytes(total) > capacity) {
+    return Status::error(fmt::format("prompt ({} tokens) + max_tokens ({}) needs {} KV bytes; this node holds {}",
+                                     request.prompt.size(), request.params.max_tokens, kv_.sequence_bytes(total),
+                                     capacity));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return Status::error("decode node shutting down");
+    if (!known_ids_.insert(request.id).second) {
+      return Status::error(fmt::format("request {} is already open on this node", request.id));
+    }
+  }
+  post(Command{Command::Submit{std::move(request), std::move(on_event)}});
+  return Status::ok();
+}
+
+void DecodeScheduler::cancel(uint64_t id) { post(Command{Command::Cancel{id}}); }
+
+void DecodeScheduler::import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload) {
+  post(Command{Command::KvMessage{id, layer, kind, std::vector<std::byte>(payload.begin(), payload.end())}});
+}
+
+void DecodeScheduler::kv_complete(uint64_t id, SampleResult first, uint64_t seed) {
+  post(Command{Command::KvComplete{id, std::move(first), seed}});
+}
+
+void DecodeScheduler::kv_failed(uint64_t id, const Status& error) {
+  post(Command{Command::KvFailed{id, error.message()}});
+}
+
+DecodeSchedulerStats DecodeScheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+bool DecodeScheduler::wait_idle(double timeout_s) const {
+  std::unique_lock lock(mutex_);
+  return idle_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return known_ids_.empty(); });
+}
+
+void DecodeScheduler::post(Command command) {
+  {
+    std::lock_guard lock(mutex_);
+    inbox_.push_back(std::move(command));
+  }
+  wake_.notify_one();
+}
+
+void DecodeScheduler::run() {
+  std::vector<Command> commands;
+  for (;;) {
+    admit();  // a step may have freed KV for the waiting head
+    const bool decodable = std::any_of(running_.begin(), running_.end(), [&](uint64_t id) {
+      return requests_.at(id)->state == Request::State::running;
+    });
+    const bool receiving = !running_.empty() && !decodable;
+    {
+      std::unique_lock lock(mutex_);
+      if (!decodable && inbox_.empty() && !stopping_) {
+        // Nothing to step: sleep until a command arrives (or, with KV outstanding, until
+        // the next timeout check).
+        if (receiving) {
+          wake_.wait_for(lock, std::chrono::milliseconds(100));
+        } else {
+          wake_.wait(lock, [&] { return !inbox_.empty() || stopping_; });
+        }
+      }
+      if (stopping_) break;
+      commands.swap(inbox_);
+    }
+    for (Command& c : commands) handle(c);
+    commands.clear();
+    expire_kv_waits();
+    admit();
+    step();
+    publish_stats();
+  }
+  // Shutting down: every open request ends with an error.
+  std::vector<uint64_t> ids;
+  for (auto& [id, r] : requests_) ids.push_back(id);
+  for (uint64_t id : ids) fail(*requests_.at(id), "decode node shutting down");
+  publish_stats();
+}
+
+void DecodeScheduler::handle(Command& command) {
+  std::visit(
+      [&](auto& c) {
+        using T = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<T, Command::Submit>) {
+          auto r = std::make_unique<Request>();
+          const uint64_t id = c.request.id;
+          r->req = std::move(c.request);
+          r->on_event = std::move(c.on_event);
+          requests_.emplace(id, std::move(r));
+          waiting_.push_back(id);
+        } else if constexpr (std::is_same_v<T, Command::Cancel>) {
+          if (requests_.contains(c.id)) {
+            spdlog::debug("request {}: cancelled", c.id);
+            erase(c.id);
+          }
+        } else {
+          auto it = requests_.find(c.id);
+          if (it == requests_.end()) return;  // cancelled or ended: late messages are dropped
+          Request& r = *it->second;
+          if constexpr (std::is_same_v<T, Command::KvFailed>) {
+            fail(r, c.message);
+          } else if (!r.req.remote_kv || r.state != Request::State::receiving) {
+            fail(r, r.state == Request::State::waiting ? "KV arrived before the request was admitted (prefill sent "
+                                                          "before the decode node accepted)"
+                                                        : "unexpected KV message for a request that is not receiving");
+          } else if constexpr (std::is_same_v<T, Command::KvMessage>) {
+            try {
+              import_message(kv_, r.seq_id, static_cast<int>(c.layer), c.kind, c.payload);
+            } catch (const Error& e) {
+              fail(r, fmt::format("bad KV from the prefill node: {}", e.what()));
+            }
+          } else if constexpr (std::is_same_v<T, Command::KvComplete>) {
+            try {
+              const int prompt = static_cast<int>(r.req.prompt.size());
+              for (int l = 0; l < kv_.shape().num_layers; ++l) {
+                const int n = kv_.length(r.seq_id, l);
+                HACK_CHECK(n == prompt, "layer {} holds {} tokens of a {}-token prompt", l, n, prompt);
+              }
+              engine_.adopt_sequence(r.seq_id);
+              r.req.params.seed = c.seed;
+              r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
+              r.sampler->add_prompt_tokens(r.req.prompt);
+              r.sampler->record_token(c.first.token);
+              start_decoding(r, c.first);
+            } catch (const Error& e) {
+              fail(r, fmt::format("incomplete KV from the prefill node: {}", e.what()));
+            }
+          }
+        }
+      },
+      command.body);
+}
+
+int64_t DecodeScheduler::reserve_target(const Request& r, int length) const {
+  const int64_t limit = static_cast<int64_t>(r.req.prompt.size()) + r.req.params.max_tokens;
+  return std::min<int64_t>(limit, static_cast<int64_t>(length) + options_.reserve_ahead_tokens);
+}
+
+void DecodeScheduler::admit() {
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_batch) {
+    Request& r = *requests_.at(waiting_.front());
+    if (!admit_one(r)) return;  // FIFO: later requests wait behind the head
+  }
+}
+
+bool DecodeScheduler::admit_one(Request& r) {
+  const uint64_t id = r.req.id;
+  const bool recompute = !r.generated.empty();
+  // Tokens whose KV the sequence will hold right after admission.
+  const int length = static_cast<int>(r.req.prompt.size() + (recompute ? r.generated.size() - 1 : 0));
+  const int target = static_cast<int>(reserve_target(r, length + 1));
+  const KvCacheStats kv = kv_.stats();
+  if (kv.bytes_capacity > 0 && kv_.sequence_bytes(target) > kv.bytes_capacity - kv.bytes_reserved) {
+    return false;  // not enough free KV yet
+  }
+  const int seq = next_seq_id_++;
+  waiting_.pop_front();
+  try {
+    engine_.add_sequence(seq, target);
+  } catch (const Error& e) {
+    fail(r, fmt::format("cannot open its KV: {}", e.what()));
+    return true;
+  }
+  running_.push_back(id);
+  r.seq_id = seq;
+  r.reserved_tokens = target;
+  r.admitted_at = Clock::now();
+  if (r.req.remote_kv && !r.sampler) {
+    r.state = Request::State::receiving;
+    r.on_event(DecodeEvent{.kind = DecodeEventKind::accepted});
+    return true;
+  }
+  try {
+    std::vector<int> tokens = r.req.prompt;
+    if (recompute) tokens.insert(tokens.end(), r.generated.begin(), r.generated.end() - 1);
+    engine_.prefill(seq, tokens, logits_);
+    if (recompute) {
+      r.state = Request::State::running;
+      r.next_token = r.generated.back();
+      return true;
+    }
+    r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
+    r.sampler->add_prompt_tokens(r.req.prompt);
+    std::span<float> row(logits_.data(), static_cast<size_t>(vocab_));
+    suppress_ending_tokens(row, r.req.params, r.req.eos_ids, 0);
+    start_decoding(r, r.sampler->sample(row));
+  } catch (const Error& e) {
+    fail(r, fmt::format("prefill failed: {}", e.what()));
+  }
+  return true;
+}
+
+void DecodeScheduler::start_decoding(Request& r, const SampleResult& first) {
+  r.state = Request::State::running;
+  emit_token(r, first);
+}
+
+void DecodeScheduler::emit_token(Request& r, const SampleResult& s) {
+  r.generated.push_back(s.token);
+  DecodeEvent e{.kind = DecodeEventKind::token, .sample = s, .index = static_cast<int>(r.generated.size()) - 1};
+  r.on_event(e);
+  if (r.sampler->is_stop_token(s.token, r.req.eos_ids)) {
+    finish(r, FinishReason::stop);
+  } else if (static_cast<int>(r.generated.size()) >= r.req.params.max_tokens) {
+    finish(r, FinishReason::length);
+  } else {
+    r.next_token = s.token;
+  }
+}
+
+bool DecodeScheduler::grow_or_preempt(Request& r) {
+  const int needed = engine_.position(r.seq_id) + 1;
+  if (needed <= r.reserved_tokens) return true;
+  const int target = static_cast<int>(reserve_target(r, needed));
+  for (;;) {
+    if (kv_.try_extend_sequence(r.seq_id, target)) {
+      r.reserved_tokens = target;
+      return true;
+    }
+    // Preempt the most recently admitted decoding request (possibly r itself).
+    Request* victim = nullptr;
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+      Request& c = *requests_.at(*it);
+      if (c.state == Request::State::running) {
+        victim = &c;
+        break;
+      }
+    }
+    if (victim == nullptr) return false;
+    const bool self = victim == &r;
+    preempt(*victim);
+    if (self) return false;
+  }
+}
+
+void DecodeScheduler::preempt(Request& victim) {
+  spdlog::info("request {}: preempted after {} tokens (KV full); its KV will be recomputed", victim.req.id,
+                victim.generated.size());
+  engine_.remove_sequence(victim.seq_id);
+  victim.seq_id = 0;
+  victim.reserved_tokens = 0;
+  victim.state = Request::State::waiting;
+  running_.erase(std::find(running_.begin(), running_.end(), victim.req.id));
+  waiting_.push_front(victim.req.id);
+  ++preemptions_;
+}
+
+void DecodeScheduler::step() {
+  batch_ids_.clear();
+  batch_tokens_.clear();
+  // Candidates first: growing may preempt, which edits running_.
+  std::vector<Request*>& batch = step_batch_;
+  batch.clear();
+  for (uint64_t id : running_) {
+    Request* r = requests_.at(id).get();
+    if (r->state == Request::State::running) batch.push_back(r);
+  }
+  size_t kept = 0;
+  for (Request* r : batch) {
+    // Skipped: preempted by an earlier grow, or no room to grow this step.
+    if (r->state == Request::State::running && grow_or_preempt(*r)) batch[kept++] = r;
+  }
+  batch.resize(kept);
+  // A later grow may have preempted an earlier member.
+  std::erase_if(batch, [](Request* r) { return r->state != Request::State::running; });
+  if (batch.empty()) return;
+  for (Request* r : batch) {
+    batch_ids_.push_back(r->seq_id);
+    batch_tokens_.push_back(r->next_token);
+  }
+  try {
+    engine_.decode(batch_ids_, batch_tokens_, logits_);
+  } catch (const Error& e) {
+    for (Request* r : batch) fail(*r, fmt::format("decode step failed: {}", e.what()));
+    return;
+  }
+  ++steps_;
+  const size_t vocab = static_cast<size_t>(vocab_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Request& r = *batch[i];
+    std::span<float> row(logits_.data() + i * vocab, vocab);
+    suppress_ending_tokens(row, r.req.params, r.req.eos_ids, static_cast<int>(r.generated.size()));
+    emit_token(r, r.sampler->sample(row));
+  }
+}
+
+void DecodeScheduler::expire_kv_waits() {
+  const auto now = Clock::now();
+  std::vector<uint64_t> expired;
+  for (uint64_t id : running_) {
+    const Request& r = *requests_.at(id);
+    if (r.state == Request::State::receiving &&
+        std::chrono::duration<double>(now - r.admitted_at).count() > options_.kv_wait_timeout_s) {
+      expired.push_back(id);
+    }
+  }
+  for (uint64_t id : expired) {
+    fail(*requests_.at(id), fmt::format("timed out after {} s waiting for KV from the prefill node",
+                                        options_.kv_wait_timeout_s));
+  }
+}
+
+void DecodeScheduler::finish(Request& r, FinishReason reason) {
+  DecodeEvent e{.kind = DecodeEventKind::finished,
+                .finish_reason = reason,
+                .prompt_tokens = static_cast<int>(r.req.prompt.size()),
+                .completion_tokens = static_cast<int>(r.generated.size())};
+  DecodeEventFn fn = std::move(r.on_event);
+  ++finished_;
+  erase(r.req.id);
+  fn(e);
+}
+
+void DecodeScheduler::fail(Request& r, const std::string& message) {
+  spdlog::warn("request {}: {}", r.req.id, message);
+  DecodeEvent e{.kind = DecodeEventKind::failed, .message = message};
+  DecodeEventFn fn = std::move(r.on_event);
+  ++failed_;
+  erase(r.req.id);
+  fn(e);
+}
+
+void DecodeScheduler::erase(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (it->second->seq_id != 0) engine_.remove_sequence(it->second->seq_id);
+  std::erase(waiting_, id);
+  std::erase(running_, id);
+  requests_.erase(it);
+  publish_stats();  // before waking wait_idle, so stats() already shows the request gone
+  {
+    std::lock_guard lock(mutex_);
+    known_ids_.erase(id);
+  }
+  idle_.notify_all();
+}
+
+void DecodeScheduler::publish_stats() {
+  DecodeSchedulerStats s;
+  for (const auto& [id, r] : requests_) {
+    const int64_t remaining = r->req.params.max_tokens - static_cast<int64_t>(r->generated.size());
+    if (r->state == Request::State::waiting) {
+      ++s.waiting;
+      s.queue_tokens += static_cast<int64_t>(r->req.prompt.size()) + remaining;
+    } else {
+      ++s.running;
+      s.queue_tokens += remaining;
+    }
+  }
+  const KvCacheStats kv = kv_.stats();
+  s.kv_bytes_reserved = kv.bytes_reserved;
+  s.kv_bytes_used = kv.bytes_used;
+  s.kv_usage = kv.bytes_capacity > 0 ? static_cast<double>(kv.bytes_reserved) / static_cast<double>(kv.bytes_capacity) : 0;
+  s.kv_tokens = kv.tokens;
+  s.sequences = kv.sequences;
+  s.preemptions = preemptions_;
+  s.steps = steps_;
+  s.finished = finished_;
+  s.failed = failed_;
+  std::lock_guard lock(mutex_);
+  stats_ = s;
+}
+
+}  // namespace hack::server

@@ -1,0 +1,246 @@
+#include "hack/decode/decode_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "hack/core/logging.h"
+#include "hack/net/kv_transfer.h"
+#include "hack/net/ucx_worker.h"
+#include "hack/http/http_server.h"
+#include "hack/node/node_http.h"
+#include "hack/node/node_protocol.h"
+#include "hack/node/metrics.h"
+
+namespace hack::server {
+
+void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
+  add_model_flags(flags, c.model);
+  add_served_name_flag(flags, c.model);
+  flags.add_string("host", &c.host, "address to bind HTTP and UCX to");
+  flags.add_int("port", &c.port, "HTTP port of the internal API (0 = any free port)");
+  flags.add_int("ucx-port", &c.ucx_port, "UCX listener port for KV from prefill nodes (0 = any free port)");
+  flags.add_string("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
+  flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
+  flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
+  flags.add_int("reserve-ahead", &c.reserve_ahead_tokens, "KV reservation step in tokens beyond a request's length");
+  flags.add_float("kv-timeout", &c.kv_timeout_s, "seconds an admitted request waits for its KV from prefill");
+  flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
+  flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
+}
+
+struct DecodeServer::Impl {
+  DecodeServerConfig config;
+  std::unique_ptr<ModelRuntime> rt;
+  std::unique_ptr<net::UcxWorker> worker;
+  uint16_t ucx_port = 0;
+  std::unique_ptr<DecodeScheduler> scheduler;
+  std::unique_ptr<net::KvReceiver> receiver;
+  Metrics metrics;
+  std::atomic<uint64_t> kv_bytes_received{0};
+  // Open /internal/generate streams, so /internal/cancel can end them.
+  std::mutex streams_mutex;
+  std::map<uint64_t, std::shared_ptr<Responder>> streams;
+  NodeEndpoints endpoints;
+  std::unique_ptr<HttpServer> http;
+
+  explicit Impl(const DecodeServerConfig& c) : config(c) {
+    HACK_CHECK(parse_device(config.model.device) == DeviceKind::cpu,
+               "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)",
+               config.model.device);
+    rt = load_model_runtime(config.model);
+    worker = std::make_unique<net::UcxWorker>();
+    ucx_port = worker->listen(config.host, static_cast<uint16_t>(config.ucx_port));
+    scheduler = std::make_unique<DecodeScheduler>(
+        *rt->engine, *rt->paged_kv,
+        DecodeSchedulerOptions{.max_batch = config.max_batch,
+                               .reserve_ahead_tokens = config.reserve_ahead_tokens,
+                               .kv_wait_timeout_s = config.kv_timeout_s});
+    receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks());
+    endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
+    HttpServerOptions ho;
+    ho.host = config.host;
+    ho.port = config.port;
+    ho.threads = config.http_threads;
+    http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
+      handle(std::move(req), std::move(res));
+    });
+    spdlog::info("hack-decode: model {} ({}), kv {}, HTTP {}:{}, UCX {}", rt->name, rt->backend->name(),
+                 describe(rt->kv_options), config.host, http->port(), ucx_address());
+  }
+
+  ~Impl() {
+    http.reset();      // no new requests
+    receiver.reset();  // no more KV callbacks
+    scheduler.reset(); // fails what is still open
+    worker.reset();
+  }
+
+  std::string ucx_address() const { return config.host + ":" + std::to_string(ucx_port); }
+
+  net::KvReceiverCallbacks receiver_callbacks() {
+    net::KvReceiverCallbacks cb;
+    cb.on_page = [this](uint64_t id, uint32_t layer, std::span<const std::byte> page) {
+      kv_bytes_received += page.size();
+      metrics.add_kv_bytes_transferred("decode", page.size());
+      scheduler->import_kv(id, layer, KvMessageKind::hack_page, page);
+    };
+    cb.on_exact = [this](uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
+      kv_bytes_received += payload.size();
+      metrics.add_kv_bytes_transferred("decode", payload.size());
+      scheduler->import_kv(id, layer, KvMessageKind::exact, payload);
+    };
+    cb.on_request_done = [this](uint64_t id, std::span<const std::byte> payload) {
+      try {
+        const FirstToken first =
+            parse_first_token(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+        scheduler->kv_complete(id, first.sample, first.seed);
+      } catch (const Error& e) {
+        scheduler->kv_failed(id, Status::error(fmt::format("bad request_done from the prefill node: {}", e.what())));
+      }
+    };
+    cb.on_request_error = [this](uint64_t id, const Status& error) { scheduler->kv_failed(id, error); };
+    cb.on_bad_message = [](net::EndpointId from, const Status& error) {
+      spdlog::warn("UCX endpoint {}: unreadable message: {}", from, error.message());
+    };
+    return cb;
+  }
+
+  NodeHealth health() const {
+    const DecodeSchedulerStats st = scheduler->stats();
+    NodeHealth h;
+    h.role = "decode";
+    h.model = rt->name;
+    h.ucx_address = ucx_address();
+    h.queue_tokens = st.queue_tokens;
+    h.running = st.running;
+    h.waiting = st.waiting;
+    h.kv_usage = st.kv_usage;
+    h.kv_bytes_transferred = kv_bytes_received.load();
+    h.kv_sequences = st.sequences;
+    h.kv_bytes_used = st.kv_bytes_used;
+    return h;
+  }
+
+  void handle(HttpRequest req, std::shared_ptr<Responder> res) {
+    if (answer_common_node_request(req, *res, endpoints)) return;
+    if (req.method == "POST" && req.path == "/internal/generate") {
+      generate(req, res);
+    } else if (req.method == "POST" && req.path == "/internal/cancel") {
+      if (const auto id = cancel_request_id(req, *res)) {
+        cancel(*id, "cancelled by the caller");
+        res->send(200, "application/json", "{}");
+      }
+    } else {
+      answer_unknown_endpoint(req, *res);
+    }
+  }
+
+  std::string metrics_text() {
+    const DecodeSchedulerStats st = scheduler->stats();
+    metrics.set_num_requests_running(st.running);
+    metrics.set_num_requests_waiting(st.waiting);
+    metrics.set_kv_cache_usage_ratio("decode", st.kv_usage);
+    return metrics.serialize();
+  }
+
+  void cancel(uint64_t id, const std::string& why) {
+    scheduler->cancel(id);
+    std::shared_ptr<Responder> stream;
+    {
+      std::lock_guard lock(streams_mutex);
+      auto it = streams.find(id);
+      if (it == streams.end()) return;
+      stream = std::move(it->second);
+      streams.erase(it);
+    }
+    spdlog::info("request {}: {}", id, why);
+    stream->send_event(to_json(NodeEvent{.kind = NodeEventKind::error, .message = why}));
+    stream->end();
+  }
+
+  void generate(const HttpRequest& req, const std::shared_ptr<Responder>& res) {
+    GenerateJob job;
+    try {
+      job = parse_generate_job(req.body);
+      const int64_t total = static_cast<int64_t>(job.prompt.size()) + job.params.max_tokens;
+      HACK_CHECK(total <= rt->max_model_len,
+                 "prompt ({} tokens) + max_tokens ({}) exceeds this node's max model length of {} tokens",
+                 job.prompt.size(), job.params.max_tokens, rt->max_model_len);
+    } catch (const Error& e) {
+      res->send(400, "application/json", node_error_body(e.what(), "invalid_request_error"));
+      return;
+    }
+    const uint64_t id = job.request_id;
+    {
+      std::lock_guard lock(streams_mutex);
+      if (streams.contains(id)) {
+        res->send(409, "application/json", node_error_body(fmt::format("request {} is already open", id)));
+        return;
+      }
+      streams.emplace(id, res);
+    }
+    res->start_sse();
+    res->on_client_closed([this, id] {
+      spdlog::info("request {}: caller went away, generation cancelled", id);
+      scheduler->cancel(id);
+      std::lock_guard lock(streams_mutex);
+      streams.erase(id);
+    });
+    DecodeRequest dr{.id = id, .prompt = std::move(job.prompt), .params = job.params, .eos_ids = rt->eos_ids,
+                     .remote_kv = job.remote_kv};
+    const auto t0 = std::chrono::steady_clock::now();
+    auto last = std::make_shared<std::chrono::steady_clock::time_point>(t0);
+    const Status st = scheduler->submit(std::move(dr), [this, id, res, t0, last](const DecodeEvent& e) {
+      NodeEvent ne;
+      switch (e.kind) {
+        case DecodeEventKind::accepted: ne.kind = NodeEventKind::accepted; break;
+        case DecodeEventKind::token: {
+          ne.kind = NodeEventKind::token;
+          ne.sample = e.sample;
+          ne.index = e.index;
+          const auto now = std::chrono::steady_clock::now();
+          if (e.index > 0) metrics.observe_inter_token_latency_s(std::chrono::duration<double>(now - *last).count());
+          *last = now;
+          metrics.add_generation_tokens(1);
+          break;
+        }
+        case DecodeEventKind::finished:
+          ne.kind = NodeEventKind::finished;
+          ne.finish_reason = e.finish_reason;
+          ne.prompt_tokens = e.prompt_tokens;
+          ne.completion_tokens = e.completion_tokens;
+          metrics.observe_e2e_request_latency_s(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          metrics.count_request_success(finish_reason_name(e.finish_reason));
+          break;
+        case DecodeEventKind::failed:
+          ne.kind = NodeEventKind::error;
+          ne.message = e.message;
+          metrics.count_request_error("decode");
+          break;
+      }
+      res->send_event(to_json(ne));
+      if (e.kind == DecodeEventKind::finished || e.kind == DecodeEventKind::failed) {
+        res->end();
+        std::lock_guard lock(streams_mutex);
+        streams.erase(id);
+      }
+    });
+    if (!st) {
+      res->send_event(to_json(NodeEvent{.kind = NodeEventKind::error, .message = st.message()}));
+      res->end();
+      std::lock_guard lock(streams_mutex);
+      streams.erase(id);
+    }
+  }
+};
+
+DecodeServer::DecodeServer(const DecodeServerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+DecodeServer::~DecodeServer() = default;
+int DecodeServer::port() const { return impl_->http->port(); }
+std::string DecodeServer::ucx_address() const { return impl_->ucx_address(); }
+
+}  // namespace hack::server

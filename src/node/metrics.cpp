@@ -1,0 +1,120 @@
+#include "hack/node/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <vector>
+
+namespace hack::server {
+
+namespace {
+
+// Bucket bounds in seconds, those of vLLM's metrics (so dashboards carry over), with finer
+// low buckets for inter-token latency, which is a few ms on a fast decode node.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kItlBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                         0.3,   0.4,    0.5,   0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kRequestBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,   15.0,   20.0,
+                                             30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const std::vector<double> kQueueBuckets = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,  0.5,   1.0,   2.5,
+                                           5.0,   10.0,  20.0, 40.0,  80.0, 160.0, 320.0, 640.0, 1280.0};
+
+prometheus::Histogram& histogram(prometheus::Registry& r, const char* name, const char* help,
+                                 const std::vector<double>& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+}
+
+}  // namespace
+
+struct Metrics::Impl {
+  prometheus::Registry registry;
+
+  prometheus::Histogram& ttft = histogram(registry, "hack:time_to_first_token_seconds",
+                                          "Time from request arrival to its first token, in seconds.", kTtftBuckets);
+  prometheus::Histogram& itl = histogram(registry, "hack:inter_token_latency_seconds",
+                                         "Time between consecutive tokens of a request, in seconds.", kItlBuckets);
+  prometheus::Histogram& e2e = histogram(registry, "hack:e2e_request_latency_seconds",
+                                         "Time from request arrival to its last token, in seconds.", kRequestBuckets);
+  prometheus::Histogram& queue = histogram(registry, "hack:request_queue_time_seconds",
+                                           "Time a request waited before it was scheduled, in seconds.", kQueueBuckets);
+
+  prometheus::Gauge& running = prometheus::BuildGauge()
+                                   .Name("hack:num_requests_running")
+                                   .Help("Requests being prefilled or decoded.")
+                                   .Register(registry)
+                                   .Add({});
+  prometheus::Gauge& waiting = prometheus::BuildGauge()
+                                   .Name("hack:num_requests_waiting")
+                                   .Help("Requests waiting to be scheduled.")
+                                   .Register(registry)
+                                   .Add({});
+  prometheus::Family<prometheus::Gauge>& kv_usage = prometheus::BuildGauge()
+                                                        .Name("hack:kv_cache_usage_ratio")
+                                                        .Help("Fraction of the KV page pool in use, per node (0..1).")
+                                                        .Register(registry);
+
+  prometheus::Counter& prompt_tokens = prometheus::BuildCounter()
+                                           .Name("hack:prompt_tokens_total")
+                                           .Help("Prompt tokens processed.")
+                                           .Register(registry)
+                                           .Add({});
+  prometheus::Counter& generation_tokens = prometheus::BuildCounter()
+                                               .Name("hack:generation_tokens_total")
+                                               .Help("Tokens generated.")
+                                               .Register(registry)
+                                               .Add({});
+  prometheus::Family<prometheus::Counter>& kv_bytes = prometheus::BuildCounter()
+                                                          .Name("hack:kv_bytes_transferred_total")
+                                                          .Help("KV cache bytes sent between nodes, per node.")
+                                                          .Register(registry);
+  prometheus::Counter& vault_hits = prometheus::BuildCounter()
+                                        .Name("hack:vault_hits_total")
+                                        .Help("KV blocks restored from the vault instead of recomputed.")
+                                        .Register(registry)
+                                        .Add({});
+  prometheus::Family<prometheus::Counter>& errors = prometheus::BuildCounter()
+                                                        .Name("hack:request_errors_total")
+                                                        .Help("Requests that ended in an error, by error type.")
+                                                        .Register(registry);
+  prometheus::Family<prometheus::Counter>& successes = prometheus::BuildCounter()
+                                                           .Name("hack:request_success_total")
+                                                           .Help("Requests that finished, by finish reason.")
+                                                           .Register(registry);
+};
+
+Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
+Metrics::~Metrics() = default;
+
+void Metrics::observe_time_to_first_token_s(double s) { impl_->ttft.Observe(s); }
+void Metrics::observe_inter_token_latency_s(double s) { impl_->itl.Observe(s); }
+void Metrics::observe_e2e_request_latency_s(double s) { impl_->e2e.Observe(s); }
+void Metrics::observe_request_queue_time_s(double s) { impl_->queue.Observe(s); }
+
+void Metrics::set_num_requests_running(double n) { impl_->running.Set(n); }
+void Metrics::set_num_requests_waiting(double n) { impl_->waiting.Set(n); }
+// Family::Add returns the existing series for labels it has seen (under the family's lock).
+void Metrics::set_kv_cache_usage_ratio(std::string_view node, double ratio) {
+  impl_->kv_usage.Add({{"node", std::string(node)}}).Set(ratio);
+}
+
+void Metrics::add_prompt_tokens(uint64_t n) { impl_->prompt_tokens.Increment(static_cast<double>(n)); }
+void Metrics::add_generation_tokens(uint64_t n) { impl_->generation_tokens.Increment(static_cast<double>(n)); }
+void Metrics::add_kv_bytes_transferred(std::string_view node, uint64_t bytes) {
+  impl_->kv_bytes.Add({{"node", std::string(node)}}).Increment(static_cast<double>(bytes));
+}
+void Metrics::add_vault_hits(uint64_t blocks) { impl_->vault_hits.Increment(static_cast<double>(blocks)); }
+void Metrics::count_request_error(std::string_view type) {
+  impl_->errors.Add({{"type", std::string(type)}}).Increment();
+}
+void Metrics::count_request_success(std::string_view finish_reason) {
+  impl_->successes.Add({{"finish_reason", std::string(finish_reason)}}).Increment();
+}
+
+std::string Metrics::serialize() const { return prometheus::TextSerializer().Serialize(impl_->registry.Collect()); }
+
+}  // namespace hack::server

@@ -1,0 +1,162 @@
+#include "hack/prefill/prefill_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include "hack/net/ucx_worker.h"
+#include "hack/http/http_server.h"
+#include "hack/node/metrics.h"
+#include "hack/node/node_http.h"
+#include "hack/node/node_protocol.h"
+#include "hack/prefill/prefill_worker.h"
+#include "hack/node/node_address.h"
+
+namespace hack::server {
+
+void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
+  add_model_flags(flags, c.model);
+  add_served_name_flag(flags, c.model);
+  flags.add_string("host", &c.host, "address to bind HTTP to");
+  flags.add_int("port", &c.port, "HTTP port of the internal API (0 = any free port)");
+  flags.add_string("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
+  flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
+  flags.add_int64("window-mb", &c.window_mb, "KV bytes in flight per decode node before sends wait (MiB)");
+  flags.add_float("send-timeout", &c.send_timeout_s, "seconds a job's KV may take to leave after its prefill");
+  flags.add_bool("enable-test-hooks", &c.enable_test_hooks,
+                 "honour fault-injection fields (test_corrupt_page) and --test-layer-delay-ms; never in production");
+  flags.add_int("test-layer-delay-ms", &c.test_layer_delay_ms,
+                "with --enable-test-hooks: sleep this long after each layer (makes transfers long for fault tests)");
+  flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
+  flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
+}
+
+namespace {
+
+// "host:port" → DecodePeer.
+DecodePeer parse_peer(const std::string& address) {
+  const NodeAddress node = parse_node_address(address, "decode_ucx");
+  DecodePeer peer;
+  peer.host = node.host;
+  peer.port = node.port;
+  return peer;
+}
+
+}  // namespace
+
+struct PrefillServer::Impl {
+  PrefillServerConfig config;
+  std::unique_ptr<ModelRuntime> rt;
+  std::unique_ptr<net::UcxWorker> ucx;
+  std::unique_ptr<PrefillWorker> worker;
+  Metrics metrics;
+  NodeEndpoints endpoints;
+  std::unique_ptr<HttpServer> http;
+
+  explicit Impl(const PrefillServerConfig& c) : config(c) {
+    HACK_CHECK(parse_device(config.model.device) == DeviceKind::cpu,
+               "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)",
+               config.model.device);
+    rt = load_model_runtime(config.model, RuntimeParts{.engine = false});
+    ucx = std::make_unique<net::UcxWorker>();
+    PrefillWorkerOptions wo;
+    wo.kv = rt->kv_options;
+    wo.engine = EngineOptions{config.model.prefill_chunk};
+    HACK_CHECK(config.window_mb > 0, "--window-mb must be positive, got {}", config.window_mb);
+    wo.sender.max_in_flight_bytes = static_cast<size_t>(config.window_mb) << 20;
+    wo.send_timeout_s = config.send_timeout_s;
+    HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
+               "--test-layer-delay-ms needs --enable-test-hooks");
+    wo.test_layer_delay_ms = config.test_layer_delay_ms;
+    worker = std::make_unique<PrefillWorker>(rt->model, *rt->pool, *ucx, wo);
+    endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics.serialize(); }};
+    HttpServerOptions ho;
+    ho.host = config.host;
+    ho.port = config.port;
+    ho.threads = config.http_threads;
+    http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
+      handle(std::move(req), std::move(res));
+    });
+    spdlog::info("hack-prefill: model {} ({}), kv {}, HTTP {}:{}", rt->name, config.model.device,
+                 describe(rt->kv_options), config.host, http->port());
+  }
+
+  ~Impl() {
+    http.reset();
+    worker.reset();
+    ucx.reset();
+  }
+
+  NodeHealth health() const {
+    NodeHealth h;
+    h.role = "prefill";
+    h.model = rt->name;
+    h.queue_tokens = worker->queue_tokens();
+    h.running = h.queue_tokens > 0 ? 1 : 0;
+    const PrefillWorkerStats ws = worker->stats();
+    h.kv_bytes_transferred = ws.kv_bytes_sent;
+    h.kv_sequences = ws.kv_sequences;
+    h.kv_bytes_used = ws.kv_bytes_used;
+    return h;
+  }
+
+  void handle(HttpRequest req, std::shared_ptr<Responder> res) {
+    if (answer_common_node_request(req, *res, endpoints)) return;
+    if (req.method == "POST" && req.path == "/internal/prefill") {
+      prefill(req, res);
+    } else if (req.method == "POST" && req.path == "/internal/cancel") {
+      if (const auto id = cancel_request_id(req, *res)) {
+        if (worker->cancel(*id)) spdlog::info("request {}: prefill cancelled by the caller", *id);
+        res->send(200, "application/json", "{}");
+      }
+    } else {
+      answer_unknown_endpoint(req, *res);
+    }
+  }
+
+  void prefill(const HttpRequest& req, const std::shared_ptr<Responder>& res) {
+    PrefillJob job;
+    try {
+      PrefillCall call = parse_prefill_call(req.body);
+      const int64_t total = static_cast<int64_t>(call.prompt.size()) + call.params.max_tokens;
+      HACK_CHECK(total <= rt->max_model_len,
+                 "prompt ({} tokens) + max_tokens ({}) exceeds this node's max model length of {} tokens",
+                 call.prompt.size(), call.params.max_tokens, rt->max_model_len);
+      HACK_CHECK(!call.corrupt_page || config.enable_test_hooks,
+                 "test_corrupt_page needs a node started with --enable-test-hooks");
+      job.request_id = call.request_id;
+      job.tokens = std::move(call.prompt);
+      job.sampling = call.params;
+      job.eos_ids = rt->eos_ids;
+      job.peer = parse_peer(call.decode_ucx);
+      job.corrupt_page_for_test = call.corrupt_page;
+    } catch (const Error& e) {
+      res->send(400, "application/json", node_error_body(e.what(), "invalid_request_error"));
+      return;
+    }
+    const uint64_t id = job.request_id;
+    job.on_done = [this, res](uint64_t request_id, PrefillOutcome outcome) {
+      if (auto* r = std::get_if<PrefillResult>(&outcome)) {
+        metrics.add_kv_bytes_transferred("prefill", r->kv_bytes);
+        metrics.add_prompt_tokens(r->prompt_tokens);
+        metrics.observe_request_queue_time_s(r->timings.queue_s);
+        PrefillReply reply{FirstToken{r->first, r->seed}, r->kv_bytes, r->timings.prefill_s, r->timings.total_s};
+        res->send(200, "application/json", to_json(reply));
+      } else {
+        const Status& error = std::get<Status>(outcome);
+        spdlog::warn("request {}: prefill failed: {}", request_id, error.message());
+        metrics.count_request_error("prefill");
+        res->send(502, "application/json", node_error_body(error.message(), "prefill_failed"));
+      }
+    };
+    res->on_client_closed([this, id] {
+      if (worker->cancel(id)) spdlog::info("request {}: caller went away, prefill cancelled", id);
+    });
+    const Status st = worker->submit(std::move(job));
+    if (!st) res->send(400, "application/json", node_error_body(st.message(), "invalid_request_error"));
+  }
+};
+
+PrefillServer::PrefillServer(const PrefillServerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+PrefillServer::~PrefillServer() = default;
+int PrefillServer::port() const { return impl_->http->port(); }
+
+}  // namespace hack::server

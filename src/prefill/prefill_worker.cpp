@@ -1,0 +1,256 @@
+// The prefill node's engine loop (include/hack/prefill/prefill_worker.h).
+#include "hack/prefill/prefill_worker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "hack/kv/kv_stream.h"
+#include "hack/node/node_protocol.h"
+
+namespace hack::server {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// How often a job waiting for its KV to leave looks at its cancel flag.
+constexpr double kDrainPollS = 0.02;
+
+std::string peer_key(const DecodePeer& peer) { return peer.host + ":" + std::to_string(peer.port); }
+
+void throw_if_failed(const Status& s) {
+  if (!s) throw Error(s.message());
+}
+
+// The request_done message: the first token in the node protocol's words.
+std::vector<std::byte> done_payload(const SampleResult& first, uint64_t seed, int prompt_tokens) {
+  const std::string text = to_json(FirstToken{first, seed, prompt_tokens});
+  const auto* b = reinterpret_cast<const std::byte*>(text.data());
+  return {b, b + text.size()};
+}
+
+}  // namespace
+
+PrefillWorker::PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorker& ucx, PrefillWorkerOptions options)
+    : config_(model.config), ucx_(ucx), options_(std::move(options)) {
+  HACK_CHECK(options_.send_timeout_s > 0, "prefill worker: send_timeout_s must be positive");
+  CpuEngine e = make_cpu_engine(model, pool, options_.kv, options_.engine);
+  kv_ = std::move(e.kv);
+  backend_ = std::move(e.backend);
+  engine_ = std::move(e.engine);
+  sender_ = std::make_unique<net::KvSender>(ucx_, net::KvSenderCallbacks{}, options_.sender);
+  disconnect_token_ = ucx_.add_disconnect_handler([this](net::EndpointId endpoint, const Status&) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(peers_, [&](const auto& entry) { return entry.second == endpoint; });
+  });
+  thread_ = std::thread([this] { run(); });
+}
+
+PrefillWorker::~PrefillWorker() {
+  std::deque<Queued> left;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    cancel_running_ = true;
+    left.swap(queue_);
+    queued_tokens_ = 0;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (Queued& q : left) {
+    if (q.job.on_done) q.job.on_done(q.job.request_id, Status::error("the prefill worker is shutting down"));
+  }
+  try {
+    ucx_.remove_disconnect_handler(disconnect_token_);
+  } catch (const std::exception& e) {
+    spdlog::error("prefill worker: {}", e.what());
+  }
+}
+
+Status PrefillWorker::submit(PrefillJob job) {
+  const int vocab = config_.vocab_size;
+  if (job.tokens.empty()) return Status::error(fmt::format("request {}: empty prompt", job.request_id));
+  for (int t : job.tokens)
+    if (t < 0 || t >= vocab)
+      return Status::error(fmt::format("request {}: token {} is outside the vocabulary [0, {})", job.request_id, t, vocab));
+  try {
+    job.sampling.validate(vocab);
+  } catch (const Error& e) {
+    return Status::error(fmt::format("request {}: {}", job.request_id, e.what()));
+  }
+  if (!job.peer.endpoint && (job.peer.host.empty() || job.peer.port == 0))
+    return Status::error(fmt::format("request {}: no decode peer (endpoint or host:port)", job.request_id));
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return Status::error("the prefill worker is shutting down");
+    const bool known = (running_ && running_id_ == job.request_id) ||
+                       std::any_of(queue_.begin(), queue_.end(),
+                                   [&](const Queued& q) { return q.job.request_id == job.request_id; });
+    if (known) return Status::error(fmt::format("request {} is already queued or running", job.request_id));
+    queued_tokens_ += static_cast<int64_t>(job.tokens.size());
+    queue_.push_back(Queued{std::move(job), now_s()});
+  }
+  wake_.notify_one();
+  return Status::ok();
+}
+
+bool PrefillWorker::cancel(uint64_t request_id) {
+  std::optional<Queued> removed;
+  {
+    std::lock_guard lock(mutex_);
+    if (running_ && running_id_ == request_id) {
+      cancel_running_ = true;
+      return true;
+    }
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.job.request_id == request_id; });
+    if (it == queue_.end()) return false;
+    removed = std::move(*it);
+    queue_.erase(it);
+    queued_tokens_ -= static_cast<int64_t>(removed->job.tokens.size());
+    ++stats_.jobs_failed;
+  }
+  if (removed->job.on_done)
+    removed->job.on_done(request_id, Status::error(fmt::format("request {} was cancelled before prefill", request_id)));
+  return true;
+}
+
+int64_t PrefillWorker::queue_tokens() const {
+  std::lock_guard lock(mutex_);
+  return queued_tokens_ + (running_ ? running_tokens_ : 0);
+}
+
+PrefillWorkerStats PrefillWorker::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
+  if (peer.endpoint) return *peer.endpoint;
+  const std::string key = peer_key(peer);
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = peers_.find(key); it != peers_.end()) return it->second;
+  }
+  const net::EndpointId endpoint = ucx_.connect(peer.host, peer.port);  // failure arrives as a disconnect
+  std::lock_guard lock(mutex_);
+  peers_[key] = endpoint;
+  return endpoint;
+}
+
+void PrefillWorker::run() {
+  for (;;) {
+    Queued queued;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      queued = std::move(queue_.front());
+      queue_.pop_front();
+      queued_tokens_ -= static_cast<int64_t>(queued.job.tokens.size());
+      running_ = true;
+      running_id_ = queued.job.request_id;
+      running_tokens_ = static_cast<int64_t>(queued.job.tokens.size());
+      cancel_running_ = false;
+    }
+    PrefillOutcome outcome = run_job(queued);
+    {
+      // Book-keeping first, so a caller woken by on_done sees the job gone.
+      std::lock_guard lock(mutex_);
+      running_ = false;
+      running_tokens_ = 0;
+      if (const auto* r = std::get_if<PrefillResult>(&outcome)) {
+        ++stats_.jobs_done;
+        stats_.kv_bytes_sent += r->kv_bytes;
+      } else {
+        ++stats_.jobs_failed;
+      }
+      const KvCacheStats kv = kv_->stats();
+      stats_.kv_sequences = kv.sequences;
+      stats_.kv_bytes_used = kv.bytes_used;
+    }
+    if (queued.job.on_done) queued.job.on_done(queued.job.request_id, std::move(outcome));
+  }
+}
+
+PrefillOutcome PrefillWorker::run_job(Queued& queued) {
+  PrefillJob& job = queued.job;
+  const uint64_t id = job.request_id;
+  const double t_start = now_s();
+  const int seq = next_seq_id_++;
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  std::optional<net::EndpointId> peer;
+  bool added = false;
+  PrefillResult result;
+  Status status;  // ok unless the job failed
+  try {
+    peer = resolve(job.peer);
+    engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
+    added = true;
+    if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
+    Sampler sampler(job.sampling, static_cast<int>(vocab));
+    sampler.add_prompt_tokens(job.tokens);
+    KvExportCursor cursor;
+    cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
+    std::vector<float> logits;
+    engine_->prefill(seq, job.tokens, logits, false, [&](int layer, bool last_chunk) {
+      if (cancel_running_) fail("request {} was cancelled", id);
+      const auto l = static_cast<uint32_t>(layer);
+      export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
+        if (kind == KvMessageKind::hack_page) {
+          throw_if_failed(sender_->send_page(*peer, id, l, payload));
+        } else {
+          throw_if_failed(sender_->send_exact(*peer, id, l, std::vector<std::byte>(payload.begin(), payload.end())));
+        }
+      });
+      if (last_chunk) throw_if_failed(sender_->layer_done(*peer, id, l));
+      if (options_.test_layer_delay_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
+      }
+    });
+    const double t_prefilled = now_s();
+
+    // The first token, as generate() samples it.
+    const std::span<float> row(logits.data(), vocab);
+    suppress_ending_tokens(row, job.sampling, job.eos_ids, 0);
+    result.first = sampler.sample(row);
+    result.seed = sampler.seed();
+    result.prompt_tokens = static_cast<int>(job.tokens.size());
+    result.kv_bytes = cursor.bytes;
+    result.kv_messages = cursor.messages;
+    throw_if_failed(sender_->request_done(*peer, id, done_payload(result.first, result.seed, result.prompt_tokens)));
+
+    // Success only once every message has left (a lost peer fails the job instead).
+    const double deadline = now_s() + options_.send_timeout_s;
+    for (;;) {
+      if (cancel_running_) fail("request {} was cancelled", id);
+      const Status s = sender_->wait_request(id, kDrainPollS);
+      if (s) break;
+      if (!sender_->request_pending(id)) throw Error(s.message());
+      if (now_s() > deadline)
+        fail("request {}: KV not sent after {} s ({} bytes)", id, options_.send_timeout_s, cursor.bytes);
+    }
+    const double t_end = now_s();
+    result.timings.queue_s = t_start - queued.submitted_s;
+    result.timings.prefill_s = t_prefilled - t_start;
+    result.timings.drain_s = t_end - t_prefilled;
+    result.timings.total_s = t_end - queued.submitted_s;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string prefix = fmt::format("request {}", id);
+    status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
+  }
+  if (added) engine_->remove_sequence(seq);
+  if (!status.is_ok()) {
+    spdlog::warn("prefill: request {} failed: {}", id, status.message());
+    if (peer) sender_->cancel(*peer, id, status.message());
+  }
+  if (status.is_ok()) return result;
+  return status;
+}
+
+}  // namespace hack::server

@@ -1,0 +1,629 @@
+#include "hack/router/router_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "hack/core/error.h"
+#include "hack/core/read_file.h"
+#include "hack/model/config.h"
+#include "hack/model/generation_config.h"
+#include "hack/router/api_keys.h"
+#include "hack/http/http_server.h"
+#include "hack/node/metrics.h"
+#include "hack/router/node_client.h"
+#include "hack/node/node_protocol.h"
+#include "hack/router/openai_protocol.h"
+#include "hack/router/routing.h"
+#include "hack/router/stop_strings.h"
+#include "hack/tokenizer/chat_template.h"
+#include "hack/tokenizer/tokenizer.h"
+
+namespace hack::server {
+
+void add_router_flags(FlagSet& flags, RouterConfig& c) {
+  flags.add_string("host", &c.host, "address to bind the public API to");
+  flags.add_int("port", &c.port, "port of the public API (0 = any free port)");
+  flags.add_list("prefill", &c.prefill, "prefill node host:port (repeat the flag or give a comma list)");
+  flags.add_list("decode", &c.decode, "decode node host:port (repeat the flag or give a comma list)");
+  flags.add_string("model", &c.model, "model directory: tokenizer.json, chat template, config.json");
+  flags.add_string("served-model-name", &c.served_name, "model name clients use; default: the directory name");
+  flags.add_string("chat-template", &c.chat_template, "Jinja file overriding the model's chat template");
+  flags.add_int("max-model-len", &c.max_model_len, "longest prompt + completion; 0 = max_position_embeddings");
+  flags.add_list("api-key", &c.api_keys, "accepted API key (Authorization: Bearer); repeatable; none = no auth");
+  flags.add_string("api-key-file", &c.api_key_file, "file with one accepted API key per line");
+  flags.add_string("secret", &c.secret, "shared secret of the nodes' internal endpoints");
+  flags.add_float("health-interval", &c.health_interval_s, "seconds between health polls of every node");
+  flags.add_float("request-timeout", &c.request_timeout_s, "seconds a node connection may stay silent");
+  flags.add_int64("max-queue-tokens", &c.max_queue_tokens,
+                  "answer 429 when every node's queue is past this many tokens (0 = never)");
+  flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
+  flags.add_int64("max-body-kb", &c.max_body_kb, "largest request body accepted, KiB");
+  flags.add_float("header-timeout", &c.header_timeout_s, "seconds a client may take to send request headers");
+  flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
+  flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A node-side request id: random, so ids of several routers do not collide.
+uint64_t random_id() {
+  std::random_device rd;
+  return ((static_cast<uint64_t>(rd()) << 32) ^ rd()) >> 1;  // fits JSON readers that take ids as signed
+}
+
+std::vector<NodeAddress> parse_nodes(const std::vector<std::string>& specs, const char* flag) {
+  std::vector<NodeAddress> nodes;
+  for (const std::string& spec : specs) {
+    for (const std::string& one : split_list(spec)) nodes.push_back(parse_node_address(one, fmt::format("--{}", flag)));
+  }
+  HACK_CHECK(!nodes.empty(), "give at least one --{} node (host:port)", flag);
+  return nodes;
+}
+
+void send_error(Responder& res, const ProtocolError& e) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (e.status == 429) headers.emplace_back("Retry-After", "1");
+  res.send(e.status, "application/json", error_body(e), std::move(headers));
+}
+
+// The calls of one client request (n choices, retries), so a closed connection or a
+// shutdown can cancel them all.
+class RequestContext {
+ public:
+  void add(DisaggregatedCall* call) {
+    std::lock_guard lock(mutex_);
+    if (cancelled_) call->cancel();
+    calls_.insert(call);
+  }
+  void remove(DisaggregatedCall* call) {
+    std::lock_guard lock(mutex_);
+    calls_.erase(call);
+  }
+  void cancel() {
+    std::lock_guard lock(mutex_);
+    cancelled_ = true;
+    for (DisaggregatedCall* c : calls_) c->cancel();
+  }
+  bool cancelled() const {
+    std::lock_guard lock(mutex_);
+    return cancelled_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  bool cancelled_ = false;
+  std::set<DisaggregatedCall*> calls_;
+};
+
+// What one choice produced.
+struct ChoiceOutcome {
+  Choice choice;
+  int completion_tokens = 0;
+  std::optional<ProtocolError> error;
+};
+
+}  // namespace
+
+struct RouterServer::Impl {
+  RouterConfig config;
+  Tokenizer tokenizer;
+  std::optional<ChatTemplate> chat_template;
+  std::string model_name;
+  int max_model_len = 0;
+  int64_t created_s = 0;
+  SamplingParams defaults;
+  ProtocolLimits limits;
+  ApiKeys keys;
+  NodePool prefill_pool, decode_pool;
+  std::vector<NodeAddress> prefill_nodes, decode_nodes;
+  Metrics metrics;
+  std::atomic<int> running{0}, waiting{0};
+
+  std::mutex ucx_mutex;
+  std::map<std::string, std::string> ucx_of;  // decode node name → its UCX address
+  std::map<std::string, uint64_t> kv_bytes_seen;  // health thread only
+
+  std::mutex requests_mutex;
+  std::condition_variable requests_cv;
+  std::set<std::shared_ptr<RequestContext>> requests;
+  int open_requests = 0;
+  bool stopping = false;
+
+  std::mutex health_mutex;
+  std::condition_variable health_cv;
+  bool health_stop = false;
+  std::thread health_thread;
+
+  std::unique_ptr<HttpServer> http;
+
+  explicit Impl(const RouterConfig& c) : config(c), tokenizer(Tokenizer::load(c.model)) {
+    HACK_CHECK(!config.model.empty(), "--model DIR is required (tokenizer, chat template, config.json)");
+    const std::filesystem::path dir(config.model);
+    const ModelConfig mc = load_model_config(dir / "config.json");
+    model_name = !config.served_name.empty() ? config.served_name : dir.lexically_normal().filename().string();
+    if (model_name.empty()) model_name = dir.lexically_normal().parent_path().filename().string();
+    HACK_CHECK(config.max_model_len >= 0, "--max-model-len must not be negative");
+    max_model_len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
+    created_s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const GenerationConfig gen = load_generation_config(dir);
+    if (gen.temperature) defaults.temperature = *gen.temperature;
+    if (gen.top_p) defaults.top_p = *gen.top_p;
+    if (gen.top_k) defaults.top_k = *gen.top_k;
+    if (gen.repetition_penalty) defaults.repetition_penalty = *gen.repetition_penalty;
+    std::optional<std::string> source;
+    if (!config.chat_template.empty()) {
+      source = read_file(config.chat_template, "chat template");
+    } else {
+      source = find_chat_template(dir, /*has_tools=*/false);
+    }
+    if (source) chat_template.emplace(ChatTemplate::parse(*source, config.chat_template.empty() ? config.model
+                                                                                               : config.chat_template));
+    limits.served_models = {model_name};
+    limits.vocab_size = mc.vocab_size;
+    keys = ApiKeys::from_flags(config.api_keys, config.api_key_file);
+    prefill_nodes = parse_nodes(config.prefill, "prefill");
+    decode_nodes = parse_nodes(config.decode, "decode");
+    for (const NodeAddress& n : prefill_nodes) prefill_pool.add(n);
+    for (const NodeAddress& n : decode_nodes) decode_pool.add(n);
+    poll_health();  // a cluster that is up is routable at once
+    health_thread = std::thread([this] { health_loop(); });
+
+    HttpServerOptions ho;
+    ho.host = config.host;
+    ho.port = config.port;
+    ho.threads = config.http_threads;
+    HACK_CHECK(config.max_body_kb > 0, "--max-body-kb must be positive");
+    ho.max_body_bytes = static_cast<size_t>(config.max_body_kb) << 10;
+    ho.header_timeout_s = config.header_timeout_s;
+    http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
+      handle(std::move(req), std::move(res));
+    });
+    spdlog::info("hack-router: model {} (max length {}), {} prefill + {} decode nodes, API {}:{}{}", model_name,
+                 max_model_len, prefill_nodes.size(), decode_nodes.size(), config.host, http->port(),
+                 keys.enabled() ? ", API keys required" : "");
+  }
+
+  ~Impl() {
+    http.reset();
+    {
+      std::unique_lock lock(requests_mutex);
+      stopping = true;
+      for (const auto& r : requests) r->cancel();
+      requests_cv.wait_for(lock, std::chrono::seconds(15), [&] { return open_requests == 0; });
+    }
+    {
+      std::lock_guard lock(health_mutex);
+      health_stop = true;
+    }
+    health_cv.notify_all();
+    health_thread.join();
+  }
+
+  // ---- health ---------------------------------------------------------------------------
+
+  void poll_node(NodePool& pool, const NodeAddress& node, const char* role) {
+    try {
+      const double timeout = std::max(0.5, std::min(2.0, 2.0 * config.health_interval_s));
+      const NodeHealth h = fetch_health(node, timeout);
+      HACK_CHECK(h.role == role, "node {} is a {} node, configured as {}", node.name, h.role, role);
+      if (h.role == std::string("decode")) {
+        std::lock_guard lock(ucx_mutex);
+        ucx_of[node.name] = h.ucx_address;
+      }
+      metrics.set_kv_cache_usage_ratio(node.name, h.kv_usage);
+      uint64_t& seen = kv_bytes_seen[node.name];
+      if (h.kv_bytes_transferred > seen) metrics.add_kv_bytes_transferred(node.name, h.kv_bytes_transferred - seen);
+      seen = h.kv_bytes_transferred;
+      pool.report_success(node.name, h.queue_tokens);
+    } catch (const std::exception& e) {
+      spdlog::debug("health of {} node {}: {}", role, node.name, e.what());
+      pool.report_failure(node.name);
+    }
+  }
+
+  void poll_health() {
+    for (const NodeAddress& n : prefill_nodes) poll_node(prefill_pool, n, "prefill");
+    for (const NodeAddress& n : decode_nodes) poll_node(decode_pool, n, "decode");
+  }
+
+  void health_loop() {
+    std::unique_lock lock(health_mutex);
+    while (!health_stop) {
+      health_cv.wait_for(lock, std::chrono::duration<double>(config.health_interval_s));
+      if (health_stop) break;
+      lock.unlock();
+      poll_health();
+      lock.lock();
+    }
+  }
+
+  // ---- HTTP -----------------------------------------------------------------------------
+
+  void handle(HttpRequest req, std::shared_ptr<Responder> res) {
+    const std::string& path = req.path;
+    if (path == "/health" || path == "/health/live") {
+      const size_t p = prefill_pool.healthy_count(), d = decode_pool.healthy_count();
+      const bool ready = p > 0 && d > 0;
+      const std::string body = fmt::format(R"({{"status":"{}","prefill_nodes_healthy":{},"decode_nodes_healthy":{}}})",
+                                           ready ? "ok" : "unavailable", p, d);
+      res->send(ready || path == "/health/live" ? 200 : 503, "application/json", body);
+      return;
+    }
+    if (path == "/metrics") {
+      metrics.set_num_requests_running(running.load());
+      metrics.set_num_requests_waiting(waiting.load());
+      res->send(200, "text/plain; version=0.0.4", metrics.serialize());
+      return;
+    }
+    const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions";
+    if (!known) {
+      send_error(*res, not_found_error(path));
+      return;
+    }
+    if (!keys.authorized(req.header("authorization"))) {
+      metrics.count_request_error("unauthorized");
+      send_error(*res, unauthorized_error());
+      return;
+    }
+    if (path == "/v1/models") {
+      if (req.method != "GET") return send_error(*res, method_error(req.method, path));
+      res->send(200, "application/json", models_response(std::span<const std::string>(&model_name, 1), created_s,
+                                                         max_model_len));
+      return;
+    }
+    if (req.method != "POST") return send_error(*res, method_error(req.method, path));
+    const Endpoint endpoint = path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+    auto ctx = std::make_shared<RequestContext>();
+    {
+      std::lock_guard lock(requests_mutex);
+      if (stopping) return send_error(*res, unavailable_error("the router is shutting down"));
+      requests.insert(ctx);
+      ++open_requests;
+    }
+    res->on_client_closed([ctx] { ctx->cancel(); });
+    std::thread([this, req = std::move(req), res, ctx, endpoint]() mutable {
+      try {
+        complete(req, *res, *ctx, endpoint);
+      } catch (const std::exception& e) {
+        spdlog::error("request failed: {}", e.what());
+        send_error(*res, internal_error(e.what()));
+      }
+      std::lock_guard lock(requests_mutex);
+      requests.erase(ctx);
+      --open_requests;
+      requests_cv.notify_all();
+    }).detach();
+  }
+
+  static bool node_alive(const NodeAddress& node) {
+    try {
+      fetch_health(node, 1.0);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
+  static ProtocolError method_error(const std::string& method, const std::string& path) {
+    ProtocolError e;
+    e.status = 405;
+    e.message = fmt::format("method {} is not allowed on {}", method, path);
+    return e;
+  }
+
+  // Prompt token ids of a request, or the 400 explaining why there are none.
+  std::variant<std::vector<int>, ProtocolError> prompt_tokens(const CompletionRequest& r, std::string& prompt_text) {
+    if (r.endpoint == Endpoint::kCompletions) {
+      if (r.prompt_token_ids) {
+        prompt_text = tokenizer.decode(*r.prompt_token_ids, /*skip_special_tokens=*/false);
+        return *r.prompt_token_ids;
+      }
+      prompt_text = *r.prompt_text;
+      return tokenizer.encode(prompt_text, /*add_special_tokens=*/true);
+    }
+    if (!chat_template) {
+      ProtocolError e;
+      e.message = fmt::format("model {} has no chat template; start the router with --chat-template FILE", model_name);
+      return e;
+    }
+    try {
+      ChatRenderOptions ro;
+      ro.add_generation_prompt = r.add_generation_prompt;
+      if (!tokenizer.bos_token().empty()) ro.bos_token = tokenizer.bos_token();
+      if (!tokenizer.eos_token().empty()) ro.eos_token = tokenizer.eos_token();
+      ro.tools = r.tools;
+      ro.extra_kwargs = r.chat_template_kwargs;
+      prompt_text = chat_template->render(chat_messages_json(r), ro);
+    } catch (const Error& e) {
+      ProtocolError pe;
+      pe.message = fmt::format("the chat template could not render these messages: {}", e.what());
+      pe.param = "messages";
+      return pe;
+    }
+    return tokenizer.encode(prompt_text, /*add_special_tokens=*/false);
+  }
+
+  PositionLogprobs logprob_entry(const SampleResult& s) const {
+    PositionLogprobs e{tokenizer.decode(std::span<const int>(&s.token, 1), false), s.logprob, {}};
+    for (const hack::TokenLogprob& t : s.top_logprobs) {
+      e.top.push_back(TopLogprob{tokenizer.decode(std::span<const int>(&t.token, 1), false), t.logprob});
+    }
+    return e;
+  }
+
+  void complete(const HttpRequest& http_req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
+    const auto t_arrival = Clock::now();
+    ParseResult parsed = parse_request(http_req.body, endpoint, limits);
+    if (auto* e = std::get_if<ProtocolError>(&parsed)) {
+      metrics.count_request_error("invalid_request");
+      return send_error(res, *e);
+    }
+    const CompletionRequest& r = std::get<CompletionRequest>(parsed);
+    std::string prompt_text;
+    auto tokens = prompt_tokens(r, prompt_text);
+    if (auto* e = std::get_if<ProtocolError>(&tokens)) {
+      metrics.count_request_error("invalid_request");
+      return send_error(res, *e);
+    }
+    const std::vector<int> prompt = std::get<std::vector<int>>(std::move(tokens));
+    auto fitted = fit_max_tokens(r, static_cast<int>(prompt.size()), max_model_len);
+    if (auto* e = std::get_if<ProtocolError>(&fitted)) {
+      metrics.count_request_error("invalid_request");
+      return send_error(res, *e);
+    }
+    const int max_tokens = std::get<int>(fitted);
+    if (prefill_pool.healthy_count() == 0 || decode_pool.healthy_count() == 0) {
+      metrics.count_request_error("unavailable");
+      return send_error(res, unavailable_error(fmt::format("no healthy {} node", prefill_pool.healthy_count() == 0
+                                                                                      ? "prefill"
+                                                                                      : "decode")));
+    }
+    if (config.max_queue_tokens > 0 &&
+        (prefill_pool.saturated(config.max_queue_tokens) || decode_pool.saturated(config.max_queue_tokens))) {
+      metrics.count_request_error("overloaded");
+      return send_error(res, overloaded_error());
+    }
+    const SamplingParams params = to_sampling_params(r, max_tokens, defaults);
+    ResponseMeta meta{make_request_id(endpoint), r.model, std::chrono::duration_cast<std::chrono::seconds>(
+                                                               std::chrono::system_clock::now().time_since_epoch())
+                                                               .count(),
+                      r.stream && r.include_usage};
+    spdlog::info("request {}: {} prompt tokens, max_tokens {}, n {}, stream {}", meta.id, prompt.size(), max_tokens,
+                 r.n, r.stream);
+    metrics.add_prompt_tokens(prompt.size() * static_cast<size_t>(r.n));
+    if (r.stream) res.start_sse();
+
+    std::atomic<bool> first_token_seen{false};
+    ++waiting;
+    auto on_first_token = [&] {
+      if (!first_token_seen.exchange(true)) {
+        metrics.observe_time_to_first_token_s(seconds_since(t_arrival));
+        --waiting;
+        ++running;
+      }
+    };
+    std::vector<ChoiceOutcome> outcomes(static_cast<size_t>(r.n));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < r.n; ++i) {
+      SamplingParams p = params;
+      if (p.seed && i > 0) p.seed = *p.seed + static_cast<uint64_t>(i);
+      auto run = [&, i, p] {
+        outcomes[static_cast<size_t>(i)] =
+            run_choice(ctx, r, meta, i, prompt, prompt_text, p, r.stream ? &res : nullptr, t_arrival, on_first_token);
+      };
+      if (r.n == 1) {
+        run();
+      } else {
+        threads.emplace_back(run);
+      }
+    }
+    for (std::thread& t : threads) t.join();
+    if (first_token_seen) {
+      --running;
+    } else {
+      --waiting;
+    }
+
+    Usage usage{static_cast<int>(prompt.size()), 0};
+    std::optional<ProtocolError> error;
+    std::vector<Choice> choices;
+    for (ChoiceOutcome& o : outcomes) {
+      usage.completion_tokens += o.completion_tokens;
+      if (o.error && !error) error = o.error;
+      choices.push_back(std::move(o.choice));
+    }
+    metrics.observe_e2e_request_latency_s(seconds_since(t_arrival));
+    if (ctx.cancelled()) {
+      metrics.count_request_error("cancelled");
+      spdlog::info("request {}: cancelled (client went away)", meta.id);
+      return;
+    }
+    if (error) {
+      metrics.count_request_error(error->status == 503 ? "unavailable" : "node_failure");
+      spdlog::warn("request {}: failed: {}", meta.id, error->message);
+      if (r.stream) {
+        res.send_event(error_body(*error));
+        res.send_event("[DONE]");
+        res.end();
+      } else {
+        send_error(res, *error);
+      }
+      return;
+    }
+    for (const Choice& c : choices) metrics.count_request_success(finish_reason_name(c.finish_reason));
+    spdlog::info("request {}: done, {} completion tokens in {:.3f} s", meta.id, usage.completion_tokens,
+                 seconds_since(t_arrival));
+    if (r.stream) {
+      if (r.include_usage) res.send_event(usage_chunk(meta, endpoint, usage));
+      res.send_event("[DONE]");
+      res.end();
+      return;
+    }
+    const std::string body = endpoint == Endpoint::kCompletions
+                                 ? completion_response(meta, choices, usage, r.echo ? count_code_points(prompt_text) : 0)
+                                 : chat_completion_response(meta, choices, usage);
+    res.send(200, "application/json", body);
+  }
+
+  // Runs one choice to its end, retrying once on other nodes while no token has been
+  // produced. With `stream`, chunks are sent as text settles.
+  ChoiceOutcome run_choice(RequestContext& ctx, const CompletionRequest& r, const ResponseMeta& meta, int index,
+                           const std::vector<int>& prompt, const std::string& prompt_text, const SamplingParams& params,
+                           Responder* stream, Clock::time_point t_arrival, const std::function<void()>& on_first_token) {
+    ChoiceOutcome out;
+    out.choice.index = index;
+    const bool want_logprobs = params.logprobs >= 0;
+    if (want_logprobs) out.choice.logprobs.emplace();
+    const bool chat = r.endpoint == Endpoint::kChatCompletions;
+    if (stream && chat) stream->send_event(chat_role_chunk(meta, index));
+    std::string echo = r.echo && !chat ? prompt_text : std::string();
+    if (!stream) out.choice.text = echo;
+    // Completions logprobs: text_offset of the next token, counted over the tokens' own text
+    // as the non-stream response counts it — not over the text sent so far, which lags
+    // behind while a stop string's prefix is held back.
+    size_t offset = 0;
+
+    auto send_delta = [&](std::string text, std::optional<std::vector<PositionLogprobs>> lps,
+                          std::optional<FinishReason> finish) {
+      if (!stream) return;
+      if (text.empty() && (!lps || lps->empty()) && !finish) return;
+      ChoiceDelta d{index, std::move(text), std::move(lps), finish, offset};
+      if (d.logprobs) {
+        for (const PositionLogprobs& l : *d.logprobs) offset += count_code_points(l.token);
+      }
+      stream->send_event(chat ? chat_chunk(meta, d) : completion_chunk(meta, d));
+    };
+    if (stream && !echo.empty()) send_delta(echo, std::nullopt, std::nullopt);
+    offset = count_code_points(echo);  // as completion_response's text_offset_base
+
+    std::set<std::string> bad_prefill, bad_decode;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      out.error.reset();  // an earlier attempt's failure is not this one's
+      auto pl = prefill_pool.acquire(static_cast<int64_t>(prompt.size()), bad_prefill);
+      if (!pl) pl = prefill_pool.acquire(static_cast<int64_t>(prompt.size()));
+      auto dl = decode_pool.acquire(static_cast<int64_t>(prompt.size()) + params.max_tokens, bad_decode);
+      if (!dl) dl = decode_pool.acquire(static_cast<int64_t>(prompt.size()) + params.max_tokens);
+      if (!pl || !dl) {
+        out.error = unavailable_error(fmt::format("no healthy {} node", !pl ? "prefill" : "decode"));
+        return out;
+      }
+      NodeAddress decode_node = dl->node();
+      {
+        std::lock_guard lock(ucx_mutex);
+        decode_node.ucx_address = ucx_of[decode_node.name];
+      }
+      GenerateJob job{random_id(), prompt, params, true};
+      IncrementalDecoder detok(tokenizer, r.skip_special_tokens);
+      StopStringMatcher stops(r.stop, r.include_stop_str_in_output);
+      std::vector<PositionLogprobs> pending_lps;
+      std::string text;
+      bool stopped_by_string = false;
+      auto last_token = Clock::now();
+      GenerateOptions go{config.secret, config.request_timeout_s, false};
+      DisaggregatedCall call(pl->node(), decode_node, job, go);
+      ctx.add(&call);
+      spdlog::debug("request {}: choice {} attempt {} on prefill {} + decode {} (node request {})", meta.id, index,
+                    attempt + 1, pl->node().name, decode_node.name, job.request_id);
+      const GenerateOutcome g = call.run([&](const NodeEvent& e) {
+        if (e.kind == NodeEventKind::accepted) {
+          metrics.observe_request_queue_time_s(seconds_since(t_arrival));
+          return true;
+        }
+        if (e.kind != NodeEventKind::token) return true;
+        const auto now = Clock::now();
+        if (out.completion_tokens == 0) {
+          on_first_token();
+          pl->release();  // the first token is sampled by prefill: its work for this request is done
+        } else {
+          metrics.observe_inter_token_latency_s(std::chrono::duration<double>(now - last_token).count());
+        }
+        last_token = now;
+        ++out.completion_tokens;
+        metrics.add_generation_tokens(1);
+        dl->set_tokens(static_cast<int64_t>(prompt.size()) + params.max_tokens - out.completion_tokens);
+        if (want_logprobs) pending_lps.push_back(logprob_entry(e.sample));
+        const StopStringMatcher::Step step = stops.feed(detok.step(e.sample.token));
+        if (stream) {
+          std::optional<std::vector<PositionLogprobs>> lps;
+          if (want_logprobs) lps = std::move(pending_lps);
+          pending_lps.clear();
+          send_delta(step.text, std::move(lps), std::nullopt);
+        } else {
+          text += step.text;
+          if (want_logprobs) {
+            for (PositionLogprobs& l : pending_lps) out.choice.logprobs->push_back(std::move(l));
+            pending_lps.clear();
+          }
+        }
+        if (step.stopped) {
+          stopped_by_string = true;
+          return false;
+        }
+        return true;
+      });
+      ctx.remove(&call);
+      if (g.status.is_ok() || g.started) {
+        if (!g.status.is_ok()) {
+          out.error = internal_error(fmt::format("generation failed after {} tokens: {}", out.completion_tokens,
+                                                 g.status.message()));
+          return out;
+        }
+        std::string tail;
+        if (!stopped_by_string) {
+          const StopStringMatcher::Step step = stops.feed(detok.finish());
+          tail = step.text;
+          stopped_by_string = step.stopped;
+          if (!stopped_by_string) tail += stops.flush();
+        }
+        const FinishReason finish = stopped_by_string || g.finish_reason == FinishReason::stop
+                                        ? FinishReason::stop
+                                        : FinishReason::length;
+        out.choice.finish_reason = finish;
+        if (stream) {
+          send_delta(tail, std::nullopt, finish);
+        } else {
+          out.choice.text += text + tail;
+        }
+        return out;
+      }
+      if (ctx.cancelled()) {
+        out.error = internal_error("cancelled");
+        return out;
+      }
+      spdlog::warn("request {}: attempt {} on {} + {} failed before any token: {}", meta.id, attempt + 1,
+                   pl->node().name, decode_node.name, g.status.message());
+      // Retry away from the node at fault. Which one failed is not always clear from the
+      // error (a dead decode node also fails the prefill job), so ask both: a node that does
+      // not answer its health check is excluded and its pool told (failures in a row take
+      // it out of rotation); when both answer, neither is trusted for the retry.
+      const bool prefill_down = !node_alive(pl->node());
+      const bool decode_down = !node_alive(decode_node);
+      if (prefill_down) prefill_pool.report_failure(pl->node().name);
+      if (decode_down) decode_pool.report_failure(decode_node.name);
+      if (prefill_down || !decode_down) bad_prefill.insert(pl->node().name);
+      if (decode_down || !prefill_down) bad_decode.insert(decode_node.name);
+      out.error = internal_error(g.status.message());
+    }
+    return out;
+  }
+};
+
+RouterServer::RouterServer(const RouterConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+RouterServer::~RouterServer() = default;
+int RouterServer::port() const { return impl_->http->port(); }
+
+}  // namespace hack::server

@@ -1,0 +1,109 @@
+#include "hack/runtime/model_runtime.h"
+
+#include <filesystem>
+
+#include "hack/core/error.h"
+#include "hack/model/generation_config.h"
+#include "hack/tokenizer/tokenizer.h"
+#ifdef HACK_HAVE_CUDA
+#include "hack/backend/cuda_backend.h"
+#endif
+
+namespace hack {
+
+void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
+  flags.add_string("model", &c.model, "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
+  flags.add_string("synthetic", &c.synthetic, "instead of --model: random weights of a named shape (benchmarks)");
+  flags.add_string("device", &c.device,
+                   "cpu or cuda (cuda: hack-run only so far; bf16 weights and a bf16 paged KV pool on GPU 0, --kv fp, "
+                   "pages of --hack-block tokens)");
+  flags.add_int("threads", &c.threads, "compute threads; 0 = all cores");
+  add_kv_flags(flags, c.kv);
+  flags.add_int64("kv-capacity-mb", &c.kv_capacity_mb, "KV cache budget in MiB; 0 = unbounded");
+  flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
+  flags.add_int("max-model-len", &c.max_model_len,
+                "longest prompt + completion in tokens; 0 = the model's max_position_embeddings (a larger value runs "
+                "RoPE past the trained length)");
+}
+
+void add_served_name_flag(FlagSet& flags, ModelRuntimeConfig& c) {
+  flags.add_string("served-model-name", &c.served_name, "model name reported to clients; default: the directory name");
+}
+
+KvCacheOptions kv_options_from(const ModelRuntimeConfig& c, int num_layers) {
+  KvCacheOptions o = kv_options_from(c.kv, c.model, num_layers);
+  HACK_CHECK(c.kv_capacity_mb >= 0, "--kv-capacity-mb must not be negative, got {}", c.kv_capacity_mb);
+  o.capacity_bytes = static_cast<size_t>(c.kv_capacity_mb) << 20;
+  return o;
+}
+
+namespace {
+
+void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
+  if (c.synthetic.empty()) {
+    rt.model = Model::load(c.model);
+    int tokenizer_eos = -1;
+    if (std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) {
+      tokenizer_eos = Tokenizer::load(c.model).eos_id();
+    }
+    rt.eos_ids = merge_eos_ids(rt.model.config.eos_token_ids, load_generation_config(c.model), tokenizer_eos);
+  } else {
+    rt.model = Model::synthetic(synthetic_model_config(c.synthetic), 42);
+    rt.eos_ids = rt.model.config.eos_token_ids;
+  }
+  rt.name = !c.served_name.empty() ? c.served_name
+            : !c.model.empty()     ? std::filesystem::path(c.model).lexically_normal().filename().string()
+                                   : c.synthetic;
+  if (rt.name.empty()) rt.name = std::filesystem::path(c.model).lexically_normal().parent_path().filename().string();
+}
+
+void build_cuda(const ModelRuntimeConfig& c, const RuntimeParts& parts, ModelRuntime& rt) {
+#ifdef HACK_HAVE_CUDA
+  HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
+  HACK_CHECK(rt.kv_options.mode == KvMode::fp,
+             "--device cuda --kv {}: not yet (the CUDA HACK kernels are not wired in); use --kv fp", c.kv.kv);
+  CudaBackendOptions bo;
+  bo.max_batch_tokens = c.prefill_chunk;
+  bo.max_sequences = 1;
+  CudaKvOptions ko;
+  ko.page_tokens = c.kv.hack_block;
+  ko.num_pages = CudaPagedKvCache::pages_for(parts.device_kv_tokens > 0 ? parts.device_kv_tokens : rt.max_model_len,
+                                             c.kv.hack_block);
+  auto kv = make_cuda_kv_cache(rt.model.config, ko);
+  rt.backend = make_cuda_backend(rt.model, *kv, bo);
+  rt.kv = std::move(kv);
+  rt.engine = std::make_unique<Engine>(*rt.backend, EngineOptions{c.prefill_chunk});
+#else
+  (void)c;
+  (void)parts;
+  (void)rt;
+  fail("--device cuda: this build has no CUDA (configure on a machine with nvcc, HACK_CUDA=AUTO|ON)");
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, RuntimeParts parts) {
+  HACK_CHECK(c.model.empty() != c.synthetic.empty(), "give exactly one of --model DIR or --synthetic NAME");
+  HACK_CHECK(c.prefill_chunk > 0, "--prefill-chunk must be positive, got {}", c.prefill_chunk);
+  HACK_CHECK(c.max_model_len >= 0, "--max-model-len must not be negative, got {}", c.max_model_len);
+  auto rt = std::make_unique<ModelRuntime>();
+  rt->device = parse_device(c.device);
+  load_model(c, *rt);
+  rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
+  rt->kv_options = kv_options_from(c, rt->model.config.num_layers);
+  rt->pool = std::make_unique<ThreadPool>(c.threads);
+  if (!parts.engine) return rt;
+  if (rt->device == DeviceKind::cuda) {
+    build_cuda(c, parts, *rt);
+    return rt;
+  }
+  CpuEngine e = make_cpu_engine(rt->model, *rt->pool, rt->kv_options, EngineOptions{c.prefill_chunk});
+  rt->paged_kv = e.kv.get();
+  rt->kv = std::move(e.kv);
+  rt->backend = std::move(e.backend);
+  rt->engine = std::move(e.engine);
+  return rt;
+}
+
+}  // namespace hack

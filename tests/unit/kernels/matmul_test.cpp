@@ -1,0 +1,85 @@
+// GEMV/GEMM: every ISA path equals the scalar reference; the sgemm (prefill) path equals
+// the GEMV (decode) path.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <vector>
+
+#include "hack/core/cpu_features.h"
+#include "hack/kernels/cpu/matmul.h"
+#include "support/test_support.h"
+
+using namespace hack;
+
+namespace {
+
+Tensor random_weight(DType dtype, int64_t out, int64_t in, uint64_t seed) {
+  Tensor w = Tensor::empty(dtype, {out, in});
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  for (int64_t i = 0; i < out * in; ++i) {
+    const float f = dist(rng);
+    if (dtype == DType::f32) w.data<float>()[i] = f;
+    if (dtype == DType::bf16) w.data<uint16_t>()[i] = f32_to_bf16(f);
+    if (dtype == DType::f16) w.data<uint16_t>()[i] = f32_to_f16(f);
+  }
+  return w;
+}
+
+std::vector<float> random_vec(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("GEMV: AVX2 and AVX-512 equal the scalar reference", "[kernels][matmul]") {
+  const uint64_t seed = 1234;
+  INFO("seed " << seed);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t in : {1, 7, 16, 33, 128, 1000}) {
+      const int64_t out = 37;
+      Tensor w = random_weight(dtype, out, in, seed + static_cast<uint64_t>(in));
+      for (size_t rows = 1; rows <= cpu::kGemvMaxRows; ++rows) {
+        std::vector<float> x = random_vec(rows * static_cast<size_t>(in), seed + rows);
+        std::vector<float> ref(rows * static_cast<size_t>(out)), got(ref.size());
+        cpu::gemv_rows(CpuIsa::scalar, x.data(), rows, w, ref.data(), 0, static_cast<size_t>(out));
+        for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512}) {
+          if (!cpu_supports(isa)) continue;
+          std::fill(got.begin(), got.end(), -1.0f);
+          cpu::gemv_rows(isa, x.data(), rows, w, got.data(), 0, static_cast<size_t>(out));
+          for (size_t i = 0; i < ref.size(); ++i) {
+            INFO("isa " << cpu_isa_name(isa) << " dtype " << dtype_name(dtype) << " in " << in << " rows " << rows
+                        << " i " << i);
+            // fp32 accumulation of `in` products of magnitude ~0.5: error ~ in * 2^-24 * |terms|.
+            REQUIRE(test::close(got[i], ref[i], 1e-5 * static_cast<double>(in), 1e-5));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul: sgemm path equals GEMV path for 16-bit and fp32 weights", "[kernels][matmul]") {
+  ThreadPool pool(2);
+  cpu::MatmulWorkspace ws;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    const int64_t out = 301, in = 96;
+    Tensor w = random_weight(dtype, out, in, 99);
+    const size_t rows = 20;  // > kGemvMaxRows: BLAS path
+    std::vector<float> x = random_vec(rows * static_cast<size_t>(in), 7);
+    std::vector<float> big(rows * static_cast<size_t>(out));
+    cpu::matmul(x.data(), rows, w, big.data(), pool, ws);
+    for (size_t r = 0; r < rows; ++r) {
+      std::vector<float> one(static_cast<size_t>(out));
+      cpu::matmul(&x[r * static_cast<size_t>(in)], 1, w, one.data(), pool, ws);
+      for (size_t o = 0; o < static_cast<size_t>(out); ++o) {
+        INFO("dtype " << dtype_name(dtype) << " row " << r << " col " << o);
+        REQUIRE(test::close(big[r * static_cast<size_t>(out) + o], one[o], 1e-4, 1e-4));
+      }
+    }
+  }
+}

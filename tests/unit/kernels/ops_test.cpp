@@ -1,0 +1,55 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include "hack/kernels/cpu/ops.h"
+#include "support/test_support.h"
+
+using namespace hack;
+
+TEST_CASE("rmsnorm matches the definition", "[kernels][ops]") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0, 2);
+  const size_t n = 67;
+  std::vector<float> x(2 * n), w(n), y(2 * n);
+  for (float& f : x) f = d(rng);
+  for (float& f : w) f = d(rng);
+  cpu::rmsnorm(x.data(), w.data(), y.data(), 2, n, 1e-6f);
+  for (size_t r = 0; r < 2; ++r) {
+    double ss = 0;
+    for (size_t i = 0; i < n; ++i) ss += x[r * n + i] * x[r * n + i];
+    const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
+    for (size_t i = 0; i < n; ++i) REQUIRE(test::close(y[r * n + i], x[r * n + i] * inv * w[i], 1e-6, 1e-5));
+  }
+}
+
+TEST_CASE("softmax sums to one and is shift invariant", "[kernels][ops]") {
+  std::vector<float> a{1, 2, 3, 1000}, b{-999, -998, -997, 0};
+  cpu::softmax(a.data(), a.size());
+  cpu::softmax(b.data(), b.size());
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    s += a[i];
+    REQUIRE(test::close(a[i], b[i], 1e-7, 1e-5));
+  }
+  REQUIRE(s == Approx(1.0));
+}
+
+TEST_CASE("rope rotates pairs (i, i + d/2) by position × inv_freq and keeps norms", "[kernels][ops]") {
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[static_cast<size_t>(i)] = static_cast<float>(std::pow(10000.0, -2.0 * i / 64));
+  std::vector<float> x(2 * 64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  std::vector<float> y = x;
+  cpu::rope_apply(y.data(), 2, 64, 17, inv.data());
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 32; ++i) {
+      const float a = x[h * 64 + i], b = x[h * 64 + i + 32];
+      const double ang = 17.0 * inv[i];
+      REQUIRE(test::close(y[h * 64 + i], a * std::cos(ang) - b * std::sin(ang), 1e-5, 1e-5));
+      REQUIRE(test::close(y[h * 64 + i + 32], b * std::cos(ang) + a * std::sin(ang), 1e-5, 1e-5));
+    }
+}

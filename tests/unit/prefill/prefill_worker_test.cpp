@@ -1,0 +1,340 @@
+// The prefill worker end to end over real UCX on loopback (TCP): the worker prefills and
+// streams each layer; a KvReceiver queues what arrives, and the test thread (the decode
+// node) imports it into its own PagedKvCache and decodes greedily from the first token in
+// request_done's payload. Output must equal generate() on one engine (hack-run) for fp
+// and hack, prompts of mixed lengths; cancel and a lost receiver end jobs with errors and
+// give every KV byte back.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <nlohmann/json.hpp>
+
+#include "hack/backend/engine.h"
+#include "hack/core/thread_pool.h"
+#include "hack/kv/kv_stream.h"
+#include "hack/model/config.h"
+#include "hack/model/weights.h"
+#include "hack/prefill/prefill_worker.h"
+#include "unit/net/net_test_util.h"
+#include "support/synthetic_model.h"
+
+using namespace hack;
+using namespace hack::server;
+
+namespace {
+
+KvCacheOptions kv_options(KvMode mode) {
+  KvCacheOptions o;
+  o.mode = mode;
+  o.block_tokens = 32;
+  o.sinks = 4;
+  o.fp_dtype = DType::f32;
+  return o;
+}
+
+// What the receiver saw, queued for the test thread (callbacks run on the progress thread).
+struct Inbox {
+  struct Event {
+    enum Kind { page, exact, layer_done, done, error } kind;
+    uint64_t id = 0;
+    uint32_t layer = 0;
+    std::vector<std::byte> bytes;
+    std::string message;  // of an error
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Event> events;
+  std::map<uint64_t, int> seen;  // messages per request
+
+  void push(Event e) {
+    std::lock_guard lock(mutex);
+    ++seen[e.id];
+    events.push_back(std::move(e));
+    changed.notify_all();
+  }
+  net::KvReceiverCallbacks callbacks() {
+    net::KvReceiverCallbacks c;
+    c.on_page = [this](uint64_t id, uint32_t layer, std::span<const std::byte> b) {
+      push({Event::page, id, layer, {b.begin(), b.end()}, {}});
+    };
+    c.on_exact = [this](uint64_t id, uint32_t layer, std::span<const std::byte> b) {
+      push({Event::exact, id, layer, {b.begin(), b.end()}, {}});
+    };
+    c.on_layer_done = [this](uint64_t id, uint32_t layer) { push({Event::layer_done, id, layer, {}, {}}); };
+    c.on_request_done = [this](uint64_t id, std::span<const std::byte> b) {
+      push({Event::done, id, 0, {b.begin(), b.end()}, {}});
+    };
+    c.on_request_error = [this](uint64_t id, const Status& s) { push({Event::error, id, 0, {}, s.message()}); };
+    return c;
+  }
+  // Pops the next event, waiting up to timeout_s.
+  std::optional<Event> next(double timeout_s) {
+    std::unique_lock lock(mutex);
+    if (!changed.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !events.empty(); }))
+      return std::nullopt;
+    Event e = std::move(events.front());
+    events.pop_front();
+    return e;
+  }
+  bool wait_seen(uint64_t id, double timeout_s) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return seen[id] > 0; });
+  }
+};
+
+// Outcomes reported by the worker.
+struct Outcomes {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<uint64_t, PrefillOutcome> by_id;
+  std::function<void(uint64_t, PrefillOutcome)> callback() {
+    return [this](uint64_t id, PrefillOutcome o) {
+      std::lock_guard lock(mutex);
+      by_id.emplace(id, std::move(o));
+      changed.notify_all();
+    };
+  }
+  bool wait(uint64_t id, double timeout_s) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return by_id.contains(id); });
+  }
+  std::string error_of(uint64_t id) {
+    std::lock_guard lock(mutex);
+    auto it = by_id.find(id);
+    if (it == by_id.end() || !std::holds_alternative<Status>(it->second)) return "";
+    return std::get<Status>(it->second).message();
+  }
+};
+
+struct Fixture {
+  ModelConfig cfg = test::small_synthetic_config();
+  Model model = Model::synthetic(cfg, 99);
+  ThreadPool prefill_pool{1}, decode_pool{1};
+  KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
+};
+
+}  // namespace
+
+TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[server][prefill]") {
+  Fixture f;
+  const int new_tokens = 12;
+  for (KvMode mode : {KvMode::fp, KvMode::hack}) {
+    INFO("kv " << kv_mode_name(mode));
+    const KvCacheOptions o = kv_options(mode);
+    Inbox inbox;
+    net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
+    net::KvReceiver receiver(rx_worker, inbox.callbacks());
+    const uint16_t port = rx_worker.listen("127.0.0.1", 0);
+    PrefillWorkerOptions wo;
+    wo.kv = o;
+    wo.engine.prefill_chunk_tokens = 64;
+    Outcomes outcomes;
+    PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+
+    // The decode node: its cache, one sequence per request, opened before the KV arrives.
+    PagedKvCache decode_kv(f.shape, o);
+    const std::vector<int> lengths = {1, 5, 37, 64, 200, 700};
+    std::map<uint64_t, std::vector<int>> prompts;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const uint64_t id = 1000 + i;
+      prompts[id] = test::random_prompt(lengths[i], f.cfg.vocab_size, static_cast<uint32_t>(i));
+      decode_kv.add_sequence(static_cast<int>(id), lengths[i] + new_tokens);
+      PrefillJob job;
+      job.request_id = id;
+      job.tokens = prompts[id];
+      job.sampling.temperature = 0.0f;
+      job.sampling.max_tokens = new_tokens;
+      job.sampling.logprobs = i == 2 ? 3 : -1;
+      job.eos_ids = f.cfg.eos_token_ids;
+      job.peer.host = "127.0.0.1";
+      job.peer.port = port;
+      job.on_done = outcomes.callback();
+      REQUIRE(worker.submit(std::move(job)).is_ok());
+    }
+    CHECK(worker.queue_tokens() > 0);
+    // A duplicate id and a bad job are refused at submit.
+    PrefillJob dup;
+    dup.request_id = 1005;
+    dup.tokens = {1, 2};
+    dup.peer.host = "127.0.0.1";
+    dup.peer.port = port;
+    CHECK_THAT(worker.submit(dup).message(), Catch::Contains("already queued or running"));
+    dup.request_id = 77;
+    dup.tokens = {f.cfg.vocab_size};
+    CHECK_THAT(worker.submit(dup).message(), Catch::Contains("outside the vocabulary"));
+
+    // Apply what arrives, in order, until every request is done.
+    std::map<uint64_t, nlohmann::json> done;
+    while (done.size() < lengths.size()) {
+      auto e = inbox.next(net::test::kWaitS);
+      REQUIRE(e.has_value());
+      const int seq = static_cast<int>(e->id);
+      switch (e->kind) {
+        case Inbox::Event::page: import_message(decode_kv, seq, static_cast<int>(e->layer), KvMessageKind::hack_page, e->bytes); break;
+        case Inbox::Event::exact: import_message(decode_kv, seq, static_cast<int>(e->layer), KvMessageKind::exact, e->bytes); break;
+        case Inbox::Event::layer_done:
+          CHECK(decode_kv.length(seq, static_cast<int>(e->layer)) == static_cast<int>(prompts[e->id].size()));
+          break;
+        case Inbox::Event::done:
+          done[e->id] = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(e->bytes.data()), e->bytes.size()));
+          break;
+        case Inbox::Event::error: FAIL("request " << e->id << ": " << e->message);
+      }
+    }
+    for (const auto& [id, prompt] : prompts) REQUIRE(outcomes.wait(id, net::test::kWaitS));
+
+    const std::unique_ptr<Backend> decode_backend = make_cpu_backend(f.model, f.decode_pool, decode_kv);
+    Engine decode(*decode_backend);
+    for (const auto& [id, prompt] : prompts) {
+      INFO("request " << id << ", " << prompt.size() << " prompt tokens");
+      const auto& outcome = outcomes.by_id.at(id);
+      REQUIRE(std::holds_alternative<PrefillResult>(outcome));
+      const PrefillResult& r = std::get<PrefillResult>(outcome);
+      const nlohmann::json& j = done.at(id);
+      CHECK(j["token"].get<int>() == r.first.token);
+      CHECK(j["seed"].get<uint64_t>() == r.seed);
+      CHECK(j["prompt_tokens"].get<int>() == static_cast<int>(prompt.size()));
+      CHECK(r.kv_bytes > 0);
+
+      // hack-run: generate() on one engine and one cache.
+      PagedKvCache ref_kv(f.shape, o);
+      const std::unique_ptr<Backend> ref_backend = make_cpu_backend(f.model, f.decode_pool, ref_kv);
+      Engine ref(*ref_backend);
+      ref.add_sequence(1, static_cast<int>(prompt.size()) + new_tokens);
+      SamplingParams sp;
+      sp.temperature = 0.0f;
+      sp.max_tokens = new_tokens;
+      sp.ignore_eos = true;
+      sp.logprobs = id == 1002 ? 3 : -1;
+      const GenerationResult expected = generate(ref, 1, prompt, sp, {});
+
+      // The decode node: continue from the first token.
+      const int seq = static_cast<int>(id);
+      decode.adopt_sequence(seq);
+      std::vector<int> tokens = {j["token"].get<int>()};
+      std::vector<float> logits;
+      while (static_cast<int>(tokens.size()) < new_tokens) {
+        const int token = tokens.back();
+        decode.decode(std::span<const int>(&seq, 1), std::span<const int>(&token, 1), logits);
+        tokens.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      }
+      CHECK(tokens == expected.tokens);
+      if (id == 1002) {
+        CHECK(j["logprob"].get<float>() == expected.samples[0].logprob);
+        REQUIRE(j["top_logprobs"].size() == 3);
+        for (size_t k = 0; k < 3; ++k) {
+          CHECK(j["top_logprobs"][k][0].get<int>() == expected.samples[0].top_logprobs[k].token);
+          CHECK(j["top_logprobs"][k][1].get<float>() == expected.samples[0].top_logprobs[k].logprob);
+        }
+      }
+      decode.remove_sequence(seq);
+    }
+    CHECK(decode_kv.stats().bytes_used == 0);
+    CHECK(worker.kv().stats().bytes_used == 0);
+    CHECK(worker.kv().stats().sequences == 0);
+    CHECK(worker.queue_tokens() == 0);
+    const PrefillWorkerStats st = worker.stats();
+    CHECK(st.jobs_done == lengths.size());
+    CHECK(st.jobs_failed == 0);
+    CHECK(st.kv_bytes_sent > 0);
+    CHECK(receiver.open_requests() == 0);
+  }
+}
+
+TEST_CASE("prefill worker: cancel a queued and a running job", "[server][prefill]") {
+  Fixture f;
+  Inbox inbox;
+  net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
+  net::KvReceiver receiver(rx_worker, inbox.callbacks());
+  const uint16_t port = rx_worker.listen("127.0.0.1", 0);
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::hack);
+  wo.engine.prefill_chunk_tokens = 64;
+  Outcomes outcomes;
+  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  auto job_of = [&](uint64_t id, int length) {
+    PrefillJob job;
+    job.request_id = id;
+    job.tokens = test::random_prompt(length, f.cfg.vocab_size, static_cast<uint32_t>(id));
+    job.sampling.temperature = 0.0f;
+    job.peer.host = "127.0.0.1";
+    job.peer.port = port;
+    job.on_done = outcomes.callback();
+    return job;
+  };
+  REQUIRE(worker.submit(job_of(1, 3500)).is_ok());  // 55 chunks: long enough to be caught running
+  REQUIRE(worker.submit(job_of(2, 100)).is_ok());
+  CHECK(worker.queue_tokens() == 3600);
+  CHECK(worker.cancel(2));  // still queued
+  REQUIRE(outcomes.wait(2, 1.0));
+  CHECK_THAT(outcomes.error_of(2), Catch::Contains("cancelled before prefill"));
+  CHECK(worker.queue_tokens() == 3500);
+  REQUIRE(inbox.wait_seen(1, net::test::kWaitS));  // job 1 is streaming
+  CHECK(worker.cancel(1));
+  CHECK_FALSE(worker.cancel(12345));
+  REQUIRE(outcomes.wait(1, net::test::kWaitS));
+  CHECK_THAT(outcomes.error_of(1), Catch::Contains("cancelled"));
+  // The receiver hears of it; the prefill cache is empty again.
+  bool receiver_told = false;
+  while (auto e = inbox.next(net::test::kWaitS)) {
+    if (e->kind == Inbox::Event::error && e->id == 1) {
+      CHECK_THAT(e->message, Catch::Contains("cancelled by the sender"));
+      receiver_told = true;
+      break;
+    }
+    REQUIRE(e->kind != Inbox::Event::done);
+  }
+  CHECK(receiver_told);
+  CHECK(worker.kv().stats().bytes_used == 0);
+  CHECK(worker.kv().stats().sequences == 0);
+  CHECK(worker.queue_tokens() == 0);
+  CHECK(worker.stats().jobs_failed == 2);
+  CHECK(worker.stats().jobs_done == 0);
+
+  // The worker goes on serving.
+  REQUIRE(worker.submit(job_of(3, 50)).is_ok());
+  REQUIRE(outcomes.wait(3, net::test::kWaitS));
+  CHECK(std::holds_alternative<PrefillResult>(outcomes.by_id.at(3)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // late stragglers of job 1 are dropped
+  CHECK(receiver.open_requests() == 0);
+}
+
+TEST_CASE("prefill worker: losing the decode node fails the job and frees its KV", "[server][prefill]") {
+  Fixture f;
+  Inbox inbox;
+  auto rx_worker = std::make_unique<net::UcxWorker>(net::test::options_for("tcp"));
+  net::UcxWorker tx_worker(net::test::options_for("tcp"));
+  auto receiver = std::make_unique<net::KvReceiver>(*rx_worker, inbox.callbacks());
+  const uint16_t port = rx_worker->listen("127.0.0.1", 0);
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::fp);
+  wo.engine.prefill_chunk_tokens = 64;
+  Outcomes outcomes;
+  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  PrefillJob job;
+  job.request_id = 5;
+  job.tokens = test::random_prompt(3500, f.cfg.vocab_size, 5);
+  job.sampling.temperature = 0.0f;
+  job.peer.host = "127.0.0.1";
+  job.peer.port = port;
+  job.on_done = outcomes.callback();
+  REQUIRE(worker.submit(std::move(job)).is_ok());
+  REQUIRE(inbox.wait_seen(5, net::test::kWaitS));
+  receiver.reset();
+  rx_worker.reset();
+  REQUIRE(outcomes.wait(5, 120.0));
+  const std::string error = outcomes.error_of(5);
+  INFO(error);
+  // Either the endpoint's failure or a send that failed on it ends the job.
+  CHECK_THAT(error, Catch::StartsWith("request 5") &&
+                        (Catch::Contains("lost the receiver") || Catch::Contains("send to endpoint")));
+  CHECK(worker.kv().stats().bytes_used == 0);
+  CHECK(worker.kv().stats().sequences == 0);
+  CHECK(worker.stats().jobs_failed == 1);
+}
