@@ -8,6 +8,7 @@
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/hack_attention.h"
+#include "hack/kernels/cpu/hack_quantize.h"
 #include "hack/kernels/hack_quant_math.h"
 
 namespace hack {
@@ -16,19 +17,6 @@ namespace {
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// The stochastic-rounding stream of one (head, K|V) of a block (hack_quant_math.h).
-quant::BlockRandom block_random(const RoundingSpec& r, int head, int kind) {
-  return quant::BlockRandom(r.seed, r.layer, r.first_token, head, kind);
-}
-
-using quant::Quantizer;
-
-// The page code of x under q: the shared host/device definition (hack_quant_math.h), so
-// the CUDA quantizer writes the same bytes for round to nearest.
-int quantize_one(const Quantizer& q, float x, Rounding mode, float random) {
-  return mode == Rounding::nearest ? quant::quantize_nearest(q, x) : quant::quantize_stochastic(q, x, random);
-}
-
 template <class T>
 T* at(void* page, size_t offset) {
   return reinterpret_cast<T*>(static_cast<std::byte*>(page) + offset);
@@ -36,15 +24,6 @@ T* at(void* page, size_t offset) {
 template <class T>
 const T* at(const void* page, size_t offset) {
   return reinterpret_cast<const T*>(static_cast<const std::byte*>(page) + offset);
-}
-
-void put_sum(void* sums, int bytes, size_t i, uint32_t value) {
-  if (bytes == 1) static_cast<uint8_t*>(sums)[i] = static_cast<uint8_t>(value);
-  else static_cast<uint16_t*>(sums)[i] = static_cast<uint16_t>(value);
-}
-
-uint32_t load_sum(const void* sums, int bytes, size_t i) {
-  return bytes == 1 ? static_cast<const uint8_t*>(sums)[i] : static_cast<const uint16_t*>(sums)[i];
 }
 
 }  // namespace
@@ -229,79 +208,46 @@ int64_t HackPageLayout::page_first_token(const void* page) {
   return static_cast<int64_t>(hdr.first_token);
 }
 
+namespace {
+
+// The writable view of one head's fields in `page` that the CPU quantizer fills.
+cpu::HackHeadSlots head_slots(const HackPageLayout& layout, int head, void* page) {
+  const HackHeadLayout& hl = layout.head(head);
+  cpu::HackHeadSlots h;
+  h.k_bits = layout.k_bits();
+  h.v_bits = layout.v_bits();
+  h.tokens = layout.block_tokens();
+  h.k_dim = hl.k_dim;
+  h.v_dim = hl.v_dim;
+  h.k_group = hl.k_group;
+  h.v_group = hl.v_group;
+  h.k_sum_bytes = layout.k_sum_bytes();
+  h.v_sum_bytes = layout.v_sum_bytes();
+  h.k_codes = at<uint8_t>(page, hl.k_codes);
+  h.k_min = at<uint16_t>(page, hl.k_min);
+  h.k_scale = at<uint16_t>(page, hl.k_scale);
+  h.k_sums = at<uint8_t>(page, hl.k_sums);
+  h.v_codes = at<uint8_t>(page, hl.v_codes);
+  h.v_min = at<uint16_t>(page, hl.v_min);
+  h.v_scale = at<uint16_t>(page, hl.v_scale);
+  h.v_sums = at<uint8_t>(page, hl.v_sums);
+  return h;
+}
+
+cpu::HackBlockRounding block_rounding(const RoundingSpec& r, int head) {
+  return {r.mode == Rounding::stochastic, r.seed, r.layer, r.first_token, head};
+}
+
+}  // namespace
+
 void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k, size_t k_stride,
                       const RoundingSpec& rounding, void* page) {
-  const HackHeadLayout& hl = layout.head(head);
-  const int T = layout.block_tokens(), bits = layout.k_bits(), max_code = (1 << bits) - 1;
-  uint8_t* codes = at<uint8_t>(page, hl.k_codes);
-  std::memset(codes, 0, static_cast<size_t>(T) * static_cast<size_t>(hl.k_dim) * static_cast<size_t>(bits) / 8);
-  uint16_t* mins = at<uint16_t>(page, hl.k_min);
-  uint16_t* scales = at<uint16_t>(page, hl.k_scale);
-  void* sums = at<uint8_t>(page, hl.k_sums);
-  const quant::BlockRandom random = block_random(rounding, head, 0);
-  for (int c = 0; c < hl.k_dim; ++c) {
-    float lo = bf16_to_f32(k[c]), hi = lo;
-    for (int t = 1; t < T; ++t) {
-      const float x = bf16_to_f32(k[static_cast<size_t>(t) * k_stride + static_cast<size_t>(c)]);
-      lo = std::min(lo, x);
-      hi = std::max(hi, x);
-    }
-    if (bits == 2 && rounding.mode == Rounding::nearest) {  // stochastic rounding stays unbiased: no clipping
-      quant::clip_k_range_2bit(
-          [&](int t) { return bf16_to_f32(k[static_cast<size_t>(t) * k_stride + static_cast<size_t>(c)]); }, T, &lo,
-          &hi);
-    }
-    quant::make_quantizer(lo, hi, max_code, &mins[c], &scales[c]);
-  }
-  for (int t = 0; t < T; ++t) {
-    const uint16_t* row = k + static_cast<size_t>(t) * k_stride;
-    for (int p = 0; p < hl.k_partitions(); ++p) {
-      uint32_t sum = 0;
-      for (int c = p * hl.k_group; c < (p + 1) * hl.k_group; ++c) {
-        const Quantizer q = quant::stored_quantizer(mins[c], scales[c], max_code);
-        const int code = quantize_one(q, bf16_to_f32(row[c]), rounding.mode,
-                                      random(static_cast<uint64_t>(t) * static_cast<uint64_t>(hl.k_dim) + c));
-        const cpu::HackCodePos pos = cpu::hack_k_code_pos(bits, hl.k_dim, t, c);
-        codes[pos.byte] = static_cast<uint8_t>(codes[pos.byte] | (code << pos.shift));
-        sum += static_cast<uint32_t>(code);
-      }
-      put_sum(sums, layout.k_sum_bytes(), static_cast<size_t>(p) * static_cast<size_t>(T) + static_cast<size_t>(t), sum);
-    }
-  }
+  cpu::hack_quantize_k(head_slots(layout, head, page), k, k_stride, block_rounding(rounding, head));
 }
 
 void quantize_v_block(const HackPageLayout& layout, int head, const uint16_t* v, size_t v_stride,
                       const RoundingSpec& rounding, void* page) {
-  const HackHeadLayout& hl = layout.head(head);
-  const int T = layout.block_tokens(), bits = layout.v_bits(), max_code = (1 << bits) - 1;
-  uint8_t* codes = at<uint8_t>(page, hl.v_codes);
-  std::memset(codes, 0, static_cast<size_t>(T) * static_cast<size_t>(hl.v_dim) * static_cast<size_t>(bits) / 8);
-  uint16_t* mins = at<uint16_t>(page, hl.v_min);
-  uint16_t* scales = at<uint16_t>(page, hl.v_scale);
-  void* sums = at<uint8_t>(page, hl.v_sums);
-  const quant::BlockRandom random = block_random(rounding, head, 1);
-  std::memset(sums, 0, static_cast<size_t>(hl.v_dim) * static_cast<size_t>(layout.v_sum_bytes()));
-  for (int t = 0; t < T; ++t) {
-    const uint16_t* row = v + static_cast<size_t>(t) * v_stride;
-    for (int p = 0; p < hl.v_partitions(); ++p) {
-      const int c0 = p * hl.v_group;
-      float lo = bf16_to_f32(row[c0]), hi = lo;
-      for (int c = c0 + 1; c < c0 + hl.v_group; ++c) {
-        lo = std::min(lo, bf16_to_f32(row[c]));
-        hi = std::max(hi, bf16_to_f32(row[c]));
-      }
-      const size_t meta = static_cast<size_t>(p) * static_cast<size_t>(T) + static_cast<size_t>(t);
-      const Quantizer q = quant::make_quantizer(lo, hi, max_code, &mins[meta], &scales[meta]);
-      for (int c = c0; c < c0 + hl.v_group; ++c) {
-        const int code = quantize_one(q, bf16_to_f32(row[c]), rounding.mode,
-                                      random(static_cast<uint64_t>(t) * hl.v_dim + c));
-        const cpu::HackCodePos pos = cpu::hack_v_code_pos(bits, T, t, c);
-        codes[pos.byte] = static_cast<uint8_t>(codes[pos.byte] | (code << pos.shift));
-        const size_t ci = static_cast<size_t>(c);
-        put_sum(sums, layout.v_sum_bytes(), ci, load_sum(sums, layout.v_sum_bytes(), ci) + static_cast<uint32_t>(code));
-      }
-    }
-  }
+  cpu::hack_quantize_v(head_slots(layout, head, page), v, v_stride, block_rounding(rounding, head));
 }
 
 int k_code(const HackPageLayout& layout, int head, const void* page, int token, int channel) {

@@ -151,8 +151,8 @@ struct RoundingSpec {
   int64_t first_token = 0;
 };
 
-/// The per-element arithmetic of both quantizers lives in kernels/hack_quant_math.h, shared
-/// with the CUDA quantizer (kernels/cuda/hack.h), which writes the same bytes.
+/// The quantizer itself is kernels/cpu/hack_quantize.h, beside its CUDA twin
+/// (kernels/cuda/hack.h), which writes the same bytes; these place it in the page layout.
 ///
 /// Quantizes one head's K block. k: [Π][k_dim] bf16 (token rows `k_stride` elements apart).
 /// Per channel: min rounded down and scale rounded up to bf16 so the range is covered,

@@ -1,9 +1,9 @@
 /// @file kernels/cuda/hack.h
-/// @brief HACK on CUDA (DESIGN.md §3.1), the twins of the CPU quantizer (kv/hack_page.h)
-/// and homomorphic attention (kernels/hack_attention.h):
+/// @brief HACK on CUDA (DESIGN.md §3.1), the twins of the CPU quantizer
+/// (kernels/cpu/hack_quantize.h) and homomorphic attention (kernels/cpu/hack_attention.h):
 ///   - hack_quantize_blocks: closing blocks (Π tokens × all KV heads of one layer, bf16 or
 ///     f32 on the device) → the exact page bytes of kv/hack_page.h, header included.
-///     Bit-identical to quantize_k_block / quantize_v_block, round to nearest or
+///     Bit-identical to cpu::hack_quantize_k / hack_quantize_v, round to nearest or
 ///     stochastic (the same counter-based stream), because both evaluate hack_quant_math.h.
 ///   - hack_decode_attention: one decode query per sequence over bf16 sinks, HACK pages and
 ///     a bf16 open block; INT8 tensor cores (WMMA u8×u8→s32) for Q'·K' and P'·V', split-K
