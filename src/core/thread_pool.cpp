@@ -25,7 +25,7 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run(const std::function<void(int, int)>& fn) {
+void ThreadPool::run(FunctionRef<void(int, int)> fn) {
   if (n_threads_ == 1) {
     fn(0, 1);
     return;
@@ -56,7 +56,7 @@ void ThreadPool::worker_loop(int index) {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
     }
-    const std::function<void(int, int)>* job;
+    const FunctionRef<void(int, int)>* job;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
@@ -71,7 +71,7 @@ void ThreadPool::worker_loop(int index) {
   }
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
+void ThreadPool::parallel_for(size_t n, FunctionRef<void(size_t, size_t)> fn) {
   if (n == 0) return;
   const int parts = static_cast<int>(std::min<size_t>(n, static_cast<size_t>(n_threads_)));
   if (parts == 1) {
@@ -86,7 +86,7 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
   });
 }
 
-void ThreadPool::parallel_for_dynamic(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
+void ThreadPool::parallel_for_dynamic(size_t n, size_t grain, FunctionRef<void(size_t, size_t)> fn) {
   if (n == 0) return;
   grain = std::max<size_t>(1, grain);
   if (n_threads_ == 1 || n <= grain) {

@@ -563,6 +563,12 @@ void PagedKvCache::plan(std::span<const PlanItem> items, const PlanPolicy& polic
       plan.v_dims[at] = options_.mode == KvMode::hack ? layouts_[static_cast<size_t>(l)].head(h).v_dim : shape_.head_dim;
     }
   const int T = options_.block_tokens;
+  // Room for every item's segments at its largest length, so a growing context does not
+  // grow the plan during decode (sinks, open block and one spare around the full blocks).
+  size_t most_segments = 0;
+  for (const PlanItem& in : items)
+    if (sequences_.contains(in.seq_id)) most_segments += static_cast<size_t>(get(in.seq_id).max_tokens / T + 3);
+  plan.segments.reserve(most_segments);
   for (const PlanItem& in : items) {
     for (const PlanItem& seen : plan.items)
       HACK_CHECK(seen.seq_id != in.seq_id, "attention plan: sequence {} appears twice in one step", in.seq_id);
@@ -924,9 +930,15 @@ KvCacheStats PagedKvCache::stats() const {
   KvCacheStats st;
   st.sequences = static_cast<int64_t>(sequences_.size());
   for (const auto& [id, s] : sequences_) st.tokens += s->layers.back().length;
-  for (const auto& p : block_pools_) st.bytes_used += p->bytes_in_use();
-  if (open_pool_) st.bytes_used += open_pool_->bytes_in_use();
-  if (sink_pool_) st.bytes_used += sink_pool_->bytes_in_use();
+  for (const auto& p : block_pools_) {
+    st.bytes_used += p->bytes_in_use();
+    st.bytes_pooled += p->bytes_reserved();
+  }
+  for (const PagePool* p : {open_pool_.get(), sink_pool_.get()}) {
+    if (p == nullptr) continue;
+    st.bytes_used += p->bytes_in_use();
+    st.bytes_pooled += p->bytes_reserved();
+  }
   st.bytes_capacity = budget_.capacity();
   st.bytes_reserved = budget_.reserved();
   return st;

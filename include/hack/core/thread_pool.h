@@ -6,12 +6,32 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
-#include <functional>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 namespace hack {
+
+/// A non-owning reference to a callable (like C++26 std::function_ref): what the pool's
+/// calls take, so handing work to the pool never allocates (a std::function built from a
+/// lambda with more than two captured pointers would). The callable must outlive the call.
+template <class Signature>
+class FunctionRef;
+
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, FunctionRef> && std::is_invocable_r_v<R, const F&, Args...>)
+  FunctionRef(const F& f)  // NOLINT(google-explicit-constructor): passed like a lambda
+      : object_(&f), call_([](const void* o, Args... args) -> R { return (*static_cast<const F*>(o))(args...); }) {}
+  R operator()(Args... args) const { return call_(object_, args...); }
+
+ private:
+  const void* object_;
+  R (*call_)(const void*, Args...);
+};
 
 class ThreadPool {
  public:
@@ -25,13 +45,13 @@ class ThreadPool {
 
   /// Runs fn(thread_index, n_threads) once on every worker and waits for all.
   /// Not reentrant: fn must not call run() on the same pool.
-  void run(const std::function<void(int thread_index, int n_threads)>& fn);
+  void run(FunctionRef<void(int thread_index, int n_threads)> fn);
 
   /// Splits [0, n) into contiguous ranges, one per worker, and calls fn(begin, end).
-  void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>& fn);
+  void parallel_for(size_t n, FunctionRef<void(size_t begin, size_t end)> fn);
 
   /// Hands out [0, n) in chunks of `grain` on demand (for uneven work).
-  void parallel_for_dynamic(size_t n, size_t grain, const std::function<void(size_t begin, size_t end)>& fn);
+  void parallel_for_dynamic(size_t n, size_t grain, FunctionRef<void(size_t begin, size_t end)> fn);
 
  private:
   void worker_loop(int index);
@@ -41,7 +61,7 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  const std::function<void(int, int)>* job_ = nullptr;
+  const FunctionRef<void(int, int)>* job_ = nullptr;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   bool stopping_ = false;

@@ -25,6 +25,7 @@ struct KvCacheStats {
   size_t bytes_used = 0;       ///< bytes held for stored tokens, all layers
   size_t bytes_capacity = 0;   ///< bytes the cache may use (0 = unbounded)
   size_t bytes_reserved = 0;   ///< bytes committed to open sequences (their reservations)
+  size_t bytes_pooled = 0;     ///< bytes the page pools hold from the system (grows in slabs, never shrinks)
 };
 
 class KvCache {
