@@ -511,13 +511,23 @@ class CudaBackend final : public Backend {
   int sm_count_ = 1;
   size_t max_smem_bytes_ = 0;
 
-  DeviceMatrix embed_, lm_head_;
-  Buffer final_norm_, inv_freq_;
+  DeviceMatrix embed_, lm_head_;  // [vocab][hidden] bf16 (tied: one copy)
+  Buffer final_norm_;             // [hidden] f32
+  Buffer inv_freq_;               // [head_dim / 2] f32 RoPE frequencies
   std::vector<DeviceLayer> layers_;
 
-  // Workspace for max_batch_tokens rows.
-  Buffer x_, xn_, tmp_, q_, k_, v_, attn_, gate_, up_, act_, logits_, partial_;
-  Buffer plan_host_, plan_dev_;
+  // Workspace for T = max_batch_tokens rows (device memory):
+  Buffer x_;            // [T][hidden] f32 residual stream
+  Buffer xn_;           // [T][hidden] bf16 normed GEMM input (logit rows gathered at the end)
+  Buffer tmp_;          // [T][hidden] f32 o_proj / down_proj output before the residual add
+  Buffer q_;            // [T][num_heads · head_dim] f32 queries (RoPE applied in place)
+  Buffer k_, v_;        // [T][num_kv_heads · head_dim] f32 new keys (RoPE applied) and values
+  Buffer attn_;         // [T][num_heads · head_dim] bf16 attention output (o_proj input)
+  Buffer gate_, up_;    // [T][intermediate] f32 SwiGLU inputs
+  Buffer act_;          // [T][intermediate] bf16 SwiGLU output (down_proj input)
+  Buffer logits_;       // [min(T, max_logit_rows)][vocab] f32, one lm_head pass
+  Buffer partial_;      // split-K partial softmax states of decode attention
+  Buffer plan_host_, plan_dev_;  // [plan_capacity_] int: the forward's plan, pinned host and device
   size_t plan_capacity_ = 0;
 
   // The current forward's plan.
