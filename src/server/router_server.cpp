@@ -93,8 +93,11 @@ class RequestContext {
     std::lock_guard lock(mutex_);
     calls_.erase(call);
   }
+  // Once: calls added later are cancelled by add(), so a second cancel would only repeat
+  // the nodes' cancel round trips.
   void cancel() {
     std::lock_guard lock(mutex_);
+    if (cancelled_) return;
     cancelled_ = true;
     for (DisaggregatedCall* c : calls_) c->cancel();
   }
@@ -137,11 +140,18 @@ struct RouterServer::Impl {
   std::map<std::string, std::string> ucx_of;  // decode node name → its UCX address
   std::map<std::string, uint64_t> kv_bytes_seen;  // health thread only
 
+  // Every client request runs on its own thread, owned here: the thread marks its entry
+  // finished as its last step, the next request joins the finished ones, and shutdown
+  // cancels and joins them all before any other member goes.
+  struct RequestThread {
+    std::shared_ptr<RequestContext> ctx;
+    std::thread thread;
+    bool finished = false;
+  };
   std::mutex requests_mutex;
-  std::condition_variable requests_cv;
-  std::set<std::shared_ptr<RequestContext>> requests;
-  int open_requests = 0;
-  bool stopping = false;
+  std::map<uint64_t, RequestThread> requests;  // by arrival number
+  uint64_t next_request = 0;
+  bool stopping = false;  // set once shutdown has taken `requests`: no new request starts
 
   std::mutex health_mutex;
   std::condition_variable health_cv;
@@ -180,7 +190,6 @@ struct RouterServer::Impl {
     for (const NodeAddress& n : prefill_nodes) prefill_pool.add(n);
     for (const NodeAddress& n : decode_nodes) decode_pool.add(n);
     poll_health();  // a cluster that is up is routable at once
-    health_thread = std::thread([this] { health_loop(); });
 
     HttpServerOptions ho;
     ho.host = config.host;
@@ -192,19 +201,16 @@ struct RouterServer::Impl {
     http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
       handle(std::move(req), std::move(res));
     });
+    // Started last: a constructor that throws (port taken) must not leave it joinable.
+    health_thread = std::thread([this] { health_loop(); });
     spdlog::info("hack-router: model {} (max length {}), {} prefill + {} decode nodes, API {}:{}{}", model_name,
                  max_model_len, prefill_nodes.size(), decode_nodes.size(), config.host, http->port(),
                  keys.enabled() ? ", API keys required" : "");
   }
 
   ~Impl() {
-    http.reset();
-    {
-      std::unique_lock lock(requests_mutex);
-      stopping = true;
-      for (const auto& r : requests) r->cancel();
-      requests_cv.wait_for(lock, std::chrono::seconds(15), [&] { return open_requests == 0; });
-    }
+    http.reset();  // no new requests; open ones see their clients close and cancel
+    stop_requests();
     {
       std::lock_guard lock(health_mutex);
       health_stop = true;
@@ -287,26 +293,67 @@ struct RouterServer::Impl {
     }
     if (req.method != "POST") return send_error(*res, method_error(req.method, path));
     const Endpoint endpoint = path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+    start_request(std::move(req), std::move(res), endpoint);
+  }
+
+  // ---- request threads ------------------------------------------------------------------
+
+  // Runs the request on a thread of its own (it blocks on its nodes for as long as it
+  // generates), and joins the threads of requests that have finished since the last one.
+  void start_request(HttpRequest req, std::shared_ptr<Responder> res, Endpoint endpoint) {
     auto ctx = std::make_shared<RequestContext>();
+    std::vector<std::thread> finished;
     {
       std::lock_guard lock(requests_mutex);
       if (stopping) return send_error(*res, unavailable_error("the router is shutting down"));
-      requests.insert(ctx);
-      ++open_requests;
+      finished = take_finished_locked();
+      res->on_client_closed([ctx] { ctx->cancel(); });
+      const uint64_t id = next_request++;
+      // Its last step waits for this lock, so by then its entry is in place.
+      std::thread thread([this, id, req = std::move(req), res = std::move(res), ctx, endpoint] {
+        serve_request(req, *res, *ctx, endpoint);
+        std::lock_guard done(requests_mutex);
+        if (auto it = requests.find(id); it != requests.end()) it->second.finished = true;
+      });
+      requests.emplace(id, RequestThread{ctx, std::move(thread)});
     }
-    res->on_client_closed([ctx] { ctx->cancel(); });
-    std::thread([this, req = std::move(req), res, ctx, endpoint]() mutable {
-      try {
-        complete(req, *res, *ctx, endpoint);
-      } catch (const std::exception& e) {
-        spdlog::error("request failed: {}", e.what());
-        send_error(*res, internal_error(e.what()));
+    for (std::thread& t : finished) t.join();  // each has returned or is about to
+  }
+
+  void serve_request(const HttpRequest& req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
+    try {
+      complete(req, res, ctx, endpoint);
+    } catch (const std::exception& e) {
+      spdlog::error("request failed: {}", e.what());
+      send_error(res, internal_error(e.what()));
+    }
+  }
+
+  // The threads of finished requests, taken out of `requests` for joining.
+  std::vector<std::thread> take_finished_locked() {
+    std::vector<std::thread> finished;
+    for (auto it = requests.begin(); it != requests.end();) {
+      if (it->second.finished) {
+        finished.push_back(std::move(it->second.thread));
+        it = requests.erase(it);
+      } else {
+        ++it;
       }
+    }
+    return finished;
+  }
+
+  // Cancels every open request on its nodes (their calls close their connections and end at
+  // once) and joins every request thread: after this no request touches this object.
+  void stop_requests() {
+    std::map<uint64_t, RequestThread> open;
+    {
       std::lock_guard lock(requests_mutex);
-      requests.erase(ctx);
-      --open_requests;
-      requests_cv.notify_all();
-    }).detach();
+      stopping = true;
+      open.swap(requests);
+    }
+    for (auto& [id, r] : open) r.ctx->cancel();
+    for (auto& [id, r] : open) r.thread.join();
   }
 
   static bool node_alive(const NodeAddress& node) {
