@@ -1,7 +1,9 @@
-// RouterServer in-process against fake prefill and decode nodes (HTTP only, no model): its
-// lifetime. Destroying a router while many requests stream, wait and arrive cancels them on
-// their nodes and joins every thread it started before any of its state goes (run under
-// ASan/UBSan: no use after free), in far less time than the requests would take.
+// RouterServer in-process against fake prefill and decode nodes (HTTP only, no model).
+//   - Its lifetime: destroying a router while many requests stream, wait and arrive cancels
+//     them on their nodes and joins every thread it started before any of its state goes
+//     (run under ASan/UBSan: no use after free), in far less time than the requests take.
+//   - Its relay: streamed and whole responses carry the same text, logprobs and offsets, the
+//     text being the tokenizer's decode of the node's tokens (echo and stop strings applied).
 #include <catch2/catch.hpp>
 #include <spdlog/spdlog.h>
 
@@ -20,6 +22,7 @@
 #include "hack/server/http_server.h"
 #include "hack/server/node_protocol.h"
 #include "hack/server/router_server.h"
+#include "hack/tokenizer/tokenizer.h"
 #include "support/test_support.h"
 #include "unit/server/http_test_util.h"
 
@@ -32,19 +35,27 @@ using test::eventually;
 using test::seconds_since;
 using test::Workers;
 
-constexpr auto kTokenInterval = std::chrono::milliseconds(20);
-// A long request asks for this many tokens: 20 s of streaming at kTokenInterval.
+// A long request asks for this many tokens: 20 s of streaming at 20 ms a token.
 constexpr int kLongTokens = 1000;
+
+// The tokens the fake decode node generates, in order: hack-tiny word pieces (ids below 256
+// are single bytes, 4091 and up special tokens).
+int fake_token(int i) { return 1000 + i % 500; }
+
+struct FakeNodeOptions {
+  bool answer_cancels = true;  // false: play a hung node, leave /internal/cancel unanswered
+  std::chrono::milliseconds token_interval{20};
+};
 
 // A prefill or decode node as the router sees it over HTTP, without a model: /health
 // reports it idle; /internal/prefill answers at once; /internal/generate sends "accepted",
-// then a token every kTokenInterval until max_tokens ("finished") or until its connection
-// closes; /internal/cancel is counted (and, to play a hung node, left unanswered).
+// then fake_token(0, 1, ...) one every token_interval until max_tokens ("finished") or
+// until its connection closes; /internal/cancel is counted.
 class FakeNode {
  public:
-  explicit FakeNode(std::string role, bool answer_cancels = true)
+  explicit FakeNode(std::string role, FakeNodeOptions options = {})
       : role_(std::move(role)),
-        answer_cancels_(answer_cancels),
+        options_(options),
         server_(HttpServerOptions{}, [this](HttpRequest req, std::shared_ptr<Responder> res) {
           handle(std::move(req), std::move(res));
         }) {}
@@ -66,7 +77,7 @@ class FakeNode {
       res->send(200, "application/json", to_json(h));
     } else if (req.path == "/internal/cancel") {
       ++cancels;
-      if (answer_cancels_) {
+      if (options_.answer_cancels) {
         res->send(200, "application/json", "{}");
       } else {
         std::lock_guard lock(unanswered_mutex_);
@@ -96,11 +107,12 @@ class FakeNode {
     accepted.kind = NodeEventKind::accepted;
     res.send_event(to_json(accepted));
     for (int i = 0; i < job.params.max_tokens; ++i) {
-      std::this_thread::sleep_for(kTokenInterval);
+      std::this_thread::sleep_for(options_.token_interval);
       NodeEvent token;
       token.kind = NodeEventKind::token;
       token.index = i;
-      token.sample.token = 200 + i % 500;  // hack-tiny: plain text pieces, no special tokens
+      token.sample.token = fake_token(i);
+      token.sample.logprob = -0.25f * static_cast<float>(i % 4);
       if (!res.send_event(to_json(token))) {
         if (long_request && i > 0) --long_streams_running;
         return;
@@ -117,17 +129,19 @@ class FakeNode {
   }
 
   std::string role_;
-  bool answer_cancels_;
+  FakeNodeOptions options_;
   std::mutex unanswered_mutex_;
   std::vector<std::shared_ptr<Responder>> unanswered_;
   Workers workers_;     // joined after server_ has stopped (their Responders are closed by then)
   HttpServer server_;
 };
 
+std::string model_dir() { return (hack::test::source_dir() / "models" / "hack-tiny").string(); }
+
 RouterConfig router_config(const FakeNode& prefill, const FakeNode& decode) {
   RouterConfig c;
   c.port = 0;
-  c.model = (hack::test::source_dir() / "models" / "hack-tiny").string();
+  c.model = model_dir();
   c.prefill = {prefill.address()};
   c.decode = {decode.address()};
   c.health_interval_s = 0.2f;  // polls run during the test, and through shutdown
@@ -170,7 +184,7 @@ struct Shutdown {
   bool streams_ended = false; // the decode node saw every stream closed
 };
 
-// Long requests (kLongTokens at kTokenInterval: 20 s each), all in flight when the router
+// Long requests (kLongTokens: 20 s each), all in flight when the router
 // goes: streamed, non-streamed (the client waits for the whole body), and n = 2 (a thread
 // per choice inside the request thread).
 constexpr int kStreamed = 16, kWhole = 4, kTwoChoices = 4;
@@ -277,7 +291,7 @@ TEST_CASE("destroying the router with requests in flight cancels them on their n
 
 TEST_CASE("a decode node that never answers cancels does not hold up the router's shutdown", "[server][router]") {
   QuietLogs quiet;
-  FakeNode prefill("prefill"), decode("decode", /*answer_cancels=*/false);
+  FakeNode prefill("prefill"), decode("decode", FakeNodeOptions{.answer_cancels = false});
   const Shutdown s = shut_down_under_load(prefill, decode);
   // Each cancel waits out its 2 s timeout: on the request's own thread, all at once. On the
   // HTTP io threads (4) the 28 calls' cancels would take 14 s one after another.
@@ -296,4 +310,108 @@ TEST_CASE("a router whose port is taken throws hack::Error instead of aborting",
   RouterConfig c = router_config(prefill, decode);
   c.port = decode.port();
   REQUIRE_THROWS_AS(std::make_unique<RouterServer>(c), hack::Error);
+}
+
+namespace {
+
+// Choice 0 of a completion as the client sees it: the whole response, or its chunks joined.
+struct ChoiceSeen {
+  std::string text;
+  std::vector<std::string> tokens;  // logprobs.tokens
+  std::vector<size_t> offsets;      // logprobs.text_offset
+  std::string finish_reason;
+};
+
+void add_logprobs(const nlohmann::json& logprobs, ChoiceSeen& seen) {
+  if (logprobs.is_null()) return;
+  for (const auto& t : logprobs.at("tokens")) seen.tokens.push_back(t.get<std::string>());
+  for (const auto& o : logprobs.at("text_offset")) seen.offsets.push_back(o.get<size_t>());
+}
+
+ChoiceSeen whole_choice(int port, nlohmann::json body) {
+  body["stream"] = false;
+  const HttpResponse r = http_request(completion_request(port, body.dump()));
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  const nlohmann::json choice = nlohmann::json::parse(r.body).at("choices").at(0);
+  ChoiceSeen seen;
+  seen.text = choice.at("text").get<std::string>();
+  add_logprobs(choice.at("logprobs"), seen);
+  seen.finish_reason = choice.at("finish_reason").get<std::string>();
+  return seen;
+}
+
+ChoiceSeen streamed_choice(int port, nlohmann::json body) {
+  body["stream"] = true;
+  ChoiceSeen seen;
+  bool done = false;
+  const HttpResponse r = http_stream(completion_request(port, body.dump()), [&](std::string_view data) {
+    if (data == "[DONE]") {
+      done = true;
+      return true;
+    }
+    const nlohmann::json choice = nlohmann::json::parse(data).at("choices").at(0);
+    seen.text += choice.at("text").get<std::string>();
+    add_logprobs(choice.at("logprobs"), seen);
+    if (!choice.at("finish_reason").is_null()) seen.finish_reason = choice["finish_reason"].get<std::string>();
+    return true;
+  });
+  REQUIRE(r.status == 200);
+  REQUIRE(done);
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("streamed and whole completions through the router carry the same text, logprobs and offsets",
+          "[server][router]") {
+  QuietLogs quiet;
+  const FakeNodeOptions fast{.token_interval = std::chrono::milliseconds(1)};
+  FakeNode prefill("prefill", fast), decode("decode", fast);
+  RouterServer router(router_config(prefill, decode));
+  constexpr int kTokens = 24;
+  std::vector<int> ids;
+  for (int i = 0; i < kTokens; ++i) ids.push_back(fake_token(i));
+  // The reference: the whole id list decoded at once (the router decodes token by token).
+  const std::string generated = hack::Tokenizer::load(model_dir()).decode(ids, /*skip_special_tokens=*/true);
+  const std::string prompt = "In the beginning God created";
+  INFO("generated: '" << generated << "'");
+  REQUIRE(generated.size() > 8);
+  nlohmann::json body = {{"model", "hack-tiny"}, {"prompt", prompt}, {"max_tokens", kTokens}};
+
+  SECTION("plain") {
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == generated);
+    CHECK(streamed.text == generated);
+    CHECK(whole.finish_reason == "length");
+    CHECK(streamed.finish_reason == "length");
+  }
+  SECTION("echo") {
+    body["echo"] = true;
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == prompt + generated);
+    CHECK(streamed.text == whole.text);
+  }
+  SECTION("logprobs") {
+    body["logprobs"] = 1;
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == generated);
+    CHECK(streamed.text == generated);
+    REQUIRE(whole.tokens.size() == kTokens);
+    CHECK(whole.offsets.front() == 0);
+    CHECK(whole.offsets.back() + whole.tokens.back().size() == generated.size());  // ASCII: code points = bytes
+    CHECK(streamed.tokens == whole.tokens);
+    CHECK(streamed.offsets == whole.offsets);
+  }
+  SECTION("a stop string") {
+    const std::string stop = generated.substr(generated.size() / 2, 3);
+    INFO("stop: '" << stop << "'");
+    body["stop"] = {stop};
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    const std::string expected = generated.substr(0, generated.find(stop));
+    CHECK(whole.text == expected);
+    CHECK(streamed.text == expected);
+    CHECK(whole.finish_reason == "stop");
+    CHECK(streamed.finish_reason == "stop");
+  }
 }
