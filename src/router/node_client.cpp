@@ -85,11 +85,11 @@ void DisaggregatedCall::cancel_prefill() {
 }
 
 void DisaggregatedCall::cancel() {
+  // Only closes the connections: callers cancel from io threads and under locks, and a node
+  // that does not answer would hold them for the cancel's timeout. run() tells the nodes.
   cancelled_ = true;
   decode_cancel_.cancel();
   prefill_cancel_.cancel();
-  send_cancel(decode_, job_.request_id, options_.secret);
-  send_cancel(prefill_, job_.request_id, options_.secret);
 }
 
 GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&)>& on_event) {
@@ -137,7 +137,7 @@ GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&
   } catch (const std::exception& e) {
     stream_error = fmt::format("decode node {}: {}", where(decode_), e.what());
   }
-  if (stopped_early) send_cancel(decode_, job_.request_id, options_.secret);
+  if (stopped_early || cancelled_) send_cancel(decode_, job_.request_id, options_.secret);
   if (prefill_thread_.joinable()) {
     bool prefill_running;
     {
@@ -150,7 +150,7 @@ GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&
       }
       prefill_running = !prefill_done_;
     }
-    if (prefill_running) cancel_prefill();
+    if (prefill_running || cancelled_) cancel_prefill();
     prefill_thread_.join();
   }
   if (stopped_early) {

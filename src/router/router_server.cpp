@@ -11,7 +11,10 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
+#include <variant>
+#include <vector>
 
 #include "hack/core/error.h"
 #include "hack/core/read_file.h"
@@ -93,8 +96,11 @@ class RequestContext {
     std::lock_guard lock(mutex_);
     calls_.erase(call);
   }
+  // Once: calls added later are cancelled by add(), so a second cancel would only repeat
+  // the nodes' cancel round trips.
   void cancel() {
     std::lock_guard lock(mutex_);
+    if (cancelled_) return;
     cancelled_ = true;
     for (DisaggregatedCall* c : calls_) c->cancel();
   }
@@ -114,6 +120,157 @@ struct ChoiceOutcome {
   Choice choice;
   int completion_tokens = 0;
   std::optional<ProtocolError> error;
+};
+
+int64_t unix_seconds_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A request that passed validation and admission, as its choices run it.
+struct AdmittedRequest {
+  CompletionRequest request;
+  std::vector<int> prompt;
+  std::string prompt_text;  // echoed; completions' text offsets start after it
+  SamplingParams params;    // choice 0's (choice_params)
+  ResponseMeta meta;
+  Clock::time_point t_arrival;
+};
+
+// Why a request was turned away before it reached a node: the answer, and the error
+// metric it counts under.
+struct Rejection {
+  ProtocolError error;
+  const char* metric;
+};
+
+// Choice i > 0 of a seeded request samples with seed + i: the choices differ, and replay.
+SamplingParams choice_params(const SamplingParams& params, int index) {
+  SamplingParams p = params;
+  if (p.seed && index > 0) p.seed = *p.seed + static_cast<uint64_t>(index);
+  return p;
+}
+
+// A request in the router's gauges: waiting from admission until the first token of any of
+// its choices, running from then until it ends.
+class RequestGauge {
+ public:
+  RequestGauge(std::atomic<int>& waiting, std::atomic<int>& running) : waiting_(waiting), running_(running) {
+    ++waiting_;
+  }
+  ~RequestGauge() {
+    if (first_token_seen_) {
+      --running_;
+    } else {
+      --waiting_;
+    }
+  }
+  RequestGauge(const RequestGauge&) = delete;
+  RequestGauge& operator=(const RequestGauge&) = delete;
+
+  // Moves the request to running; true for its first token only.
+  bool first_token() {
+    if (first_token_seen_.exchange(true)) return false;
+    --waiting_;
+    ++running_;
+    return true;
+  }
+
+ private:
+  std::atomic<int>& waiting_;
+  std::atomic<int>& running_;
+  std::atomic<bool> first_token_seen_{false};
+};
+
+// The chunks of one choice of a streamed response; does nothing for a whole response.
+class ChoiceStream {
+ public:
+  ChoiceStream(Responder* res, const ResponseMeta& meta, int index, bool chat)
+      : res_(res), meta_(meta), index_(index), chat_(chat) {}
+
+  bool streaming() const { return res_ != nullptr; }
+
+  // The opening chunks: chat's role, completions' echoed prompt.
+  void open(const std::string& echo) {
+    if (!res_) return;
+    if (chat_) res_->send_event(chat_role_chunk(meta_, index_));
+    if (!echo.empty()) send(echo, std::nullopt, std::nullopt);
+    offset_ = count_code_points(echo);  // as completion_response's text_offset_base
+  }
+
+  void send(std::string text, std::optional<std::vector<PositionLogprobs>> lps, std::optional<FinishReason> finish) {
+    if (!res_) return;
+    if (text.empty() && (!lps || lps->empty()) && !finish) return;
+    ChoiceDelta d{index_, std::move(text), std::move(lps), finish, offset_};
+    if (d.logprobs) {
+      for (const PositionLogprobs& l : *d.logprobs) offset_ += count_code_points(l.token);
+    }
+    res_->send_event(chat_ ? chat_chunk(meta_, d) : completion_chunk(meta_, d));
+  }
+
+ private:
+  Responder* res_;
+  const ResponseMeta& meta_;
+  int index_;
+  bool chat_;
+  // Completions logprobs: text_offset of the next token, counted over the tokens' own text
+  // as the non-stream response counts it — not over the text sent so far, which lags
+  // behind while a stop string's prefix is held back.
+  size_t offset_ = 0;
+};
+
+// One attempt's tokens as text: detokenized incrementally, with the stop strings applied
+// (text that may begin a stop string is held back until that is decided).
+class ChoiceText {
+ public:
+  ChoiceText(const Tokenizer& tokenizer, const CompletionRequest& r)
+      : detok_(tokenizer, r.skip_special_tokens), stops_(r.stop, r.include_stop_str_in_output) {}
+
+  // The text that settled with `token`.
+  std::string feed(int token) {
+    const StopStringMatcher::Step step = stops_.feed(detok_.step(token));
+    if (step.stopped) stopped_ = true;
+    return step.text;
+  }
+
+  // The rest of the text once generation has ended.
+  std::string finish() {
+    if (stopped_) return "";
+    const StopStringMatcher::Step step = stops_.feed(detok_.finish());
+    stopped_ = step.stopped;
+    return stopped_ ? step.text : step.text + stops_.flush();
+  }
+
+  // A stop string matched: the choice ends there.
+  bool stopped() const { return stopped_; }
+
+ private:
+  IncrementalDecoder detok_;
+  StopStringMatcher stops_;
+  bool stopped_ = false;
+};
+
+// The prefill and decode node an attempt runs on, counted in their pools' load.
+struct NodePair {
+  NodePool::Lease prefill, decode;
+  NodeAddress decode_node;  // decode.node() with its UCX address
+};
+
+// One attempt of a choice on a node pair.
+struct Attempt {
+  NodePair nodes;
+  ChoiceText text;
+  std::string kept;  // a whole response's text so far
+  Clock::time_point last_token = Clock::now();
+};
+
+// One choice of a request while it runs.
+struct ChoiceRun {
+  const AdmittedRequest& req;
+  RequestGauge& gauge;
+  SamplingParams params;
+  ChoiceStream stream;
+  ChoiceOutcome& out;
 };
 
 }  // namespace
@@ -137,11 +294,18 @@ struct RouterServer::Impl {
   std::map<std::string, std::string> ucx_of;  // decode node name → its UCX address
   std::map<std::string, uint64_t> kv_bytes_seen;  // health thread only
 
+  // Every client request runs on its own thread, owned here: the thread marks its entry
+  // finished as its last step, the next request joins the finished ones, and shutdown
+  // cancels and joins them all before any other member goes.
+  struct RequestThread {
+    std::shared_ptr<RequestContext> ctx;
+    std::thread thread;
+    bool finished = false;
+  };
   std::mutex requests_mutex;
-  std::condition_variable requests_cv;
-  std::set<std::shared_ptr<RequestContext>> requests;
-  int open_requests = 0;
-  bool stopping = false;
+  std::map<uint64_t, RequestThread> requests;  // by arrival number
+  uint64_t next_request = 0;
+  bool stopping = false;  // set once shutdown has taken `requests`: no new request starts
 
   std::mutex health_mutex;
   std::condition_variable health_cv;
@@ -158,7 +322,7 @@ struct RouterServer::Impl {
     if (model_name.empty()) model_name = dir.lexically_normal().parent_path().filename().string();
     HACK_CHECK(config.max_model_len >= 0, "--max-model-len must not be negative");
     max_model_len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
-    created_s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    created_s = unix_seconds_now();
     const GenerationConfig gen = load_generation_config(dir);
     if (gen.temperature) defaults.temperature = *gen.temperature;
     if (gen.top_p) defaults.top_p = *gen.top_p;
@@ -180,7 +344,6 @@ struct RouterServer::Impl {
     for (const NodeAddress& n : prefill_nodes) prefill_pool.add(n);
     for (const NodeAddress& n : decode_nodes) decode_pool.add(n);
     poll_health();  // a cluster that is up is routable at once
-    health_thread = std::thread([this] { health_loop(); });
 
     HttpServerOptions ho;
     ho.host = config.host;
@@ -192,19 +355,16 @@ struct RouterServer::Impl {
     http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
       handle(std::move(req), std::move(res));
     });
+    // Started last: a constructor that throws (port taken) must not leave it joinable.
+    health_thread = std::thread([this] { health_loop(); });
     spdlog::info("hack-router: model {} (max length {}), {} prefill + {} decode nodes, API {}:{}{}", model_name,
                  max_model_len, prefill_nodes.size(), decode_nodes.size(), config.host, http->port(),
                  keys.enabled() ? ", API keys required" : "");
   }
 
   ~Impl() {
-    http.reset();
-    {
-      std::unique_lock lock(requests_mutex);
-      stopping = true;
-      for (const auto& r : requests) r->cancel();
-      requests_cv.wait_for(lock, std::chrono::seconds(15), [&] { return open_requests == 0; });
-    }
+    http.reset();  // no new requests; open ones see their clients close and cancel
+    stop_requests();
     {
       std::lock_guard lock(health_mutex);
       health_stop = true;
@@ -287,26 +447,67 @@ struct RouterServer::Impl {
     }
     if (req.method != "POST") return send_error(*res, method_error(req.method, path));
     const Endpoint endpoint = path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+    start_request(std::move(req), std::move(res), endpoint);
+  }
+
+  // ---- request threads ------------------------------------------------------------------
+
+  // Runs the request on a thread of its own (it blocks on its nodes for as long as it
+  // generates), and joins the threads of requests that have finished since the last one.
+  void start_request(HttpRequest req, std::shared_ptr<Responder> res, Endpoint endpoint) {
     auto ctx = std::make_shared<RequestContext>();
+    std::vector<std::thread> finished;
     {
       std::lock_guard lock(requests_mutex);
       if (stopping) return send_error(*res, unavailable_error("the router is shutting down"));
-      requests.insert(ctx);
-      ++open_requests;
+      finished = take_finished_locked();
+      res->on_client_closed([ctx] { ctx->cancel(); });
+      const uint64_t id = next_request++;
+      // Its last step waits for this lock, so by then its entry is in place.
+      std::thread thread([this, id, req = std::move(req), res = std::move(res), ctx, endpoint] {
+        serve_request(req, *res, *ctx, endpoint);
+        std::lock_guard done(requests_mutex);
+        if (auto it = requests.find(id); it != requests.end()) it->second.finished = true;
+      });
+      requests.emplace(id, RequestThread{ctx, std::move(thread)});
     }
-    res->on_client_closed([ctx] { ctx->cancel(); });
-    std::thread([this, req = std::move(req), res, ctx, endpoint]() mutable {
-      try {
-        complete(req, *res, *ctx, endpoint);
-      } catch (const std::exception& e) {
-        spdlog::error("request failed: {}", e.what());
-        send_error(*res, internal_error(e.what()));
+    for (std::thread& t : finished) t.join();  // each has returned or is about to
+  }
+
+  void serve_request(const HttpRequest& req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
+    try {
+      complete(req, res, ctx, endpoint);
+    } catch (const std::exception& e) {
+      spdlog::error("request failed: {}", e.what());
+      send_error(res, internal_error(e.what()));
+    }
+  }
+
+  // The threads of finished requests, taken out of `requests` for joining.
+  std::vector<std::thread> take_finished_locked() {
+    std::vector<std::thread> finished;
+    for (auto it = requests.begin(); it != requests.end();) {
+      if (it->second.finished) {
+        finished.push_back(std::move(it->second.thread));
+        it = requests.erase(it);
+      } else {
+        ++it;
       }
+    }
+    return finished;
+  }
+
+  // Cancels every open request on its nodes (their calls close their connections and end at
+  // once) and joins every request thread: after this no request touches this object.
+  void stop_requests() {
+    std::map<uint64_t, RequestThread> open;
+    {
       std::lock_guard lock(requests_mutex);
-      requests.erase(ctx);
-      --open_requests;
-      requests_cv.notify_all();
-    }).detach();
+      stopping = true;
+      open.swap(requests);
+    }
+    for (auto& [id, r] : open) r.ctx->cancel();
+    for (auto& [id, r] : open) r.thread.join();
   }
 
   static bool node_alive(const NodeAddress& node) {
@@ -365,80 +566,75 @@ struct RouterServer::Impl {
     return e;
   }
 
+  // ---- one request ----------------------------------------------------------------------
+
   void complete(const HttpRequest& http_req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
-    const auto t_arrival = Clock::now();
-    ParseResult parsed = parse_request(http_req.body, endpoint, limits);
-    if (auto* e = std::get_if<ProtocolError>(&parsed)) {
-      metrics.count_request_error("invalid_request");
-      return send_error(res, *e);
+    auto admitted = admit(http_req.body, endpoint, Clock::now());
+    if (auto* no = std::get_if<Rejection>(&admitted)) {
+      metrics.count_request_error(no->metric);
+      return send_error(res, no->error);
     }
-    const CompletionRequest& r = std::get<CompletionRequest>(parsed);
-    std::string prompt_text;
-    auto tokens = prompt_tokens(r, prompt_text);
-    if (auto* e = std::get_if<ProtocolError>(&tokens)) {
-      metrics.count_request_error("invalid_request");
-      return send_error(res, *e);
-    }
-    const std::vector<int> prompt = std::get<std::vector<int>>(std::move(tokens));
-    auto fitted = fit_max_tokens(r, static_cast<int>(prompt.size()), max_model_len);
-    if (auto* e = std::get_if<ProtocolError>(&fitted)) {
-      metrics.count_request_error("invalid_request");
-      return send_error(res, *e);
-    }
-    const int max_tokens = std::get<int>(fitted);
+    const AdmittedRequest& req = std::get<AdmittedRequest>(admitted);
+    const CompletionRequest& r = req.request;
+    spdlog::info("request {}: {} prompt tokens, max_tokens {}, n {}, stream {}", req.meta.id, req.prompt.size(),
+                 req.params.max_tokens, r.n, r.stream);
+    metrics.add_prompt_tokens(req.prompt.size() * static_cast<size_t>(r.n));
+    if (r.stream) res.start_sse();
+    std::vector<ChoiceOutcome> outcomes = run_choices(ctx, req, r.stream ? &res : nullptr);
+    metrics.observe_e2e_request_latency_s(seconds_since(req.t_arrival));
+    answer(res, ctx, req, std::move(outcomes));
+  }
+
+  // Parses and validates a request, and checks that the nodes can take it.
+  std::variant<AdmittedRequest, Rejection> admit(const std::string& body, Endpoint endpoint,
+                                                 Clock::time_point t_arrival) {
+    ParseResult parsed = parse_request(body, endpoint, limits);
+    if (auto* e = std::get_if<ProtocolError>(&parsed)) return Rejection{*e, "invalid_request"};
+    AdmittedRequest req;
+    req.request = std::get<CompletionRequest>(std::move(parsed));
+    const CompletionRequest& r = req.request;
+    auto tokens = prompt_tokens(r, req.prompt_text);
+    if (auto* e = std::get_if<ProtocolError>(&tokens)) return Rejection{*e, "invalid_request"};
+    req.prompt = std::get<std::vector<int>>(std::move(tokens));
+    auto fitted = fit_max_tokens(r, static_cast<int>(req.prompt.size()), max_model_len);
+    if (auto* e = std::get_if<ProtocolError>(&fitted)) return Rejection{*e, "invalid_request"};
     if (prefill_pool.healthy_count() == 0 || decode_pool.healthy_count() == 0) {
-      metrics.count_request_error("unavailable");
-      return send_error(res, unavailable_error(fmt::format("no healthy {} node", prefill_pool.healthy_count() == 0
-                                                                                      ? "prefill"
-                                                                                      : "decode")));
+      const char* role = prefill_pool.healthy_count() == 0 ? "prefill" : "decode";
+      return Rejection{unavailable_error(fmt::format("no healthy {} node", role)), "unavailable"};
     }
     if (config.max_queue_tokens > 0 &&
         (prefill_pool.saturated(config.max_queue_tokens) || decode_pool.saturated(config.max_queue_tokens))) {
-      metrics.count_request_error("overloaded");
-      return send_error(res, overloaded_error());
+      return Rejection{overloaded_error(), "overloaded"};
     }
-    const SamplingParams params = to_sampling_params(r, max_tokens, defaults);
-    ResponseMeta meta{make_request_id(endpoint), r.model, std::chrono::duration_cast<std::chrono::seconds>(
-                                                               std::chrono::system_clock::now().time_since_epoch())
-                                                               .count(),
-                      r.stream && r.include_usage};
-    spdlog::info("request {}: {} prompt tokens, max_tokens {}, n {}, stream {}", meta.id, prompt.size(), max_tokens,
-                 r.n, r.stream);
-    metrics.add_prompt_tokens(prompt.size() * static_cast<size_t>(r.n));
-    if (r.stream) res.start_sse();
+    req.params = to_sampling_params(r, std::get<int>(fitted), defaults);
+    req.meta = ResponseMeta{make_request_id(endpoint), r.model, unix_seconds_now(), r.stream && r.include_usage};
+    req.t_arrival = t_arrival;
+    return req;
+  }
 
-    std::atomic<bool> first_token_seen{false};
-    ++waiting;
-    auto on_first_token = [&] {
-      if (!first_token_seen.exchange(true)) {
-        metrics.observe_time_to_first_token_s(seconds_since(t_arrival));
-        --waiting;
-        ++running;
-      }
-    };
-    std::vector<ChoiceOutcome> outcomes(static_cast<size_t>(r.n));
+  // Runs the request's choices, on a thread each when there are several.
+  std::vector<ChoiceOutcome> run_choices(RequestContext& ctx, const AdmittedRequest& req, Responder* stream) {
+    RequestGauge gauge(waiting, running);
+    const int n = req.request.n;
+    std::vector<ChoiceOutcome> outcomes(static_cast<size_t>(n));
+    if (n == 1) {
+      outcomes[0] = run_choice(ctx, req, 0, gauge, stream);
+      return outcomes;
+    }
     std::vector<std::thread> threads;
-    for (int i = 0; i < r.n; ++i) {
-      SamplingParams p = params;
-      if (p.seed && i > 0) p.seed = *p.seed + static_cast<uint64_t>(i);
-      auto run = [&, i, p] {
-        outcomes[static_cast<size_t>(i)] =
-            run_choice(ctx, r, meta, i, prompt, prompt_text, p, r.stream ? &res : nullptr, t_arrival, on_first_token);
-      };
-      if (r.n == 1) {
-        run();
-      } else {
-        threads.emplace_back(run);
-      }
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] { outcomes[static_cast<size_t>(i)] = run_choice(ctx, req, i, gauge, stream); });
     }
     for (std::thread& t : threads) t.join();
-    if (first_token_seen) {
-      --running;
-    } else {
-      --waiting;
-    }
+    return outcomes;
+  }
 
-    Usage usage{static_cast<int>(prompt.size()), 0};
+  // Answers from the choices' outcomes: the first error, else the response (when streaming,
+  // the end of the stream). Nothing once the client has gone.
+  void answer(Responder& res, const RequestContext& ctx, const AdmittedRequest& req,
+              std::vector<ChoiceOutcome> outcomes) {
+    const CompletionRequest& r = req.request;
+    Usage usage{static_cast<int>(req.prompt.size()), 0};
     std::optional<ProtocolError> error;
     std::vector<Choice> choices;
     for (ChoiceOutcome& o : outcomes) {
@@ -446,15 +642,14 @@ struct RouterServer::Impl {
       if (o.error && !error) error = o.error;
       choices.push_back(std::move(o.choice));
     }
-    metrics.observe_e2e_request_latency_s(seconds_since(t_arrival));
     if (ctx.cancelled()) {
       metrics.count_request_error("cancelled");
-      spdlog::info("request {}: cancelled (client went away)", meta.id);
+      spdlog::info("request {}: cancelled (client went away)", req.meta.id);
       return;
     }
     if (error) {
       metrics.count_request_error(error->status == 503 ? "unavailable" : "node_failure");
-      spdlog::warn("request {}: failed: {}", meta.id, error->message);
+      spdlog::warn("request {}: failed: {}", req.meta.id, error->message);
       if (r.stream) {
         res.send_event(error_body(*error));
         res.send_event("[DONE]");
@@ -465,160 +660,171 @@ struct RouterServer::Impl {
       return;
     }
     for (const Choice& c : choices) metrics.count_request_success(finish_reason_name(c.finish_reason));
-    spdlog::info("request {}: done, {} completion tokens in {:.3f} s", meta.id, usage.completion_tokens,
-                 seconds_since(t_arrival));
+    spdlog::info("request {}: done, {} completion tokens in {:.3f} s", req.meta.id, usage.completion_tokens,
+                 seconds_since(req.t_arrival));
     if (r.stream) {
-      if (r.include_usage) res.send_event(usage_chunk(meta, endpoint, usage));
+      if (r.include_usage) res.send_event(usage_chunk(req.meta, r.endpoint, usage));
       res.send_event("[DONE]");
       res.end();
       return;
     }
-    const std::string body = endpoint == Endpoint::kCompletions
-                                 ? completion_response(meta, choices, usage, r.echo ? count_code_points(prompt_text) : 0)
-                                 : chat_completion_response(meta, choices, usage);
+    const std::string body =
+        r.endpoint == Endpoint::kCompletions
+            ? completion_response(req.meta, choices, usage, r.echo ? count_code_points(req.prompt_text) : 0)
+            : chat_completion_response(req.meta, choices, usage);
     res.send(200, "application/json", body);
   }
 
+  // ---- one choice -----------------------------------------------------------------------
+
   // Runs one choice to its end, retrying once on other nodes while no token has been
   // produced. With `stream`, chunks are sent as text settles.
-  ChoiceOutcome run_choice(RequestContext& ctx, const CompletionRequest& r, const ResponseMeta& meta, int index,
-                           const std::vector<int>& prompt, const std::string& prompt_text, const SamplingParams& params,
-                           Responder* stream, Clock::time_point t_arrival, const std::function<void()>& on_first_token) {
-    ChoiceOutcome out;
-    out.choice.index = index;
-    const bool want_logprobs = params.logprobs >= 0;
-    if (want_logprobs) out.choice.logprobs.emplace();
+  ChoiceOutcome run_choice(RequestContext& ctx, const AdmittedRequest& req, int index, RequestGauge& gauge,
+                           Responder* stream) {
+    const CompletionRequest& r = req.request;
     const bool chat = r.endpoint == Endpoint::kChatCompletions;
-    if (stream && chat) stream->send_event(chat_role_chunk(meta, index));
-    std::string echo = r.echo && !chat ? prompt_text : std::string();
+    ChoiceOutcome out;
+    ChoiceRun run{req, gauge, choice_params(req.params, index), ChoiceStream(stream, req.meta, index, chat), out};
+    out.choice.index = index;
+    if (run.params.logprobs >= 0) out.choice.logprobs.emplace();
+    const std::string echo = r.echo && !chat ? req.prompt_text : std::string();
     if (!stream) out.choice.text = echo;
-    // Completions logprobs: text_offset of the next token, counted over the tokens' own text
-    // as the non-stream response counts it — not over the text sent so far, which lags
-    // behind while a stop string's prefix is held back.
-    size_t offset = 0;
-
-    auto send_delta = [&](std::string text, std::optional<std::vector<PositionLogprobs>> lps,
-                          std::optional<FinishReason> finish) {
-      if (!stream) return;
-      if (text.empty() && (!lps || lps->empty()) && !finish) return;
-      ChoiceDelta d{index, std::move(text), std::move(lps), finish, offset};
-      if (d.logprobs) {
-        for (const PositionLogprobs& l : *d.logprobs) offset += count_code_points(l.token);
-      }
-      stream->send_event(chat ? chat_chunk(meta, d) : completion_chunk(meta, d));
-    };
-    if (stream && !echo.empty()) send_delta(echo, std::nullopt, std::nullopt);
-    offset = count_code_points(echo);  // as completion_response's text_offset_base
+    run.stream.open(echo);
 
     std::set<std::string> bad_prefill, bad_decode;
     for (int attempt = 0; attempt < 2; ++attempt) {
       out.error.reset();  // an earlier attempt's failure is not this one's
-      auto pl = prefill_pool.acquire(static_cast<int64_t>(prompt.size()), bad_prefill);
-      if (!pl) pl = prefill_pool.acquire(static_cast<int64_t>(prompt.size()));
-      auto dl = decode_pool.acquire(static_cast<int64_t>(prompt.size()) + params.max_tokens, bad_decode);
-      if (!dl) dl = decode_pool.acquire(static_cast<int64_t>(prompt.size()) + params.max_tokens);
-      if (!pl || !dl) {
-        out.error = unavailable_error(fmt::format("no healthy {} node", !pl ? "prefill" : "decode"));
+      auto nodes = acquire_nodes(req, run.params, bad_prefill, bad_decode);
+      if (auto* e = std::get_if<ProtocolError>(&nodes)) {
+        out.error = *e;
         return out;
       }
-      NodeAddress decode_node = dl->node();
-      {
-        std::lock_guard lock(ucx_mutex);
-        decode_node.ucx_address = ucx_of[decode_node.name];
+      Attempt a{std::get<NodePair>(std::move(nodes)), ChoiceText(tokenizer, r)};
+      const GenerateOutcome g = run_attempt(ctx, run, a, attempt);
+      if (g.status.is_ok()) {
+        finish_choice(run, a, g.finish_reason);
+        return out;
       }
-      GenerateJob job{random_id(), prompt, params, true};
-      IncrementalDecoder detok(tokenizer, r.skip_special_tokens);
-      StopStringMatcher stops(r.stop, r.include_stop_str_in_output);
-      std::vector<PositionLogprobs> pending_lps;
-      std::string text;
-      bool stopped_by_string = false;
-      auto last_token = Clock::now();
-      GenerateOptions go{config.secret, config.request_timeout_s, false};
-      DisaggregatedCall call(pl->node(), decode_node, job, go);
-      ctx.add(&call);
-      spdlog::debug("request {}: choice {} attempt {} on prefill {} + decode {} (node request {})", meta.id, index,
-                    attempt + 1, pl->node().name, decode_node.name, job.request_id);
-      const GenerateOutcome g = call.run([&](const NodeEvent& e) {
-        if (e.kind == NodeEventKind::accepted) {
-          metrics.observe_request_queue_time_s(seconds_since(t_arrival));
-          return true;
-        }
-        if (e.kind != NodeEventKind::token) return true;
-        const auto now = Clock::now();
-        if (out.completion_tokens == 0) {
-          on_first_token();
-          pl->release();  // the first token is sampled by prefill: its work for this request is done
-        } else {
-          metrics.observe_inter_token_latency_s(std::chrono::duration<double>(now - last_token).count());
-        }
-        last_token = now;
-        ++out.completion_tokens;
-        metrics.add_generation_tokens(1);
-        dl->set_tokens(static_cast<int64_t>(prompt.size()) + params.max_tokens - out.completion_tokens);
-        if (want_logprobs) pending_lps.push_back(logprob_entry(e.sample));
-        const StopStringMatcher::Step step = stops.feed(detok.step(e.sample.token));
-        if (stream) {
-          std::optional<std::vector<PositionLogprobs>> lps;
-          if (want_logprobs) lps = std::move(pending_lps);
-          pending_lps.clear();
-          send_delta(step.text, std::move(lps), std::nullopt);
-        } else {
-          text += step.text;
-          if (want_logprobs) {
-            for (PositionLogprobs& l : pending_lps) out.choice.logprobs->push_back(std::move(l));
-            pending_lps.clear();
-          }
-        }
-        if (step.stopped) {
-          stopped_by_string = true;
-          return false;
-        }
-        return true;
-      });
-      ctx.remove(&call);
-      if (g.status.is_ok() || g.started) {
-        if (!g.status.is_ok()) {
-          out.error = internal_error(fmt::format("generation failed after {} tokens: {}", out.completion_tokens,
-                                                 g.status.message()));
-          return out;
-        }
-        std::string tail;
-        if (!stopped_by_string) {
-          const StopStringMatcher::Step step = stops.feed(detok.finish());
-          tail = step.text;
-          stopped_by_string = step.stopped;
-          if (!stopped_by_string) tail += stops.flush();
-        }
-        const FinishReason finish = stopped_by_string || g.finish_reason == FinishReason::stop
-                                        ? FinishReason::stop
-                                        : FinishReason::length;
-        out.choice.finish_reason = finish;
-        if (stream) {
-          send_delta(tail, std::nullopt, finish);
-        } else {
-          out.choice.text += text + tail;
-        }
+      if (g.started) {
+        out.error = internal_error(
+            fmt::format("generation failed after {} tokens: {}", out.completion_tokens, g.status.message()));
         return out;
       }
       if (ctx.cancelled()) {
         out.error = internal_error("cancelled");
         return out;
       }
-      spdlog::warn("request {}: attempt {} on {} + {} failed before any token: {}", meta.id, attempt + 1,
-                   pl->node().name, decode_node.name, g.status.message());
-      // Retry away from the node at fault. Which one failed is not always clear from the
-      // error (a dead decode node also fails the prefill job), so ask both: a node that does
-      // not answer its health check is excluded and its pool told (failures in a row take
-      // it out of rotation); when both answer, neither is trusted for the retry.
-      const bool prefill_down = !node_alive(pl->node());
-      const bool decode_down = !node_alive(decode_node);
-      if (prefill_down) prefill_pool.report_failure(pl->node().name);
-      if (decode_down) decode_pool.report_failure(decode_node.name);
-      if (prefill_down || !decode_down) bad_prefill.insert(pl->node().name);
-      if (decode_down || !prefill_down) bad_decode.insert(decode_node.name);
+      spdlog::warn("request {}: attempt {} on {} + {} failed before any token: {}", req.meta.id, attempt + 1,
+                   a.nodes.prefill.node().name, a.nodes.decode_node.name, g.status.message());
+      exclude_failed_nodes(a.nodes, bad_prefill, bad_decode);
       out.error = internal_error(g.status.message());
     }
     return out;
+  }
+
+  // The prefill and decode node with the shortest queues, not one of `bad_*` unless there is
+  // no other.
+  std::variant<NodePair, ProtocolError> acquire_nodes(const AdmittedRequest& req, const SamplingParams& params,
+                                                      const std::set<std::string>& bad_prefill,
+                                                      const std::set<std::string>& bad_decode) {
+    const auto prompt_tokens = static_cast<int64_t>(req.prompt.size());
+    auto pl = prefill_pool.acquire(prompt_tokens, bad_prefill);
+    if (!pl) pl = prefill_pool.acquire(prompt_tokens);
+    auto dl = decode_pool.acquire(prompt_tokens + params.max_tokens, bad_decode);
+    if (!dl) dl = decode_pool.acquire(prompt_tokens + params.max_tokens);
+    if (!pl || !dl) return unavailable_error(fmt::format("no healthy {} node", !pl ? "prefill" : "decode"));
+    NodePair nodes{std::move(*pl), std::move(*dl), {}};
+    nodes.decode_node = nodes.decode.node();
+    {
+      std::lock_guard lock(ucx_mutex);
+      nodes.decode_node.ucx_address = ucx_of[nodes.decode_node.name];
+    }
+    return nodes;
+  }
+
+  // Generates on the attempt's nodes until the request ends, fails, or a stop string matches.
+  GenerateOutcome run_attempt(RequestContext& ctx, ChoiceRun& run, Attempt& a, int attempt) {
+    GenerateJob job{random_id(), run.req.prompt, run.params, true};
+    GenerateOptions go{config.secret, config.request_timeout_s, false};
+    DisaggregatedCall call(a.nodes.prefill.node(), a.nodes.decode_node, job, go);
+    ctx.add(&call);
+    spdlog::debug("request {}: choice {} attempt {} on prefill {} + decode {} (node request {})", run.req.meta.id,
+                  run.out.choice.index, attempt + 1, a.nodes.prefill.node().name, a.nodes.decode_node.name,
+                  job.request_id);
+    const GenerateOutcome g = call.run([&](const NodeEvent& e) { return on_node_event(run, a, e); });
+    ctx.remove(&call);
+    return g;
+  }
+
+  // One event of the decode stream; false stops generation (a stop string matched).
+  bool on_node_event(ChoiceRun& run, Attempt& a, const NodeEvent& e) {
+    if (e.kind == NodeEventKind::accepted) {
+      metrics.observe_request_queue_time_s(seconds_since(run.req.t_arrival));
+      return true;
+    }
+    if (e.kind != NodeEventKind::token) return true;
+    count_token(run, a);
+    return relay_token(run, a, e.sample);
+  }
+
+  // A token in the metrics and the nodes' load; the first ends the prefill node's part.
+  void count_token(ChoiceRun& run, Attempt& a) {
+    const auto now = Clock::now();
+    if (run.out.completion_tokens == 0) {
+      if (run.gauge.first_token()) metrics.observe_time_to_first_token_s(seconds_since(run.req.t_arrival));
+      a.nodes.prefill.release();  // the first token is sampled by prefill: its work for this request is done
+    } else {
+      metrics.observe_inter_token_latency_s(std::chrono::duration<double>(now - a.last_token).count());
+    }
+    a.last_token = now;
+    ++run.out.completion_tokens;
+    metrics.add_generation_tokens(1);
+    a.nodes.decode.set_tokens(static_cast<int64_t>(run.req.prompt.size()) + run.params.max_tokens -
+                              run.out.completion_tokens);
+  }
+
+  // A token's text and logprobs: sent as a chunk, or kept for the whole response. False once
+  // a stop string has matched.
+  bool relay_token(ChoiceRun& run, Attempt& a, const SampleResult& sample) {
+    std::optional<std::vector<PositionLogprobs>> lps;
+    if (run.params.logprobs >= 0) lps = std::vector<PositionLogprobs>{logprob_entry(sample)};
+    std::string text = a.text.feed(sample.token);
+    if (run.stream.streaming()) {
+      run.stream.send(std::move(text), std::move(lps), std::nullopt);
+    } else {
+      a.kept += text;
+      if (lps) run.out.choice.logprobs->push_back(std::move(lps->front()));
+    }
+    return !a.text.stopped();
+  }
+
+  // The end of a choice whose generation succeeded: the text held back, and why it finished.
+  void finish_choice(ChoiceRun& run, Attempt& a, FinishReason node_finish) {
+    const std::string tail = a.text.finish();
+    const FinishReason finish =
+        a.text.stopped() || node_finish == FinishReason::stop ? FinishReason::stop : FinishReason::length;
+    run.out.choice.finish_reason = finish;
+    if (run.stream.streaming()) {
+      run.stream.send(tail, std::nullopt, finish);
+    } else {
+      run.out.choice.text += a.kept + tail;
+    }
+  }
+
+  // Retry away from the node at fault. Which one failed is not always clear from the error
+  // (a dead decode node also fails the prefill job), so ask both: a node that does not
+  // answer its health check is excluded and its pool told (failures in a row take it out
+  // of rotation); when both answer, neither is trusted for the retry.
+  void exclude_failed_nodes(const NodePair& nodes, std::set<std::string>& bad_prefill,
+                            std::set<std::string>& bad_decode) {
+    const NodeAddress& prefill = nodes.prefill.node();
+    const NodeAddress& decode = nodes.decode_node;
+    const bool prefill_down = !node_alive(prefill);
+    const bool decode_down = !node_alive(decode);
+    if (prefill_down) prefill_pool.report_failure(prefill.name);
+    if (decode_down) decode_pool.report_failure(decode.name);
+    if (prefill_down || !decode_down) bad_prefill.insert(prefill.name);
+    if (decode_down || !prefill_down) bad_decode.insert(decode.name);
   }
 };
 

@@ -47,7 +47,8 @@ class DisaggregatedCall {
   /// a token to stop early (both nodes are then cancelled; the outcome is ok with the
   /// tokens so far, finish_reason stop).
   GenerateOutcome run(const std::function<bool(const NodeEvent&)>& on_event);
-  /// Aborts run() from another thread; both nodes are told to drop the request.
+  /// Aborts run() from another thread. Does not block: it closes both connections, and
+  /// run() tells both nodes to drop the request before it returns.
   void cancel();
 
  private:

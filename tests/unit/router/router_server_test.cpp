@@ -1,0 +1,417 @@
+// RouterServer in-process against fake prefill and decode nodes (HTTP only, no model).
+//   - Its lifetime: destroying a router while many requests stream, wait and arrive cancels
+//     them on their nodes and joins every thread it started before any of its state goes
+//     (run under ASan/UBSan: no use after free), in far less time than the requests take.
+//   - Its relay: streamed and whole responses carry the same text, logprobs and offsets, the
+//     text being the tokenizer's decode of the node's tokens (echo and stop strings applied).
+#include <catch2/catch.hpp>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "hack/core/error.h"
+#include "hack/http/http_client.h"
+#include "hack/http/http_server.h"
+#include "hack/node/node_protocol.h"
+#include "hack/router/router_server.h"
+#include "hack/tokenizer/tokenizer.h"
+#include "support/test_support.h"
+#include "unit/http/http_test_util.h"
+
+using namespace hack::server;
+
+namespace {
+
+using test::Clock;
+using test::eventually;
+using test::seconds_since;
+using test::Workers;
+
+// A long request asks for this many tokens: 20 s of streaming at 20 ms a token.
+constexpr int kLongTokens = 1000;
+
+// The tokens the fake decode node generates, in order: hack-tiny word pieces (ids below 256
+// are single bytes, 4091 and up special tokens).
+int fake_token(int i) { return 1000 + i % 500; }
+
+struct FakeNodeOptions {
+  bool answer_cancels = true;  // false: play a hung node, leave /internal/cancel unanswered
+  std::chrono::milliseconds token_interval{20};
+};
+
+// A prefill or decode node as the router sees it over HTTP, without a model: /health
+// reports it idle; /internal/prefill answers at once; /internal/generate sends "accepted",
+// then fake_token(0, 1, ...) one every token_interval until max_tokens ("finished") or
+// until its connection closes; /internal/cancel is counted.
+class FakeNode {
+ public:
+  explicit FakeNode(std::string role, FakeNodeOptions options = {})
+      : role_(std::move(role)),
+        options_(options),
+        server_(HttpServerOptions{}, [this](HttpRequest req, std::shared_ptr<Responder> res) {
+          handle(std::move(req), std::move(res));
+        }) {}
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(server_.port()); }
+  int port() const { return server_.port(); }
+
+  std::atomic<int> health_polls{0}, cancels{0};
+  std::atomic<int> streams_open{0};
+  std::atomic<int> long_streams_running{0};  // long streams (kLongTokens) that have sent a token
+
+ private:
+  void handle(HttpRequest req, std::shared_ptr<Responder> res) {
+    if (req.path == "/health") {
+      ++health_polls;
+      NodeHealth h;
+      h.role = role_;
+      h.ucx_address = role_ == "decode" ? "127.0.0.1:1" : "";
+      res->send(200, "application/json", to_json(h));
+    } else if (req.path == "/internal/cancel") {
+      ++cancels;
+      if (options_.answer_cancels) {
+        res->send(200, "application/json", "{}");
+      } else {
+        std::lock_guard lock(unanswered_mutex_);
+        unanswered_.push_back(std::move(res));  // until the caller gives up or the node stops
+      }
+    } else if (req.path == "/internal/prefill") {
+      const PrefillCall call = parse_prefill_call(req.body);
+      PrefillReply reply;
+      reply.first.sample.token = call.prompt.back();
+      res->send(200, "application/json", to_json(reply));
+    } else if (req.path == "/internal/generate") {
+      GenerateJob job = parse_generate_job(req.body);
+      ++streams_open;
+      workers_.start([this, res, job = std::move(job)] {
+        stream_tokens(*res, job);
+        --streams_open;
+      });
+    } else {
+      res->send(404, "application/json", node_error_body("no such path"));
+    }
+  }
+
+  void stream_tokens(Responder& res, const GenerateJob& job) {
+    const bool long_request = job.params.max_tokens == kLongTokens;
+    res.start_sse();
+    NodeEvent accepted;
+    accepted.kind = NodeEventKind::accepted;
+    res.send_event(to_json(accepted));
+    for (int i = 0; i < job.params.max_tokens; ++i) {
+      std::this_thread::sleep_for(options_.token_interval);
+      NodeEvent token;
+      token.kind = NodeEventKind::token;
+      token.index = i;
+      token.sample.token = fake_token(i);
+      token.sample.logprob = -0.25f * static_cast<float>(i % 4);
+      if (!res.send_event(to_json(token))) {
+        if (long_request && i > 0) --long_streams_running;
+        return;
+      }
+      if (long_request && i == 0) ++long_streams_running;
+    }
+    if (long_request) --long_streams_running;
+    NodeEvent finished;
+    finished.kind = NodeEventKind::finished;
+    finished.prompt_tokens = static_cast<int>(job.prompt.size());
+    finished.completion_tokens = job.params.max_tokens;
+    res.send_event(to_json(finished));
+    res.end();
+  }
+
+  std::string role_;
+  FakeNodeOptions options_;
+  std::mutex unanswered_mutex_;
+  std::vector<std::shared_ptr<Responder>> unanswered_;
+  Workers workers_;     // joined after server_ has stopped (their Responders are closed by then)
+  HttpServer server_;
+};
+
+std::string model_dir() { return (hack::test::source_dir() / "models" / "hack-tiny").string(); }
+
+RouterConfig router_config(const FakeNode& prefill, const FakeNode& decode) {
+  RouterConfig c;
+  c.port = 0;
+  c.model = model_dir();
+  c.prefill = {prefill.address()};
+  c.decode = {decode.address()};
+  c.health_interval_s = 0.2f;  // polls run during the test, and through shutdown
+  c.http_threads = 4;
+  return c;
+}
+
+std::string completion_body(int max_tokens, bool stream, int n = 1) {
+  nlohmann::json j = {{"model", "hack-tiny"}, {"prompt", "In the beginning God created"},
+                      {"max_tokens", max_tokens}, {"stream", stream}, {"n", n}};
+  return j.dump();
+}
+
+HttpClientRequest completion_request(int port, std::string body) {
+  HttpClientRequest r;
+  r.host = "127.0.0.1";
+  r.port = port;
+  r.method = "POST";
+  r.target = "/v1/completions";
+  r.body = std::move(body);
+  r.timeout_s = 60;
+  return r;
+}
+
+// The router logs every request at info; the churn below makes hundreds.
+struct QuietLogs {
+  spdlog::level::level_enum saved = spdlog::get_level();
+  QuietLogs() { spdlog::set_level(spdlog::level::warn); }
+  ~QuietLogs() { spdlog::set_level(saved); }
+};
+
+// What destroying a router under load looked like from outside.
+struct Shutdown {
+  double stop_s = 0;          // how long ~RouterServer took
+  int long_completed = 0;     // long requests answered in full (they were cut: 0)
+  int churn_failed_early = 0; // short requests that failed before shutdown began
+  int decode_cancels = 0;     // /internal/cancel calls the decode node got
+  int cancels_after = 0;      // ... and some time after ~RouterServer returned
+  int polls = 0, polls_after = 0;  // health polls of both nodes, likewise
+  bool streams_ended = false; // the decode node saw every stream closed
+};
+
+// Long requests (kLongTokens: 20 s each), all in flight when the router
+// goes: streamed, non-streamed (the client waits for the whole body), and n = 2 (a thread
+// per choice inside the request thread).
+constexpr int kStreamed = 16, kWhole = 4, kTwoChoices = 4;
+constexpr int kLongCalls = kStreamed + kWhole + 2 * kTwoChoices;  // node calls they make
+// Short requests (2 tokens) back to back, so request threads keep finishing and being
+// reaped, and new ones keep arriving while the router shuts down.
+constexpr int kChurnClients = 2;
+
+Shutdown shut_down_under_load(const FakeNode& prefill, const FakeNode& decode) {
+  auto router = std::make_unique<RouterServer>(router_config(prefill, decode));
+  const int port = router->port();
+
+  // Catch2 assertions are not thread-safe: the clients record, the test thread checks.
+  std::atomic<int> streams_receiving{0};  // streamed clients that got 3 chunks
+  std::atomic<int> long_completed{0}, churn_completed{0}, churn_failed_early{0};
+  std::atomic<bool> shutting_down{false};
+
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreamed + kTwoChoices; ++i) {
+    const int n = i < kStreamed ? 1 : 2;
+    clients.emplace_back([&, n] {
+      int chunks = 0;
+      try {
+        http_stream(completion_request(port, completion_body(kLongTokens, /*stream=*/true, n)),
+                    [&](std::string_view data) {
+                      if (data == "[DONE]") ++long_completed;
+                      if (++chunks == 3) ++streams_receiving;
+                      return true;
+                    });
+      } catch (const std::exception&) {
+        // the router went away mid-stream, as intended
+      }
+    });
+  }
+  for (int i = 0; i < kWhole; ++i) {
+    clients.emplace_back([&] {
+      try {
+        if (http_request(completion_request(port, completion_body(kLongTokens, /*stream=*/false))).status == 200) {
+          ++long_completed;
+        }
+      } catch (const std::exception&) {
+      }
+    });
+  }
+  for (int i = 0; i < kChurnClients; ++i) {
+    clients.emplace_back([&] {
+      for (;;) {
+        try {
+          if (http_request(completion_request(port, completion_body(2, /*stream=*/false))).status != 200) break;
+          ++churn_completed;
+        } catch (const std::exception&) {
+          break;
+        }
+      }
+      if (!shutting_down) ++churn_failed_early;
+    });
+  }
+
+  // CHECK, not REQUIRE: the router and the clients are stopped below either way.
+  CHECK(eventually(
+      [&] {
+        return streams_receiving >= kStreamed + kTwoChoices && decode.long_streams_running >= kLongCalls &&
+               churn_completed >= 10;
+      },
+      30));
+
+  Shutdown s;
+  shutting_down = true;
+  const auto t0 = Clock::now();
+  router.reset();
+  s.stop_s = seconds_since(t0);
+  // The router's cancels and health polls wait for their answers (or time out): once every
+  // router thread has been joined, no more come.
+  s.decode_cancels = decode.cancels;
+  s.polls = decode.health_polls + prefill.health_polls;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s.cancels_after = decode.cancels;
+  s.polls_after = decode.health_polls + prefill.health_polls;
+  for (std::thread& t : clients) t.join();
+  s.long_completed = long_completed;
+  s.churn_failed_early = churn_failed_early;
+  s.streams_ended = eventually([&] { return decode.streams_open == 0; }, 5);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("destroying the router with requests in flight cancels them on their nodes and joins every request thread",
+          "[server][router]") {
+  QuietLogs quiet;
+  FakeNode prefill("prefill"), decode("decode");
+  const Shutdown s = shut_down_under_load(prefill, decode);
+  INFO("router stopped in " << s.stop_s << " s; the decode node got " << s.decode_cancels << " cancels");
+  // Cancelled, the long requests end at once; left to run they would take 20 s. The bound
+  // only has to separate the two (ASan, 2 cores).
+  CHECK(s.stop_s < 10);
+  CHECK(s.long_completed == 0);
+  CHECK(s.churn_failed_early == 0);
+  CHECK(s.decode_cancels >= kLongCalls);  // every call in flight was cancelled on its decode node
+  CHECK(s.cancels_after == s.decode_cancels);
+  CHECK(s.polls_after == s.polls);  // the health thread is gone too
+  CHECK(s.streams_ended);           // the router closed its node connections
+}
+
+TEST_CASE("a decode node that never answers cancels does not hold up the router's shutdown", "[server][router]") {
+  QuietLogs quiet;
+  FakeNode prefill("prefill"), decode("decode", FakeNodeOptions{.answer_cancels = false});
+  const Shutdown s = shut_down_under_load(prefill, decode);
+  // Each cancel waits out its 2 s timeout: on the request's own thread, all at once. On the
+  // HTTP io threads (4) the 28 calls' cancels would take 14 s one after another.
+  INFO("router stopped in " << s.stop_s << " s; the decode node got " << s.decode_cancels << " cancels");
+  CHECK(s.stop_s < 8);
+  CHECK(s.long_completed == 0);
+  CHECK(s.churn_failed_early == 0);
+  CHECK(s.decode_cancels >= kLongCalls);
+  CHECK(s.polls_after == s.polls);
+  CHECK(s.streams_ended);
+}
+
+TEST_CASE("a router whose port is taken throws hack::Error instead of aborting", "[server][router]") {
+  QuietLogs quiet;
+  FakeNode prefill("prefill"), decode("decode");
+  RouterConfig c = router_config(prefill, decode);
+  c.port = decode.port();
+  REQUIRE_THROWS_AS(std::make_unique<RouterServer>(c), hack::Error);
+}
+
+namespace {
+
+// Choice 0 of a completion as the client sees it: the whole response, or its chunks joined.
+struct ChoiceSeen {
+  std::string text;
+  std::vector<std::string> tokens;  // logprobs.tokens
+  std::vector<size_t> offsets;      // logprobs.text_offset
+  std::string finish_reason;
+};
+
+void add_logprobs(const nlohmann::json& logprobs, ChoiceSeen& seen) {
+  if (logprobs.is_null()) return;
+  for (const auto& t : logprobs.at("tokens")) seen.tokens.push_back(t.get<std::string>());
+  for (const auto& o : logprobs.at("text_offset")) seen.offsets.push_back(o.get<size_t>());
+}
+
+ChoiceSeen whole_choice(int port, nlohmann::json body) {
+  body["stream"] = false;
+  const HttpResponse r = http_request(completion_request(port, body.dump()));
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  const nlohmann::json choice = nlohmann::json::parse(r.body).at("choices").at(0);
+  ChoiceSeen seen;
+  seen.text = choice.at("text").get<std::string>();
+  add_logprobs(choice.at("logprobs"), seen);
+  seen.finish_reason = choice.at("finish_reason").get<std::string>();
+  return seen;
+}
+
+ChoiceSeen streamed_choice(int port, nlohmann::json body) {
+  body["stream"] = true;
+  ChoiceSeen seen;
+  bool done = false;
+  const HttpResponse r = http_stream(completion_request(port, body.dump()), [&](std::string_view data) {
+    if (data == "[DONE]") {
+      done = true;
+      return true;
+    }
+    const nlohmann::json choice = nlohmann::json::parse(data).at("choices").at(0);
+    seen.text += choice.at("text").get<std::string>();
+    add_logprobs(choice.at("logprobs"), seen);
+    if (!choice.at("finish_reason").is_null()) seen.finish_reason = choice["finish_reason"].get<std::string>();
+    return true;
+  });
+  REQUIRE(r.status == 200);
+  REQUIRE(done);
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("streamed and whole completions through the router carry the same text, logprobs and offsets",
+          "[server][router]") {
+  QuietLogs quiet;
+  const FakeNodeOptions fast{.token_interval = std::chrono::milliseconds(1)};
+  FakeNode prefill("prefill", fast), decode("decode", fast);
+  RouterServer router(router_config(prefill, decode));
+  constexpr int kTokens = 24;
+  std::vector<int> ids;
+  for (int i = 0; i < kTokens; ++i) ids.push_back(fake_token(i));
+  // The reference: the whole id list decoded at once (the router decodes token by token).
+  const std::string generated = hack::Tokenizer::load(model_dir()).decode(ids, /*skip_special_tokens=*/true);
+  const std::string prompt = "In the beginning God created";
+  INFO("generated: '" << generated << "'");
+  REQUIRE(generated.size() > 8);
+  nlohmann::json body = {{"model", "hack-tiny"}, {"prompt", prompt}, {"max_tokens", kTokens}};
+
+  SECTION("plain") {
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == generated);
+    CHECK(streamed.text == generated);
+    CHECK(whole.finish_reason == "length");
+    CHECK(streamed.finish_reason == "length");
+  }
+  SECTION("echo") {
+    body["echo"] = true;
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == prompt + generated);
+    CHECK(streamed.text == whole.text);
+  }
+  SECTION("logprobs") {
+    body["logprobs"] = 1;
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == generated);
+    CHECK(streamed.text == generated);
+    REQUIRE(whole.tokens.size() == kTokens);
+    CHECK(whole.offsets.front() == 0);
+    CHECK(whole.offsets.back() + whole.tokens.back().size() == generated.size());  // ASCII: code points = bytes
+    CHECK(streamed.tokens == whole.tokens);
+    CHECK(streamed.offsets == whole.offsets);
+  }
+  SECTION("a stop string") {
+    const std::string stop = generated.substr(generated.size() / 2, 3);
+    INFO("stop: '" << stop << "'");
+    body["stop"] = {stop};
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    const std::string expected = generated.substr(0, generated.find(stop));
+    CHECK(whole.text == expected);
+    CHECK(streamed.text == expected);
+    CHECK(whole.finish_reason == "stop");
+    CHECK(streamed.finish_reason == "stop");
+  }
+}
