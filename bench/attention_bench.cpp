@@ -53,6 +53,7 @@ struct Args {
   double min_time_s = 0.3;
   double max_gb = 5.0;
   int layers = 0;  // 0: enough to exceed the LLC
+  int split_pages = PlanPolicy{}.split_segments;  // split-K unit of the plan
   bool json = false;
 };
 
@@ -73,6 +74,7 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_float("min-time-s", &min_time_s, "minimum time per trial");
   flags.add_float("max-gb", &max_gb, "most KV bytes (GB) built for one configuration");
   flags.add_int("layers", &a.layers, "layers cycled (0 = enough to exceed the LLC)");
+  flags.add_int("split-pages", &a.split_pages, "split-K unit of the attention plan: pages (segments) per task");
   flags.add_bool("json", &a.json, "JSON output");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.contexts = parse_int_list(contexts, "contexts");
@@ -206,7 +208,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   std::vector<PlanItem> items;
   for (int s = 0; s < batch; ++s) items.push_back(PlanItem{s, context - 1, 1, s});
   AttentionPlan plan;
-  cache->plan(items, PlanPolicy{}, plan);
+  cache->plan(items, PlanPolicy{.split_segments = args.split_pages}, plan);
   {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> k(static_cast<size_t>(8 * 128)), v(k.size());

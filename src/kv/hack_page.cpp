@@ -210,10 +210,12 @@ int64_t HackPageLayout::page_first_token(const void* page) {
 
 namespace {
 
-// The writable view of one head's fields in `page` that the CPU quantizer fills.
-cpu::HackHeadSlots head_slots(const HackPageLayout& layout, int head, void* page) {
+// One head's fields in `page`: the attention kernels' read-only HackHeadView or the
+// quantizer's writable HackHeadSlots (the same fields, const or not).
+template <class View, class Byte>
+View head_fields(const HackPageLayout& layout, Byte* page, int head) {
   const HackHeadLayout& hl = layout.head(head);
-  cpu::HackHeadSlots h;
+  View h;
   h.k_bits = layout.k_bits();
   h.v_bits = layout.v_bits();
   h.tokens = layout.block_tokens();
@@ -223,15 +225,20 @@ cpu::HackHeadSlots head_slots(const HackPageLayout& layout, int head, void* page
   h.v_group = hl.v_group;
   h.k_sum_bytes = layout.k_sum_bytes();
   h.v_sum_bytes = layout.v_sum_bytes();
-  h.k_codes = at<uint8_t>(page, hl.k_codes);
-  h.k_min = at<uint16_t>(page, hl.k_min);
-  h.k_scale = at<uint16_t>(page, hl.k_scale);
-  h.k_sums = at<uint8_t>(page, hl.k_sums);
-  h.v_codes = at<uint8_t>(page, hl.v_codes);
-  h.v_min = at<uint16_t>(page, hl.v_min);
-  h.v_scale = at<uint16_t>(page, hl.v_scale);
-  h.v_sums = at<uint8_t>(page, hl.v_sums);
+  auto field = [&](auto member, size_t offset) { return reinterpret_cast<decltype(member)>(page + offset); };
+  h.k_codes = field(h.k_codes, hl.k_codes);
+  h.k_min = field(h.k_min, hl.k_min);
+  h.k_scale = field(h.k_scale, hl.k_scale);
+  h.k_sums = field(h.k_sums, hl.k_sums);
+  h.v_codes = field(h.v_codes, hl.v_codes);
+  h.v_min = field(h.v_min, hl.v_min);
+  h.v_scale = field(h.v_scale, hl.v_scale);
+  h.v_sums = field(h.v_sums, hl.v_sums);
   return h;
+}
+
+cpu::HackHeadSlots head_slots(const HackPageLayout& layout, int head, void* page) {
+  return head_fields<cpu::HackHeadSlots>(layout, static_cast<std::byte*>(page), head);
 }
 
 cpu::HackBlockRounding block_rounding(const RoundingSpec& r, int head) {
@@ -239,6 +246,10 @@ cpu::HackBlockRounding block_rounding(const RoundingSpec& r, int head) {
 }
 
 }  // namespace
+
+cpu::HackHeadView hack_head_view(const HackPageLayout& layout, const std::byte* page, int head) {
+  return head_fields<cpu::HackHeadView>(layout, page, head);
+}
 
 void quantize_k_block(const HackPageLayout& layout, int head, const uint16_t* k, size_t k_stride,
                       const RoundingSpec& rounding, void* page) {

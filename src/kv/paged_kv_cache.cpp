@@ -387,29 +387,6 @@ cpu::ExactHeadView PagedKvCache::exact_view(const Segment& seg, int kv_head) con
   return view;
 }
 
-cpu::HackHeadView hack_head_view(const HackPageLayout& layout, const std::byte* page, int head) {
-  const HackHeadLayout& hl = layout.head(head);
-  cpu::HackHeadView v;
-  v.k_bits = layout.k_bits();
-  v.v_bits = layout.v_bits();
-  v.tokens = layout.block_tokens();
-  v.k_dim = hl.k_dim;
-  v.v_dim = hl.v_dim;
-  v.k_group = hl.k_group;
-  v.v_group = hl.v_group;
-  v.k_sum_bytes = layout.k_sum_bytes();
-  v.v_sum_bytes = layout.v_sum_bytes();
-  v.k_codes = reinterpret_cast<const uint8_t*>(page + hl.k_codes);
-  v.k_min = reinterpret_cast<const uint16_t*>(page + hl.k_min);
-  v.k_scale = reinterpret_cast<const uint16_t*>(page + hl.k_scale);
-  v.k_sums = page + hl.k_sums;
-  v.v_codes = reinterpret_cast<const uint8_t*>(page + hl.v_codes);
-  v.v_min = reinterpret_cast<const uint16_t*>(page + hl.v_min);
-  v.v_scale = reinterpret_cast<const uint16_t*>(page + hl.v_scale);
-  v.v_sums = page + hl.v_sums;
-  return v;
-}
-
 HackLayerBits PagedKvCache::layer_bits(int layer) const {
   const HackPageLayout& l = layouts_.at(static_cast<size_t>(layer));
   return {l.k_bits(), l.v_bits()};

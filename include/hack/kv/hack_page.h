@@ -31,6 +31,8 @@
 #include <span>
 #include <vector>
 
+#include "hack/kernels/cpu/hack_attention.h"
+
 namespace hack {
 
 inline constexpr uint32_t kHackPageMagic = 0x47504B48;  // "HKPG"
@@ -150,6 +152,9 @@ struct RoundingSpec {
   int layer = 0;
   int64_t first_token = 0;
 };
+
+/// The attention kernels' view of KV head `head` of a HACK page laid out by `layout`.
+cpu::HackHeadView hack_head_view(const HackPageLayout& layout, const std::byte* page, int head);
 
 /// The quantizer itself is kernels/cpu/hack_quantize.h, beside its CUDA twin
 /// (kernels/cuda/hack.h), which writes the same bytes; these place it in the page layout.

@@ -267,9 +267,6 @@ class PagedKvCache final : public KvCache {
   std::unordered_map<int, std::unique_ptr<Sequence>> sequences_;
 };
 
-/// The kernels' view of KV head `head` of a HACK page laid out by `layout`.
-cpu::HackHeadView hack_head_view(const HackPageLayout& layout, const std::byte* page, int head);
-
 /// The paged cache for `--kv fp|hack`.
 std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options);
 

@@ -134,9 +134,9 @@ std::vector<float> run_reference(const Step& step, const KvCacheOptions& o) {
 TEST_CASE("a step's plan run in every layer equals per-head attend, for any thread count", "[kv][plan]") {
   const KvShape shape{2, 2, 64, 4};
   const int block = 32;
-  // A prefill from scratch, decode tokens short and long (the 700-token one splits: more
-  // than 16 segments), a chunk continuing a stored prompt.
-  const Step step(shape, {{0, 50}, {33, 1}, {699, 1}, {100, 20}, {4 + 32 * 9 - 1, 1}});
+  // A prefill from scratch, decode tokens short and long (the 1200-token one splits: more
+  // than 32 segments), a chunk continuing a stored prompt.
+  const Step step(shape, {{0, 50}, {33, 1}, {1199, 1}, {100, 20}, {4 + 32 * 9 - 1, 1}});
   for (KvMode mode : {KvMode::hack, KvMode::fp})
     for (int recent : {0, 40}) {
       if (mode == KvMode::fp && recent > 0) continue;
@@ -145,10 +145,10 @@ TEST_CASE("a step's plan run in every layer equals per-head attend, for any thre
       AttentionPlan plan;
       const std::vector<float> one = run_planned(step, o, 1, &plan);
       const std::vector<float> reference = run_reference(step, o);
-      // Plans of a batch of 5: 4 of the items fit one task's 16 segments, the long decode
+      // Plans of a batch of 5: 4 of the items fit one task's 32 segments, the long decode
       // item is split, the prefill chunks are cut into 16-row blocks per head.
       REQUIRE(plan.items.size() == 5);
-      REQUIRE(plan.items[2].closed_pages == (mode == KvMode::fp ? 22 : (699 - recent - 4) / block));
+      REQUIRE(plan.items[2].closed_pages == (mode == KvMode::fp ? 38 : (1199 - recent - 4) / block));
       const size_t row = static_cast<size_t>(shape.num_kv_heads * shape.group_size * shape.head_dim);
       const size_t layer_floats = static_cast<size_t>(step.rows) * row;
       for (int l = 0; l < shape.num_layers; ++l)
@@ -171,8 +171,8 @@ TEST_CASE("a step's plan run in every layer equals per-head attend, for any thre
 TEST_CASE("a sequence's attention does not depend on the rest of the batch", "[kv][plan]") {
   const KvShape shape{1, 2, 64, 2};
   const KvCacheOptions o = options_for(KvMode::hack, 16);
-  const Step alone(shape, {{900, 1}});
-  const Step batched(shape, {{40, 1}, {900, 1}, {10, 30}});
+  const Step alone(shape, {{1000, 1}});
+  const Step batched(shape, {{40, 1}, {1000, 1}, {10, 30}});
   const std::vector<float> a = run_planned(alone, o, 2);
   const std::vector<float> b = run_planned(batched, o, 2);
   const size_t row = alone.row_floats();
@@ -296,12 +296,12 @@ TEST_CASE("a decode step allocates nothing, in any thread", "[kv][plan]") {
   const int dim = 128, group = 4, block = 16, H = 2;
   const KvShape shape{2, H, dim, group};
   PagedKvCache cache(shape, options_for(KvMode::hack, block));
-  const KvStream a(600, H, group, dim, 8), b(600, H, group, dim, 9);
-  cache.add_sequence(0, 600);
-  cache.add_sequence(1, 600);
+  const KvStream a(800, H, group, dim, 8), b(800, H, group, dim, 9);
+  cache.add_sequence(0, 800);
+  cache.add_sequence(1, 800);
   for (int l = 0; l < 2; ++l) {
     cache.append(l, 0, 0, 100, a.k_at(0), a.v_at(0));
-    cache.append(l, 1, 0, 400, b.k_at(0), b.v_at(0));  // long enough to split
+    cache.append(l, 1, 0, 600, b.k_at(0), b.v_at(0));  // long enough to split (> 32 pages)
   }
   ThreadPool pool(3);
   AttentionPlan plan;
@@ -310,13 +310,13 @@ TEST_CASE("a decode step allocates nothing, in any thread", "[kv][plan]") {
   std::vector<float> q(2 * static_cast<size_t>(H * group * dim)), out(q.size());
   auto step = [&](int t) {
     items[0] = PlanItem{0, 100 + t, 1, 0};
-    items[1] = PlanItem{1, 400 + t, 1, 1};
+    items[1] = PlanItem{1, 600 + t, 1, 1};
     cache.plan(items, PlanPolicy{}, plan);
     for (int l = 0; l < 2; ++l) {
       cache.append(l, 0, 100 + t, 1, a.k_at(100 + t), a.v_at(100 + t));
-      cache.append(l, 1, 400 + t, 1, b.k_at(400 + t), b.v_at(400 + t));
+      cache.append(l, 1, 600 + t, 1, b.k_at(600 + t), b.v_at(600 + t));
       std::memcpy(q.data(), a.q_at(100 + t), q.size() / 2 * sizeof(float));
-      std::memcpy(q.data() + q.size() / 2, b.q_at(400 + t), q.size() / 2 * sizeof(float));
+      std::memcpy(q.data() + q.size() / 2, b.q_at(600 + t), q.size() / 2 * sizeof(float));
       cache.run(plan, l, q.data(), q.size() / 2, out.data(), q.size() / 2, 0.1f, pool, ws);
     }
   };
