@@ -336,11 +336,13 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         ++counters.messages_sent;
         counters.bytes_sent += bytes;
       } else if (counted) {
-        // Marked here, before the request can finish, so its outcome keeps the error.
+        // Marked here, before the request can finish, so its outcome keeps the error. A failed
+        // send means the transport to the receiver broke: worded as on_lost words it, since
+        // which of the two notices it first is a race.
         auto it = requests.find(id);
         if (it != requests.end() && !it->second.failed && !it->second.cancelled) {
           error = Status::error(
-              fmt::format("request {}: a send to endpoint {} failed: {}", id, peer, status.message()));
+              fmt::format("request {}: lost the receiver: a send to endpoint {} failed: {}", id, peer, status.message()));
           it->second.failed = true;
           it->second.error = error;
           report = callbacks.on_request_error;
