@@ -572,6 +572,99 @@ void PagedKvCache::plan(std::span<const PlanItem> items, const PlanPolicy& polic
   build_plan_tasks(plan, policy);
 }
 
+// What the tasks of one run() share.
+struct PagedKvCache::RunContext {
+  const AttentionPlan& plan;
+  const AttentionWorkspace& ws;
+  const float* q;
+  size_t q_stride;
+  float* out;
+  size_t out_stride;
+  float scale;
+  int v_dim;         // widest V of the plan: the stride of the softmax states
+  float* states;     // plan.state_floats
+};
+
+cpu::AttentionRows PagedKvCache::task_rows(const RunContext& c, const PlanTask& t, int head, const float* qs) const {
+  const int n = t.n_rows * shape_.group_size;
+  const size_t un = static_cast<size_t>(n);
+  float* st = c.states + t.state + static_cast<size_t>(head - t.head_begin) * plan_head_state_floats(n, c.v_dim);
+  return cpu::AttentionRows{n, shape_.head_dim, shape_.head_dim, qs, reinterpret_cast<int*>(st + 2 * un),
+                            st, st + un, st + align16(3 * un)};
+}
+
+void PagedKvCache::finish_rows(const RunContext& c, const PlanTask& t, const cpu::AttentionRows& rows, int head) const {
+  const PlanItem& it = c.plan.items[static_cast<size_t>(t.item)];
+  const size_t G = static_cast<size_t>(shape_.group_size), d = static_cast<size_t>(shape_.head_dim);
+  for (int r = 0; r < t.n_rows; ++r) {
+    cpu::AttentionRows tr = rows;  // the G query rows of token r
+    const size_t at = static_cast<size_t>(r) * G;
+    tr.n = shape_.group_size;
+    tr.max = rows.max + at;
+    tr.sum = rows.sum + at;
+    tr.acc = rows.acc + at * static_cast<size_t>(rows.v_dim);
+    float* dst = c.out + static_cast<size_t>(it.row + t.row_begin + r) * c.out_stride + static_cast<size_t>(head) * G * d;
+    cpu::attention_rows_finish(tr, dst, d);
+  }
+}
+
+namespace {
+
+// Tasks that differ only in their segment range (the splits of one unit) are merged.
+bool same_unit(const PlanTask& a, const PlanTask& b) {
+  return a.item == b.item && a.head_begin == b.head_begin && a.row_begin == b.row_begin;
+}
+
+}  // namespace
+
+void PagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float* work) const {
+  const AttentionPlan& p = c.plan;
+  const PlanTask& t = p.tasks[index];
+  const PlanItem& it = p.items[static_cast<size_t>(t.item)];
+  const LayerPages& lp = *static_cast<const LayerPages*>(c.ws.layers[static_cast<size_t>(t.item)]);
+  const std::span<const int> sel = p.selection_of(t.item, t.head_begin);
+  const int* selection = t.head_end - t.head_begin == 1 && !sel.empty() ? sel.data() : nullptr;
+  const bool alone = (index == 0 || !same_unit(p.tasks[index - 1], t)) &&
+                     (index + 1 == p.tasks.size() || !same_unit(t, p.tasks[index + 1]));
+  const size_t G = static_cast<size_t>(shape_.group_size), d = static_cast<size_t>(shape_.head_dim);
+  cpu::AttentionRows rows[kMaxDecodeHeads];
+  // Heads in groups of kMaxDecodeHeads (all of them for usual models).
+  for (int h0 = t.head_begin; h0 < t.head_end; h0 += kMaxDecodeHeads) {
+    const int h1 = std::min(t.head_end, h0 + kMaxDecodeHeads);
+    for (int h = h0; h < h1; ++h) {
+      // Scaled q of head h's rows: [n_rows][G][d], from the batch rows of the item.
+      float* qh = qs + static_cast<size_t>(h - h0) * static_cast<size_t>(t.n_rows) * G * d;
+      for (int r = 0; r < t.n_rows; ++r) {
+        const float* src = c.q + static_cast<size_t>(it.row + t.row_begin + r) * c.q_stride + static_cast<size_t>(h) * G * d;
+        float* dst = qh + static_cast<size_t>(r) * G * d;
+        for (size_t i = 0; i < G * d; ++i) dst[i] = src[i] * c.scale;
+      }
+      rows[h - h0] = task_rows(c, t, h, qh);
+      cpu::attention_rows_reset(rows[h - h0]);
+    }
+    attend_segments(lp, p.segments_of(t.item), selection, t.seg_begin, t.seg_end, h0, h1, it.start_pos + t.row_begin,
+                    t.n_rows, rows, work);
+    if (alone)  // no split to merge: write the output now, in this thread
+      for (int h = h0; h < h1; ++h) finish_rows(c, t, rows[h - h0], h);
+  }
+}
+
+void PagedKvCache::merge_splits(const RunContext& c) const {
+  const std::vector<PlanTask>& tasks = c.plan.tasks;
+  for (size_t t = 0; t < tasks.size();) {
+    size_t u = t + 1;
+    while (u < tasks.size() && same_unit(tasks[t], tasks[u])) ++u;
+    if (u - t > 1) {
+      for (int h = tasks[t].head_begin; h < tasks[t].head_end; ++h) {
+        const cpu::AttentionRows dst = task_rows(c, tasks[t], h, nullptr);
+        for (size_t v = t + 1; v < u; ++v) cpu::attention_rows_merge(dst, task_rows(c, tasks[v], h, nullptr));
+        finish_rows(c, tasks[t], dst, h);
+      }
+    }
+    t = u;
+  }
+}
+
 void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, size_t q_stride, float* out,
                        size_t out_stride, float scale, ThreadPool& pool, AttentionWorkspace& ws) const {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
@@ -590,112 +683,22 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
                layer, lp.length, lp.pages.size(), it.start_pos + it.n_tokens, it.closed_pages);
     ws.layers[i] = &lp;
   }
-  const int H = shape_.num_kv_heads, G = shape_.group_size;
-  const size_t d = static_cast<size_t>(shape_.head_dim);
-  const int v_dim = plan.max_v_dim();
-  const size_t q_floats = align16(static_cast<size_t>(plan.max_task_rows) * d);
+  // Workspace: the plan's softmax states, then per thread the scaled q of a task and the
+  // kernels' work area.
+  const size_t q_floats = align16(static_cast<size_t>(plan.max_task_rows) * static_cast<size_t>(shape_.head_dim));
   const size_t thread_floats = q_floats + work_floats();
   const size_t need = plan.state_floats + static_cast<size_t>(pool.size()) * thread_floats + 16;
   if (ws.floats.size() < need) ws.floats.resize(need);
-  float* state_base = ws.floats.data();
-  float* thread_base = state_base + plan.state_floats;
-
-  // Rows of head h of a task: n_rows·G query rows, state inside the task's state block.
-  auto head_rows = [&](const PlanTask& t, int h, const float* qs) {
-    const int n = t.n_rows * G;
-    float* st = state_base + t.state + static_cast<size_t>(h - t.head_begin) * plan_head_state_floats(n, v_dim);
-    const size_t un = static_cast<size_t>(n);
-    return cpu::AttentionRows{n, static_cast<int>(d), static_cast<int>(d), qs, reinterpret_cast<int*>(st + 2 * un),
-                              st, st + un, st + align16(3 * un)};
-  };
-  // Tasks that differ only in their segment range form one group, merged in order.
-  auto same_group = [&](size_t a, size_t b) {
-    const PlanTask &x = plan.tasks[a], &y = plan.tasks[b];
-    return x.item == y.item && x.head_begin == y.head_begin && x.row_begin == y.row_begin;
-  };
-  auto finish = [&](const PlanTask& t, const cpu::AttentionRows& rows, int h) {
-    const PlanItem& it = plan.items[static_cast<size_t>(t.item)];
-    for (int r = 0; r < t.n_rows; ++r) {
-      cpu::AttentionRows tr = rows;
-      const size_t at = static_cast<size_t>(r) * static_cast<size_t>(G);
-      tr.n = G;
-      tr.max = rows.max + at;
-      tr.sum = rows.sum + at;
-      tr.acc = rows.acc + at * static_cast<size_t>(rows.v_dim);
-      float* dst = out + static_cast<size_t>(it.row + t.row_begin + r) * out_stride +
-                   static_cast<size_t>(h) * static_cast<size_t>(G) * d;
-      cpu::attention_rows_finish(tr, dst, d);
-    }
-  };
-
-  // One captured pointer keeps the std::function of pool.run in its small buffer (no heap).
-  struct Context {
-    const PagedKvCache* self;
-    const AttentionPlan* plan;
-    const AttentionWorkspace* ws;
-    const float* q;
-    size_t q_stride, thread_floats, q_floats;
-    float* thread_base;
-    float scale;
-    const decltype(head_rows)* rows_of;
-    const decltype(same_group)* same_group_of;
-    const decltype(finish)* finish_of;
-    std::atomic<size_t> next{0};
-  } ctx{this, &plan, &ws, q, q_stride, thread_floats, q_floats, thread_base, scale, &head_rows, &same_group, &finish};
-  pool.run([c = &ctx](int thread, int) {
-    const AttentionPlan& p = *c->plan;
-    const int Gc = p.group_size;
-    const size_t dc = static_cast<size_t>(c->self->shape_.head_dim);
-    float* qs = c->thread_base + static_cast<size_t>(thread) * c->thread_floats;
-    float* work = qs + c->q_floats;
-    cpu::AttentionRows rows[kMaxDecodeHeads];
-    for (;;) {
-      const size_t ti = c->next.fetch_add(1, std::memory_order_relaxed);
-      if (ti >= p.tasks.size()) return;
-      const PlanTask& t = p.tasks[ti];
-      const PlanItem& it = p.items[static_cast<size_t>(t.item)];
-      const LayerPages& lp = *static_cast<const LayerPages*>(c->ws->layers[static_cast<size_t>(t.item)]);
-      const std::span<const PlanSegment> segments = p.segments_of(t.item);
-      const std::span<const int> sel = p.selection_of(t.item, t.head_begin);
-      const int* selection = t.head_end - t.head_begin == 1 && !sel.empty() ? sel.data() : nullptr;
-      const bool alone = (ti == 0 || !(*c->same_group_of)(ti - 1, ti)) &&
-                         (ti + 1 == p.tasks.size() || !(*c->same_group_of)(ti, ti + 1));
-      // Heads in groups of kMaxDecodeHeads (all of them for usual models).
-      for (int h0 = t.head_begin; h0 < t.head_end; h0 += kMaxDecodeHeads) {
-        const int h1 = std::min(t.head_end, h0 + kMaxDecodeHeads);
-        for (int h = h0; h < h1; ++h) {
-          // Scaled q of head h's rows: [n_rows][G][d], from the batch rows of the item.
-          float* qh = qs + static_cast<size_t>(h - h0) * static_cast<size_t>(t.n_rows * Gc) * dc;
-          for (int r = 0; r < t.n_rows; ++r) {
-            const float* src = c->q + static_cast<size_t>(it.row + t.row_begin + r) * c->q_stride +
-                               static_cast<size_t>(h * Gc) * dc;
-            float* dst = qh + static_cast<size_t>(r * Gc) * dc;
-            for (size_t i = 0; i < static_cast<size_t>(Gc) * dc; ++i) dst[i] = src[i] * c->scale;
-          }
-          rows[h - h0] = (*c->rows_of)(t, h, qh);
-          cpu::attention_rows_reset(rows[h - h0]);
-        }
-        c->self->attend_segments(lp, segments, selection, t.seg_begin, t.seg_end, h0, h1, it.start_pos + t.row_begin,
-                                 t.n_rows, rows, work);
-        if (alone)
-          for (int h = h0; h < h1; ++h) (*c->finish_of)(t, rows[h - h0], h);
-      }
-    }
+  const RunContext c{plan, ws, q, q_stride, out, out_stride, scale, plan.max_v_dim(), ws.floats.data()};
+  float* threads_base = ws.floats.data() + plan.state_floats;
+  std::atomic<size_t> next{0};
+  pool.run([&](int thread, int) {
+    float* qs = threads_base + static_cast<size_t>(thread) * thread_floats;
+    for (size_t t = next.fetch_add(1, std::memory_order_relaxed); t < plan.tasks.size();
+         t = next.fetch_add(1, std::memory_order_relaxed))
+      run_task(c, t, qs, qs + q_floats);
   });
-  // Merge the splits of each group in task order and write their output.
-  for (size_t t = 0; t < plan.tasks.size();) {
-    size_t u = t + 1;
-    while (u < plan.tasks.size() && same_group(t, u)) ++u;
-    if (u - t > 1) {
-      const PlanTask& first = plan.tasks[t];
-      for (int h = first.head_begin; h < first.head_end; ++h) {
-        const cpu::AttentionRows dst = head_rows(first, h, nullptr);
-        for (size_t v = t + 1; v < u; ++v) cpu::attention_rows_merge(dst, head_rows(plan.tasks[v], h, nullptr));
-        finish(first, dst, h);
-      }
-    }
-    t = u;
-  }
+  merge_splits(c);
 }
 
 void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {

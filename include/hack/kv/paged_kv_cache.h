@@ -251,6 +251,13 @@ class PagedKvCache final : public KvCache {
   void attend_segments(const LayerPages& lp, std::span<const PlanSegment> segments, const int* selection, int seg_begin,
                        int seg_end, int head_begin, int head_end, int start_pos, int n_tokens,
                        const cpu::AttentionRows* rows, float* work) const;
+  // run(): one task, the softmax states of a task's head, writing finished rows, merging
+  // the splits of a unit in order.
+  struct RunContext;
+  void run_task(const RunContext& c, size_t index, float* qs, float* work) const;
+  cpu::AttentionRows task_rows(const RunContext& c, const PlanTask& t, int head, const float* qs) const;
+  void finish_rows(const RunContext& c, const PlanTask& t, const cpu::AttentionRows& rows, int head) const;
+  void merge_splits(const RunContext& c) const;
   static constexpr int kMaxDecodeHeads = 64;
   size_t work_floats() const;
 
