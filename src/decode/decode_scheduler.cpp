@@ -369,6 +369,7 @@ void DecodeScheduler::step() {
     return;
   }
   ++steps_;
+  if (options_.test_step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_step_delay_ms));
   const size_t vocab = static_cast<size_t>(vocab_);
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];

@@ -27,6 +27,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
   flags.add_int("reserve-ahead", &c.reserve_ahead_tokens, "KV reservation step in tokens beyond a request's length");
   flags.add_float("kv-timeout", &c.kv_timeout_s, "seconds an admitted request waits for its KV from prefill");
+  flags.add_bool("enable-test-hooks", &c.enable_test_hooks, "honour --test-step-delay-ms; never in production");
+  flags.add_int("test-step-delay-ms", &c.test_step_delay_ms,
+                "with --enable-test-hooks: sleep this long after each decode step (long streams for routing tests)");
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
 }
@@ -50,6 +53,8 @@ struct DecodeServer::Impl {
     HACK_CHECK(parse_device(config.model.device) == DeviceKind::cpu,
                "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)",
                config.model.device);
+    HACK_CHECK(config.test_step_delay_ms == 0 || config.enable_test_hooks,
+               "--test-step-delay-ms needs --enable-test-hooks");
     rt = load_model_runtime(config.model);
     worker = std::make_unique<net::UcxWorker>();
     ucx_port = worker->listen(config.host, static_cast<uint16_t>(config.ucx_port));
@@ -57,7 +62,8 @@ struct DecodeServer::Impl {
         *rt->engine, *rt->paged_kv,
         DecodeSchedulerOptions{.max_batch = config.max_batch,
                                .reserve_ahead_tokens = config.reserve_ahead_tokens,
-                               .kv_wait_timeout_s = config.kv_timeout_s});
+                               .kv_wait_timeout_s = config.kv_timeout_s,
+                               .test_step_delay_ms = config.test_step_delay_ms});
     receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks());
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
     HttpServerOptions ho;

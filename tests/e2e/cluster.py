@@ -190,10 +190,11 @@ class Daemon:
 
 class Cluster:
     """prefill + decode nodes and a router (router_flags: extra hack-router flags; router=False
-    starts none). Raises RuntimeError (with the failing daemon's log) when a daemon does not
+    starts none; node_flags go to every node, decode_flags to decode nodes only). Raises RuntimeError (with the failing daemon's log) when a daemon does not
     come up; everything started so far is stopped first."""
 
-    def __init__(self, prefill=1, decode=1, router_flags=(), node_flags=(), router=True, threads=1, kv="hack"):
+    def __init__(self, prefill=1, decode=1, router_flags=(), node_flags=(), router=True, threads=1, kv="hack",
+                 decode_flags=()):
         self.secret = secrets.token_hex(8)
         self.log_dir = tempfile.mkdtemp(prefix="hack-e2e-")
         self.env = dict(os.environ)
@@ -207,8 +208,8 @@ class Cluster:
             for i in range(prefill):
                 self.prefill.append(Daemon(f"prefill{i}", [binary("hack-prefill"), *node_args], self.log_dir, self.env))
             for i in range(decode):
-                self.decode.append(Daemon(f"decode{i}", [binary("hack-decode"), *node_args, "--ucx-port", "0"],
-                                          self.log_dir, self.env))
+                self.decode.append(Daemon(f"decode{i}", [binary("hack-decode"), *node_args, "--ucx-port", "0",
+                                                         *decode_flags], self.log_dir, self.env))
             for d in self.prefill + self.decode:
                 d.wait_ready()
             self.router = self.add_router(router_flags) if router else None

@@ -901,8 +901,9 @@ LONG = {"prompt": PROMPT, "max_tokens": MAX_MODEL_LEN - 16, "temperature": 0, "i
 class RoutingTest(ErrorBodyMixin, unittest.TestCase):
     """2 prefill + 2 decode nodes, a fresh cluster per test (tests kill nodes)."""
 
-    def start(self, router_flags=()):
-        self.cluster = cluster.Cluster(prefill=2, decode=2, router_flags=list(router_flags))
+    def start(self, router_flags=(), decode_flags=()):
+        self.cluster = cluster.Cluster(prefill=2, decode=2, router_flags=list(router_flags),
+                                       decode_flags=list(decode_flags))
         self.addCleanup(self.cluster.stop)
         self.port = self.cluster.router.port
         return self.cluster
@@ -930,7 +931,9 @@ class RoutingTest(ErrorBodyMixin, unittest.TestCase):
                 wait_for(lambda p=p: p.health()["queue_tokens"] == 0, timeout, f"{p.name} queue empty")
 
     def test_shortest_queue_wins(self):
-        c = self.start(["--health-interval", "0.1"])
+        # The long stream must outlive 7 short requests; hack-tiny decodes ~1000 tokens in
+        # well under a second, so its decode node takes 5 ms a step (~5 s in all).
+        c = self.start(["--health-interval", "0.1"], decode_flags=["--enable-test-hooks", "--test-step-delay-ms", "5"])
         long = SseStream(self.port, "/v1/completions", LONG)
         self.addCleanup(long.close)
         self.assertEqual(long.status, 200)

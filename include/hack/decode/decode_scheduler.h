@@ -47,6 +47,7 @@ struct DecodeSchedulerOptions {
   int max_batch = 64;               ///< running requests per step at most
   int reserve_ahead_tokens = 64;    ///< reservation step beyond the current length
   double kv_wait_timeout_s = 120;   ///< an admitted request waiting for remote KV fails after this
+  int test_step_delay_ms = 0;       ///< tests: sleep this long after each decode step (long streams on a tiny model)
 };
 
 /// A request as the decode node gets it. The caller fills prompt and params; eos_ids are

@@ -24,6 +24,8 @@ struct DecodeServerConfig {
   int max_batch = 64;
   int reserve_ahead_tokens = 64;
   float kv_timeout_s = 120;
+  bool enable_test_hooks = false;  ///< honour --test-step-delay-ms
+  int test_step_delay_ms = 0;
   bool json_logs = false;
   std::string log_level = "info";
 };
