@@ -244,7 +244,7 @@ void write_exact(std::byte* region, size_t elem_bytes, int heads, int capacity, 
 }  // namespace
 
 void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
-  const int T = options_.block_tokens, d = shape_.head_dim, H = shape_.num_kv_heads;
+  const int T = options_.block_tokens;
   size_t done = 0;
   for (; done < lp.pending.size(); ++done) {
     const int block_end = options_.sinks + static_cast<int>(lp.pages.size() + 1) * T;
