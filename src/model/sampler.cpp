@@ -75,6 +75,11 @@ void SamplingParams::validate(int vocab_size) const {
     HACK_CHECK(id >= 0 && id < vocab_size, "stop_token_ids: token {} is outside the vocabulary [0, {})", id, vocab_size);
   }
   HACK_CHECK(logprobs >= -1 && logprobs <= vocab_size, "logprobs must be in [-1, {}], got {}", vocab_size, logprobs);
+  for (const auto& [id, bias] : logit_bias) {
+    HACK_CHECK(id >= 0 && id < vocab_size, "logit_bias: token {} is outside the vocabulary [0, {})", id, vocab_size);
+    HACK_CHECK(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f,
+               "logit_bias: the bias of token {} must be in [-100, 100], got {}", id, bias);
+  }
 }
 
 Sampler::Sampler(const SamplingParams& params, int vocab_size)
@@ -105,6 +110,7 @@ void Sampler::record_token(int token) {
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
+  for (const auto& [t, bias] : params_.logit_bias) logits[static_cast<size_t>(t)] += bias;
   // Repetition (HF/CTRL): over prompt and output, positive logits divided, others multiplied.
   const float rep = params_.repetition_penalty;
   if (rep != 1.0f) {

@@ -71,6 +71,7 @@ json sampling_json(const SamplingParams& p) {
             {"ignore_eos", p.ignore_eos},
             {"logprobs", p.logprobs}};
   if (p.seed) j["seed"] = *p.seed;
+  if (!p.logit_bias.empty()) j["logit_bias"] = p.logit_bias;  // [[token, bias], ...]
   return j;
 }
 
@@ -89,6 +90,7 @@ SamplingParams sampling_from(const json& j, std::string_view what) {
   p.stop_token_ids = field_or<std::vector<int>>(j, what, "stop_token_ids", {});
   p.ignore_eos = field_or<bool>(j, what, "ignore_eos", false);
   p.logprobs = field_or<int>(j, what, "logprobs", -1);
+  p.logit_bias = field_or<std::vector<std::pair<int, float>>>(j, what, "logit_bias", {});
   if (j.contains("seed") && !j["seed"].is_null()) p.seed = field<uint64_t>(j, what, "seed");
   return p;
 }

@@ -90,6 +90,29 @@ void check_token_id(int64_t id, const std::string& name, int vocab_size) {
   }
 }
 
+// {"50256": -100, ...}: token ids as decimal strings (OpenAI's form), biases in [-100, 100];
+// null = none. Sorted by id, so equal requests give equal parameters.
+std::vector<std::pair<int, float>> read_logit_bias(const Json& v, const std::string& name, int vocab_size) {
+  std::vector<std::pair<int, float>> out;
+  if (v.is_null()) return out;
+  if (!v.is_object()) {
+    reject(name, fmt::format("{} must be an object mapping token ids to biases, got {}", name, type_name(v)));
+  }
+  for (const auto& [key, bias] : v.items()) {
+    const bool digits =
+        !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits) reject(name, fmt::format("{}: '{}' is not a token id", name, key));
+    const int64_t id = std::stoll(key);
+    if (id > std::numeric_limits<int32_t>::max()) reject(name, fmt::format("{}: token id {} is out of range", name, key));
+    check_token_id(id, name, vocab_size);
+    const double b = read_number(bias, name);
+    if (b < -100.0 || b > 100.0) reject(name, fmt::format("{}: the bias of token {} must be in [-100, 100], got {}", name, key, b));
+    out.emplace_back(static_cast<int>(id), static_cast<float>(b));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<int> read_token_ids(const Json& v, const std::string& name, int vocab_size) {
   std::vector<int> ids;
   ids.reserve(v.size());
@@ -380,7 +403,7 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
     } else if (key == "include_stop_str_in_output") {
       r.include_stop_str_in_output = read_bool(v, key);
     } else if (key == "logit_bias") {
-      if (!v.is_object() || !v.empty()) reject(key, "logit_bias is not supported");
+      r.logit_bias = read_logit_bias(v, key, limits.vocab_size);
     } else {
       reject(key, fmt::format("Unrecognized request argument supplied: {}", key));
     }
@@ -561,6 +584,7 @@ SamplingParams to_sampling_params(const CompletionRequest& r, int max_tokens, co
   p.max_tokens = max_tokens;
   p.min_tokens = std::min(r.min_tokens, max_tokens);
   p.stop_token_ids = r.stop_token_ids;
+  p.logit_bias = r.logit_bias;
   p.ignore_eos = r.ignore_eos;
   p.logprobs = r.logprobs;
   return p;

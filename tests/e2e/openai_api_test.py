@@ -251,6 +251,29 @@ class OpenAIApiTest(ErrorBodyMixin, unittest.TestCase):
                 self.assertEqual(finish, {0: ref["finish_reason"]})
                 self.assertTrue(all(c.usage is None for c in chunks), "usage sent without include_usage")
 
+    def test_logit_bias_bans_and_forces_tokens(self):
+        ref = hack_run(PROMPT, max_tokens=4)
+        first = ref["ids"][0]
+        # -100 on the greedy first token: another token comes first.
+        r = self.complete(prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0, logit_bias={str(first): -100})
+        self.assertNotEqual(r.choices[0].text, ref["text"])
+        self.assertNotEqual(r.choices[0].logprobs.tokens[0], hack_run(PROMPT, max_tokens=1)["text"])
+        # +100 on one token: every token is that one, sampled or greedy, streamed or not.
+        one = hack_run(PROMPT, max_tokens=1)["text"]
+        for temperature in (0, 1.0):
+            r = self.complete(prompt=PROMPT, max_tokens=4, temperature=temperature, seed=5,
+                              logit_bias={str(first): 100})
+            self.assertEqual(r.choices[0].text, one * 4)
+        texts, _, _ = self.stream_completion(prompt=PROMPT, max_tokens=4, temperature=0, logit_bias={str(first): 100})
+        self.assertEqual(texts, {0: one * 4})
+        c = self.chat(messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
+                      logit_bias={str(first): 100})
+        self.assertEqual(c.choices[0].message.content, one * 3)
+        # Out of the vocabulary: a 400 naming the parameter.
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.complete(prompt=PROMPT, max_tokens=2, logit_bias={"99999999": 1})
+        self.assertIn("logit_bias", str(e.exception))
+
     def test_prompt_as_token_ids_equals_text_prompt(self):
         ids = tokenize(PROMPT)
         ref = hack_run(PROMPT, max_tokens=20)

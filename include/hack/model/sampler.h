@@ -8,6 +8,7 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace hack {
@@ -24,6 +25,10 @@ struct SamplingParams {
   int max_tokens = 16;
   int min_tokens = 0;  ///< stop and EOS tokens are suppressed until this many are generated
   std::vector<int> stop_token_ids;  ///< generation ends after emitting one of these
+  /// OpenAI logit_bias: (token, bias in [-100, 100]) added to the token's logit before
+  /// penalties, temperature and truncation (±100 in effect bans or forces the token).
+  /// Reported logprobs stay those of the raw logits.
+  std::vector<std::pair<int, float>> logit_bias;
   bool ignore_eos = false;
   int logprobs = -1;  ///< -1: none (SampleResult::logprob left 0); 0: the sampled token's; k > 0: also the top k
 

@@ -81,6 +81,7 @@ struct CompletionRequest {
   std::optional<uint64_t> seed;  ///< a negative seed is kept as its two's complement
   std::vector<std::string> stop;
   std::vector<int> stop_token_ids;
+  std::vector<std::pair<int, float>> logit_bias;  ///< {"token id": bias in [-100, 100]}, by id
   std::optional<float> presence_penalty;
   std::optional<float> frequency_penalty;
   std::optional<float> repetition_penalty;

@@ -490,3 +490,37 @@ TEST_CASE("min_tokens holds back EOS and stop tokens until enough are generated"
   suppress_ending_tokens(later, p, eos, 2);
   REQUIRE(later == std::vector<float>(5, 0.5f));
 }
+
+TEST_CASE("logit_bias moves the chosen token, and logprobs stay the raw model's", "[sampler]") {
+  std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 0;
+  Sampler plain(p, 4);
+  std::vector<float> a = logits;
+  const SampleResult unbiased = plain.sample(a);
+  REQUIRE(unbiased.token == 1);
+  p.logit_bias = {{1, -100.0f}, {3, 2.0f}};  // 1 banned in effect, 3 raised to 2.5
+  Sampler biased(p, 4);
+  std::vector<float> b = logits;
+  const SampleResult r = biased.sample(b);
+  REQUIRE(r.token == 3);
+  // The logprob reported is log-softmax of the raw logits, as without a bias.
+  const double lse = std::log(std::exp(1.0) + std::exp(3.0) + std::exp(2.0) + std::exp(0.5));
+  REQUIRE(std::fabs(r.logprob - (0.5 - lse)) < 1e-5);
+  // Sampling with temperature: a +100 bias makes the token certain.
+  SamplingParams q;
+  q.temperature = 1.0f;
+  q.seed = 3;
+  q.logit_bias = {{0, 100.0f}};
+  Sampler forced(q, 4);
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> c = logits;
+    REQUIRE(forced.sample(c).token == 0);
+  }
+  SamplingParams bad;
+  bad.logit_bias = {{4, 1.0f}};
+  REQUIRE_THROWS_AS(bad.validate(4), Error);
+  bad.logit_bias = {{1, 100.5f}};
+  REQUIRE_THROWS_AS(bad.validate(4), Error);
+}

@@ -20,6 +20,7 @@ SamplingParams full_params() {
   p.max_tokens = 77;
   p.min_tokens = 3;
   p.stop_token_ids = {5, 9};
+  p.logit_bias = {{3, -100.0f}, {17, 2.5f}};
   p.ignore_eos = true;
   p.logprobs = 2;
   return p;
@@ -37,6 +38,7 @@ void check_same(const SamplingParams& a, const SamplingParams& b) {
   CHECK(a.max_tokens == b.max_tokens);
   CHECK(a.min_tokens == b.min_tokens);
   CHECK(a.stop_token_ids == b.stop_token_ids);
+  CHECK(a.logit_bias == b.logit_bias);
   CHECK(a.ignore_eos == b.ignore_eos);
   CHECK(a.logprobs == b.logprobs);
 }

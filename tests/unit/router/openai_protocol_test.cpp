@@ -70,6 +70,16 @@ TEST_CASE("completions: a full request parses into typed fields") {
   CHECK(r.min_tokens == 4);
 }
 
+TEST_CASE("logit_bias: token ids as strings, sorted by id, carried into the sampling parameters") {
+  const auto r = parse_ok(R"({"prompt":"x","logit_bias":{"42":-100,"7":2.5,"0":100}})", kCmpl);
+  const std::vector<std::pair<int, float>> expect = {{0, 100.0f}, {7, 2.5f}, {42, -100.0f}};
+  CHECK(r.logit_bias == expect);
+  CHECK(to_sampling_params(r, 8).logit_bias == expect);
+  CHECK(parse_ok(R"({"prompt":"x","logit_bias":null})", kCmpl).logit_bias.empty());
+  CHECK(parse_ok(R"({"messages":[{"role":"user","content":"hi"}],"logit_bias":{"3":1}})", kChat).logit_bias ==
+        std::vector<std::pair<int, float>>{{3, 1.0f}});
+}
+
 TEST_CASE("completions: prompt forms") {
   CHECK(*parse_ok(R"({"prompt":[1,2,3]})", kCmpl).prompt_token_ids == std::vector<int>{1, 2, 3});
   CHECK(*parse_ok(R"({"prompt":["one"]})", kCmpl).prompt_text == "one");
@@ -210,7 +220,12 @@ TEST_CASE("malformed requests: status and param of each") {
       {kCmpl, R"({"prompt":"x","ignore_eos":1})", 400, "ignore_eos", "boolean"},
       {kCmpl, R"({"prompt":"x","echo":"yes"})", 400, "echo", "boolean"},
       {kCmpl, R"({"prompt":"x","user":5})", 400, "user", "string"},
-      {kCmpl, R"({"prompt":"x","logit_bias":{"5":1}})", 400, "logit_bias", "not supported"},
+      {kCmpl, R"({"prompt":"x","logit_bias":[5]})", 400, "logit_bias", "object"},
+      {kCmpl, R"({"prompt":"x","logit_bias":{"five":1}})", 400, "logit_bias", "not a token id"},
+      {kCmpl, R"({"prompt":"x","logit_bias":{"-5":1}})", 400, "logit_bias", "not a token id"},
+      {kCmpl, R"({"prompt":"x","logit_bias":{"1000":1}})", 400, "logit_bias", "out of vocabulary"},
+      {kCmpl, R"({"prompt":"x","logit_bias":{"5":101}})", 400, "logit_bias", "[-100, 100]"},
+      {kCmpl, R"({"prompt":"x","logit_bias":{"5":"1"}})", 400, "logit_bias", "number"},
       {kCmpl, R"({"prompt":"x","suffix":"end"})", 400, "suffix", "not supported"},
       // Stop.
       {kCmpl, R"({"prompt":"x","stop":5})", 400, "stop", "string or a list"},
