@@ -50,12 +50,9 @@ struct DecodeServer::Impl {
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const DecodeServerConfig& c) : config(c) {
-    HACK_CHECK(parse_device(config.model.device) == DeviceKind::cpu,
-               "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)",
-               config.model.device);
     HACK_CHECK(config.test_step_delay_ms == 0 || config.enable_test_hooks,
                "--test-step-delay-ms needs --enable-test-hooks");
-    rt = load_model_runtime(config.model);
+    rt = load_model_runtime(config.model, RuntimeParts{.cpu_only = true});
     worker = std::make_unique<net::UcxWorker>();
     ucx_port = worker->listen(config.host, static_cast<uint16_t>(config.ucx_port));
     scheduler = std::make_unique<DecodeScheduler>(

@@ -52,10 +52,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const PrefillServerConfig& c) : config(c) {
-    HACK_CHECK(parse_device(config.model.device) == DeviceKind::cpu,
-               "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)",
-               config.model.device);
-    rt = load_model_runtime(config.model, RuntimeParts{.engine = false});
+    rt = load_model_runtime(config.model, RuntimeParts{.engine = false, .cpu_only = true});
     ucx = std::make_unique<net::UcxWorker>();
     PrefillWorkerOptions wo;
     wo.kv = rt->kv_options;

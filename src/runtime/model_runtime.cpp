@@ -4,7 +4,6 @@
 
 #include "hack/core/error.h"
 #include "hack/model/generation_config.h"
-#include "hack/tokenizer/tokenizer.h"
 #ifdef HACK_HAVE_CUDA
 #include "hack/backend/cuda_backend.h"
 #endif
@@ -42,11 +41,9 @@ namespace {
 void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (c.synthetic.empty()) {
     rt.model = Model::load(c.model);
-    int tokenizer_eos = -1;
-    if (std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) {
-      tokenizer_eos = Tokenizer::load(c.model).eos_id();
-    }
-    rt.eos_ids = merge_eos_ids(rt.model.config.eos_token_ids, load_generation_config(c.model), tokenizer_eos);
+    if (std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) rt.tokenizer = Tokenizer::load(c.model);
+    rt.eos_ids = merge_eos_ids(rt.model.config.eos_token_ids, load_generation_config(c.model),
+                               rt.tokenizer ? rt.tokenizer->eos_id() : -1);
   } else {
     rt.model = Model::synthetic(synthetic_model_config(c.synthetic), 42);
     rt.eos_ids = rt.model.config.eos_token_ids;
@@ -57,7 +54,7 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (rt.name.empty()) rt.name = std::filesystem::path(c.model).lexically_normal().parent_path().filename().string();
 }
 
-void build_cuda(const ModelRuntimeConfig& c, const RuntimeParts& parts, ModelRuntime& rt) {
+void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, ModelRuntime& rt) {
 #ifdef HACK_HAVE_CUDA
   HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
   HACK_CHECK(rt.kv_options.mode == KvMode::fp,
@@ -67,7 +64,7 @@ void build_cuda(const ModelRuntimeConfig& c, const RuntimeParts& parts, ModelRun
   bo.max_sequences = 1;
   CudaKvOptions ko;
   ko.page_tokens = c.kv.hack_block;
-  ko.num_pages = CudaPagedKvCache::pages_for(parts.device_kv_tokens > 0 ? parts.device_kv_tokens : rt.max_model_len,
+  ko.num_pages = CudaPagedKvCache::pages_for(device_kv_tokens > 0 ? device_kv_tokens : rt.max_model_len,
                                              c.kv.hack_block);
   auto kv = make_cuda_kv_cache(rt.model.config, ko);
   rt.backend = make_cuda_backend(rt.model, *kv, bo);
@@ -75,7 +72,7 @@ void build_cuda(const ModelRuntimeConfig& c, const RuntimeParts& parts, ModelRun
   rt.engine = std::make_unique<Engine>(*rt.backend, EngineOptions{c.prefill_chunk});
 #else
   (void)c;
-  (void)parts;
+  (void)device_kv_tokens;
   (void)rt;
   fail("--device cuda: this build has no CUDA (configure on a machine with nvcc, HACK_CUDA=AUTO|ON)");
 #endif
@@ -89,21 +86,27 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
   HACK_CHECK(c.max_model_len >= 0, "--max-model-len must not be negative, got {}", c.max_model_len);
   auto rt = std::make_unique<ModelRuntime>();
   rt->device = parse_device(c.device);
+  HACK_CHECK(rt->device == DeviceKind::cpu || !parts.cpu_only,
+             "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)", c.device);
   load_model(c, *rt);
   rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
   rt->kv_options = kv_options_from(c, rt->model.config.num_layers);
   rt->pool = std::make_unique<ThreadPool>(c.threads);
-  if (!parts.engine) return rt;
-  if (rt->device == DeviceKind::cuda) {
-    build_cuda(c, parts, *rt);
-    return rt;
-  }
-  CpuEngine e = make_cpu_engine(rt->model, *rt->pool, rt->kv_options, EngineOptions{c.prefill_chunk});
-  rt->paged_kv = e.kv.get();
-  rt->kv = std::move(e.kv);
-  rt->backend = std::move(e.backend);
-  rt->engine = std::move(e.engine);
+  if (parts.engine) build_engine(c, *rt);
   return rt;
+}
+
+void build_engine(const ModelRuntimeConfig& c, ModelRuntime& rt, int device_kv_tokens) {
+  HACK_CHECK(rt.engine == nullptr, "build_engine: the runtime already has an engine");
+  if (rt.device == DeviceKind::cuda) {
+    build_cuda(c, device_kv_tokens, rt);
+    return;
+  }
+  CpuEngine e = make_cpu_engine(rt.model, *rt.pool, rt.kv_options, EngineOptions{c.prefill_chunk});
+  rt.paged_kv = e.kv.get();
+  rt.kv = std::move(e.kv);
+  rt.backend = std::move(e.backend);
+  rt.engine = std::move(e.engine);
 }
 
 }  // namespace hack

@@ -100,7 +100,8 @@ std::string render_chat(const RunConfig& c, const hack::Tokenizer& tokenizer) {
 // The prompt's token ids from whichever of --prompt-ids, --chat-file, --prompt(-file) was given.
 std::vector<int> prompt_ids(const RunConfig& c, const std::optional<hack::Tokenizer>& tokenizer) {
   if (!c.prompt_ids.empty()) return hack::parse_id_list(c.prompt_ids, "prompt-ids");
-  HACK_CHECK(tokenizer.has_value(), "--synthetic models have no tokenizer: use --prompt-ids");
+  HACK_CHECK(tokenizer.has_value(), "{} has no tokenizer.json: use --prompt-ids",
+             c.runtime.model.empty() ? "--synthetic " + c.runtime.synthetic : c.runtime.model);
   if (!c.chat_file.empty()) return tokenizer->encode(render_chat(c, *tokenizer), /*add_special=*/false);
   const std::string text = c.prompt_file.empty() ? c.prompt : hack::read_file(c.prompt_file, "prompt file");
   return tokenizer->encode(text, !c.no_special);
@@ -151,16 +152,16 @@ int run(int argc, char** argv) {
   hack::setup_logging(c.log_level);
 
   const auto t_load = std::chrono::steady_clock::now();
-  std::optional<hack::Tokenizer> tokenizer;
-  if (!c.runtime.model.empty()) tokenizer = hack::Tokenizer::load(c.runtime.model);
+  // The engine is built once the prompt is known: the CUDA KV pool is sized for it.
+  const std::unique_ptr<hack::ModelRuntime> rt = hack::load_model_runtime(c.runtime, hack::RuntimeParts{.engine = false});
+  const std::optional<hack::Tokenizer>& tokenizer = rt->tokenizer;
   const std::vector<int> prompt = prompt_ids(c, tokenizer);
   HACK_CHECK(!prompt.empty(), "the prompt is empty");
   HACK_CHECK(c.max_tokens >= 0, "--max-tokens must not be negative, got {}", c.max_tokens);
-  const std::unique_ptr<hack::ModelRuntime> rt = hack::load_model_runtime(
-      c.runtime, hack::RuntimeParts{.device_kv_tokens = static_cast<int>(prompt.size()) + c.max_tokens});
   HACK_CHECK(static_cast<int>(prompt.size()) + c.max_tokens <= rt->max_model_len,
              "prompt ({} tokens) + --max-tokens {} exceeds the model's context of {} tokens", prompt.size(),
              c.max_tokens, rt->max_model_len);
+  hack::build_engine(c.runtime, *rt, static_cast<int>(prompt.size()) + c.max_tokens);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
   std::optional<hack::IncrementalDecoder> detok;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "hack/kv/kv_flags.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/weights.h"
+#include "hack/tokenizer/tokenizer.h"
 
 namespace hack {
 
@@ -37,10 +39,10 @@ struct ModelRuntimeConfig {
 void add_model_flags(FlagSet& flags, ModelRuntimeConfig& config);
 void add_served_name_flag(FlagSet& flags, ModelRuntimeConfig& config);
 
-/// What to build beyond the weights and the pool.
+/// What to build beyond the weights, the tokenizer and the pool.
 struct RuntimeParts {
-  bool engine = true;         ///< the cache, the backend and the engine (a prefill node's worker builds its own)
-  int device_kv_tokens = 0;   ///< --device cuda: tokens the device KV pool holds; 0 = max_model_len
+  bool engine = true;     ///< the cache, the backend and the engine (build_engine); a prefill node's worker builds its own
+  bool cpu_only = false;  ///< refuse --device cuda (the nodes: they export and import the CPU cache's pages)
 };
 
 struct ModelRuntime {
@@ -48,6 +50,7 @@ struct ModelRuntime {
   std::string name;                ///< served model name
   std::vector<int> eos_ids;
   int max_model_len = 0;
+  std::optional<Tokenizer> tokenizer;  ///< the model directory's tokenizer.json, when it has one
   DeviceKind device = DeviceKind::cpu;
   KvCacheOptions kv_options;
   std::unique_ptr<ThreadPool> pool;
@@ -59,6 +62,10 @@ struct ModelRuntime {
 
 /// Loads and builds everything; throws hack::Error naming the bad flag or file.
 std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& config, RuntimeParts parts = {});
+
+/// Builds the cache, the backend over it and the engine of a runtime loaded without them.
+/// device_kv_tokens: --device cuda, tokens the device KV pool holds (0 = max_model_len).
+void build_engine(const ModelRuntimeConfig& config, ModelRuntime& runtime, int device_kv_tokens = 0);
 
 /// KvCacheOptions for the `--kv*` / `--hack-*` flags of a model of `num_layers` layers
 /// (its directory's bit allocation applies, see kv/kv_flags.h) and --kv-capacity-mb.
