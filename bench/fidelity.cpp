@@ -640,7 +640,7 @@ int main(int argc, char** argv) {
     const int bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id();
     const std::vector<int> text = tok.encode(hack::read_file(text_path, "text"), false);
     hack::ThreadPool pool(threads);
-    Bench b{model, pool, tok, hack::KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}};
+    Bench b{model, pool, tok, hack::kv_shape(cfg)};
     b.prefill_chunk = prefill_chunk;
     b.eos_ids = hack::merge_eos_ids(cfg.eos_token_ids, hack::load_generation_config(model_dir), tok.eos_id());
     b.vocab = static_cast<size_t>(cfg.vocab_size);

@@ -4,6 +4,8 @@
 
 namespace hack {
 
+KvShape kv_shape(const ModelConfig& c) { return {c.num_layers, c.num_kv_heads, c.head_dim, c.group_size()}; }
+
 DeviceKind parse_device(const std::string& name) {
   if (name == "cpu") return DeviceKind::cpu;
   if (name == "cuda") return DeviceKind::cuda;

@@ -20,14 +20,12 @@ void Engine::add_sequence(int seq_id, int max_tokens) {
 }
 
 CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options, EngineOptions options) {
-  const ModelConfig& c = model.config;
   CpuEngine e;
-  e.kv = make_paged_kv_cache(KvShape{c.num_layers, c.num_kv_heads, c.head_dim, c.group_size()}, kv_options);
+  e.kv = make_paged_kv_cache(kv_shape(model.config), kv_options);
   e.backend = make_cpu_backend(model, pool, *e.kv);
   e.engine = std::make_unique<Engine>(*e.backend, options);
   return e;
 }
-
 
 void Engine::adopt_sequence(int seq_id) {
   auto it = positions_.find(seq_id);

@@ -20,6 +20,7 @@ void AttentionPlan::clear() {
   selected.clear();
   tasks.clear();
   state_floats = 0;
+  state_v_dim = 0;
   max_task_rows = 0;
 }
 
@@ -29,8 +30,6 @@ std::span<const int> AttentionPlan::selection_of(int item, int head) const {
   return {selected.data() + selection_offsets[at], selected.data() + selection_offsets[at + 1]};
 }
 
-int AttentionPlan::max_k_dim() const { return k_dims.empty() ? 0 : *std::max_element(k_dims.begin(), k_dims.end()); }
-int AttentionPlan::max_v_dim() const { return v_dims.empty() ? 0 : *std::max_element(v_dims.begin(), v_dims.end()); }
 
 size_t plan_head_state_floats(int rows, int v_dim) {
   const size_t r = static_cast<size_t>(rows);
@@ -57,9 +56,10 @@ void select_segments(AttentionPlan& plan, int item, int head, std::span<const in
 void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
   HACK_CHECK(policy.row_block > 0 && policy.split_segments > 0, "attention plan: row_block and split_segments must be positive");
   const int H = plan.num_kv_heads, G = plan.group_size;
-  const int v_dim = plan.max_v_dim();
+  const int v_dim = plan.v_dims.empty() ? 0 : *std::max_element(plan.v_dims.begin(), plan.v_dims.end());
   plan.tasks.clear();
   plan.state_floats = 0;
+  plan.state_v_dim = v_dim;
   plan.max_task_rows = 0;
   auto add = [&](int item, int h0, int h1, int r0, int nr, int s0, int s1) {
     PlanTask t{item, h0, h1, r0, nr, s0, s1, plan.state_floats};

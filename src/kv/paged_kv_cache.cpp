@@ -581,7 +581,7 @@ struct PagedKvCache::RunContext {
   float* out;
   size_t out_stride;
   float scale;
-  int v_dim;         // widest V of the plan: the stride of the softmax states
+  int v_dim;         // plan.state_v_dim: the layout of the softmax states
   float* states;     // plan.state_floats
 };
 
@@ -689,7 +689,7 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
   const size_t thread_floats = q_floats + work_floats();
   const size_t need = plan.state_floats + static_cast<size_t>(pool.size()) * thread_floats + 16;
   if (ws.floats.size() < need) ws.floats.resize(need);
-  const RunContext c{plan, ws, q, q_stride, out, out_stride, scale, plan.max_v_dim(), ws.floats.data()};
+  const RunContext c{plan, ws, q, q_stride, out, out_stride, scale, plan.state_v_dim, ws.floats.data()};
   float* threads_base = ws.floats.data() + plan.state_floats;
   std::atomic<size_t> next{0};
   pool.run([&](int thread, int) {

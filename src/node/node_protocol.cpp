@@ -95,6 +95,20 @@ SamplingParams sampling_from(const json& j, std::string_view what) {
   return p;
 }
 
+json first_token_json(const FirstToken& first) {
+  json j = sample_json(first.sample);
+  j["seed"] = first.seed;
+  if (first.prompt_tokens > 0) j["prompt_tokens"] = first.prompt_tokens;
+  return j;
+}
+
+FirstToken first_token_from(const json& j, std::string_view what) {
+  FirstToken first{parse_sample(j, what), field<uint64_t>(j, what, "seed")};
+  first.prompt_tokens = field_or<int>(j, what, "prompt_tokens", 0);
+  HACK_CHECK(first.prompt_tokens >= 0, "{}: 'prompt_tokens' must not be negative", what);
+  return first;
+}
+
 }  // namespace
 
 bool secret_matches(std::string_view given, std::string_view secret) {
@@ -130,16 +144,11 @@ std::string to_json(const PrefillCall& call) {
   return j.dump();
 }
 
-std::string to_json(const FirstToken& first) {
-  json j = sample_json(first.sample);
-  j["seed"] = first.seed;
-  if (first.prompt_tokens > 0) j["prompt_tokens"] = first.prompt_tokens;
-  return j.dump();
-}
+
+std::string to_json(const FirstToken& first) { return first_token_json(first).dump(); }
 
 std::string to_json(const PrefillReply& reply) {
-  json j = sample_json(reply.first.sample);
-  j["seed"] = reply.first.seed;
+  json j = first_token_json(reply.first);
   j["kv_bytes"] = reply.kv_bytes;
   j["prefill_s"] = reply.prefill_s;
   j["total_s"] = reply.total_s;
@@ -187,6 +196,7 @@ std::string node_error_body(std::string_view message, std::string_view type) {
   return json{{"error", {{"message", message}, {"type", type}}}}.dump();
 }
 
+
 SamplingParams parse_sampling(std::string_view text) { return sampling_from(parse_object(text, "sampling"), "sampling"); }
 
 GenerateJob parse_generate_job(std::string_view text) {
@@ -217,17 +227,14 @@ PrefillCall parse_prefill_call(std::string_view text) {
 FirstToken parse_first_token(std::string_view text) {
   constexpr std::string_view what = "first token";
   const json j = parse_object(text, what);
-  FirstToken first{parse_sample(j, what), field<uint64_t>(j, what, "seed")};
-  first.prompt_tokens = field_or<int>(j, what, "prompt_tokens", 0);
-  HACK_CHECK(first.prompt_tokens >= 0, "{}: 'prompt_tokens' must not be negative", what);
-  return first;
+  return first_token_from(j, what);
 }
 
 PrefillReply parse_prefill_reply(std::string_view text) {
   constexpr std::string_view what = "prefill reply";
   const json j = parse_object(text, what);
   PrefillReply r;
-  r.first = FirstToken{parse_sample(j, what), field<uint64_t>(j, what, "seed")};
+  r.first = first_token_from(j, what);
   r.kv_bytes = field_or<uint64_t>(j, what, "kv_bytes", 0);
   r.prefill_s = field_or<double>(j, what, "prefill_s", 0);
   r.total_s = field_or<double>(j, what, "total_s", 0);

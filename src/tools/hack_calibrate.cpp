@@ -98,7 +98,7 @@ int run(int argc, char** argv) {
   }
   hack::ThreadPool pool(c.threads);
   const hack::ModelConfig& cfg = model.config;
-  const hack::KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
+  const hack::KvShape shape = hack::kv_shape(cfg);
   hack::KvFlags kv = c.kv;
   kv.kv = "hack";
   const hack::KvCacheOptions options = hack::kv_options_from(kv, c.model, cfg.num_layers);

@@ -16,7 +16,6 @@
 
 #include "hack/backend/backend.h"
 #include "hack/backend/engine.h"
-#include "hack/kv/fp_kv_cache.h"
 #include "hack/model/safetensors.h"
 #include "hack/model/weights.h"
 #include "hack/tokenizer/chat_template.h"

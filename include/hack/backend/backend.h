@@ -16,6 +16,9 @@
 
 namespace hack {
 
+/// The KV cache shape a model needs.
+KvShape kv_shape(const ModelConfig& config);
+
 enum class DeviceKind { cpu, cuda };
 DeviceKind parse_device(const std::string& name);
 

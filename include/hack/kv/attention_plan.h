@@ -87,6 +87,7 @@ struct AttentionPlan {
   std::vector<int> selected;
   std::vector<PlanTask> tasks;
   size_t state_floats = 0;  ///< softmax state of all tasks
+  int state_v_dim = 0;      ///< V width each head's state is laid out for (the widest V)
   int max_task_rows = 0;    ///< most query rows (n_rows · group · heads) of one task
 
   void clear();
@@ -96,11 +97,9 @@ struct AttentionPlan {
   }
   /// Selected segment indices of (item, head); empty = all.
   std::span<const int> selection_of(int item, int head) const;
-  int max_k_dim() const;
-  int max_v_dim() const;
 };
 
-/// Cuts the plan's items into tasks (replacing plan.tasks, state_floats, max_task_rows):
+/// Cuts the plan's items into tasks (replacing tasks, state_floats, state_v_dim, max_task_rows):
 /// a multi-token item into row blocks × KV heads; a single-token item into splits of
 /// policy.split_segments segments, each over all KV heads; an item with a selection into
 /// one task per head (split the same way). Per head a task's state is, for each of its

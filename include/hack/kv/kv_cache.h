@@ -17,6 +17,7 @@ struct KvShape {
   int num_kv_heads = 0;
   int head_dim = 0;
   int group_size = 1;  ///< query heads per KV head (GQA)
+  bool operator==(const KvShape&) const = default;
 };
 
 struct KvCacheStats {

@@ -24,8 +24,7 @@ class CpuBackend final : public Backend {
   CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv)
       : model_(model), cfg_(model.config), pool_(pool), kv_(kv), inv_freq_(rope_inv_freq(model.config)) {
     const KvShape& ks = kv.shape();
-    HACK_CHECK(ks.num_layers == cfg_.num_layers && ks.num_kv_heads == cfg_.num_kv_heads && ks.head_dim == cfg_.head_dim &&
-                   ks.group_size == cfg_.group_size(),
+    HACK_CHECK(ks == kv_shape(cfg_),
                "CPU backend: KV cache shape (layers {}, KV heads {}, head_dim {}, group {}) does not match the model",
                ks.num_layers, ks.num_kv_heads, ks.head_dim, ks.group_size);
   }
@@ -41,9 +40,6 @@ class CpuBackend final : public Backend {
     plan_items_.clear();
     for (const SequenceChunk& c : batch) {
       HACK_CHECK(!c.tokens.empty(), "sequence {}: empty chunk", c.seq_id);
-      for (int t : c.tokens)
-        HACK_CHECK(t >= 0 && t < cfg_.vocab_size, "sequence {}: token id {} out of range [0, {})", c.seq_id, t,
-                   cfg_.vocab_size);
       plan_items_.push_back(PlanItem{c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()), static_cast<int>(total)});
       total += c.tokens.size();
       logit_rows += c.all_logits ? c.tokens.size() : 1;

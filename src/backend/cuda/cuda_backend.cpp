@@ -153,8 +153,7 @@ class CudaBackend final : public Backend {
     HACK_CHECK(kv.device() == options.device, "CUDA backend on device {} got a KV cache on device {}", options.device,
                kv.device());
     const KvShape& ks = kv.shape();
-    HACK_CHECK(ks.num_layers == cfg_.num_layers && ks.num_kv_heads == cfg_.num_kv_heads &&
-                   ks.head_dim == cfg_.head_dim && ks.group_size == cfg_.group_size(),
+    HACK_CHECK(ks == kv_shape(cfg_),
                "CUDA backend: KV cache shape (layers {}, kv heads {}, head_dim {}) does not match the model", ks.num_layers,
                ks.num_kv_heads, ks.head_dim);
     upload_weights(model);
@@ -555,7 +554,7 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, CudaPagedKvCache&
 std::unique_ptr<CudaPagedKvCache> make_cuda_kv_cache(const ModelConfig& config, const CudaKvOptions& options) {
   HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
   return std::make_unique<CudaPagedKvCache>(
-      KvShape{config.num_layers, config.num_kv_heads, config.head_dim, config.group_size()}, options);
+      kv_shape(config), options);
 }
 
 }  // namespace hack

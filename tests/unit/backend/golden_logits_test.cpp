@@ -17,7 +17,6 @@
 
 #include "hack/backend/backend.h"
 #include "hack/backend/engine.h"
-#include "hack/kv/fp_kv_cache.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/safetensors.h"
 #include "hack/model/weights.h"

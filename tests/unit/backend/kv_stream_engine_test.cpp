@@ -79,7 +79,7 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
   const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 2024);
   ThreadPool pool(2);
-  const KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
+  const KvShape shape = kv_shape(cfg);
   const size_t vocab = static_cast<size_t>(cfg.vocab_size);
 
   struct Config {
@@ -186,7 +186,7 @@ TEST_CASE("engine: the layer callback runs once per layer per chunk, after the l
   ThreadPool pool(1);
   KvCacheOptions o;
   o.mode = KvMode::fp;
-  PagedKvCache kv(KvShape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()}, o);
+  PagedKvCache kv(kv_shape(cfg), o);
   const std::unique_ptr<Backend> engine_backend = make_cpu_backend(model, pool, kv);
   Engine engine(*engine_backend, EngineOptions{40});
   engine.add_sequence(3, 100);

@@ -17,7 +17,7 @@ TEST_CASE("the HACK bit search raises the layers that matter within the budget",
   std::vector<std::vector<int>> windows = {test::random_prompt(80, cfg.vocab_size, 1),
                                            test::random_prompt(80, cfg.vocab_size, 2)};
   const DecodePathReference reference(model, pool, windows, 64, 32);
-  const KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
+  const KvShape shape = kv_shape(cfg);
   KvCacheOptions options;
   options.block_tokens = 16;
 

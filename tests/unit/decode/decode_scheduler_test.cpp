@@ -26,7 +26,6 @@ const Model& tiny_model() {
   return model;
 }
 
-KvShape shape_of(const ModelConfig& c) { return KvShape{c.num_layers, c.num_kv_heads, c.head_dim, c.group_size()}; }
 
 KvCacheOptions kv_options(KvMode mode, size_t capacity_bytes = 0) {
   KvCacheOptions o;
@@ -40,7 +39,7 @@ KvCacheOptions kv_options(KvMode mode, size_t capacity_bytes = 0) {
 struct Node {
   explicit Node(const KvCacheOptions& options)
       : pool(2),
-        kv(make_paged_kv_cache(shape_of(tiny_model().config), options)),
+        kv(make_paged_kv_cache(kv_shape(tiny_model().config), options)),
         backend(make_cpu_backend(tiny_model(), pool, *kv)),
         engine(*backend) {}
   ThreadPool pool;

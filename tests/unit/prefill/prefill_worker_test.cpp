@@ -116,7 +116,7 @@ struct Fixture {
   ModelConfig cfg = test::small_synthetic_config();
   Model model = Model::synthetic(cfg, 99);
   ThreadPool prefill_pool{1}, decode_pool{1};
-  KvShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.group_size()};
+  KvShape shape = kv_shape(cfg);
 };
 
 }  // namespace
