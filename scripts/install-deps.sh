@@ -12,6 +12,7 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev catch2
   libopenblas-dev liblapacke-dev libeigen3-dev
   libxxhash-dev libpcre2-dev libutf8proc-dev
+  libssl-dev zlib1g-dev               # SHA-256 block keys, CRC-32 of vault segment records
   prometheus-cpp-dev
   bible-kjv                           # training corpus for fixtures (scripts/make_fixtures.py)
   python3 python3-pip python3-venv
