@@ -231,4 +231,30 @@ std::vector<int> parse_id_list(std::string_view text, const std::string& flag) {
   return parse_ints(split_list(separated), flag);
 }
 
+size_t parse_byte_size(const std::string& text, const std::string& flag) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  HACK_CHECK(digits > 0 && digits <= 15, "--{}: '{}' is not a size (a number with an optional K, M, G or T)", flag, text);
+  size_t value = std::stoull(text.substr(0, digits));
+  std::string unit = text.substr(digits);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I')) unit.pop_back();
+  int shift = 0;
+  if (unit.empty()) {
+    shift = 0;
+  } else if (unit == "K" || unit == "k") {
+    shift = 10;
+  } else if (unit == "M" || unit == "m") {
+    shift = 20;
+  } else if (unit == "G" || unit == "g") {
+    shift = 30;
+  } else if (unit == "T" || unit == "t") {
+    shift = 40;
+  } else {
+    fail("--{}: '{}' has an unknown unit '{}' (K, M, G or T)", flag, text, unit);
+  }
+  return value << shift;
+}
+
+
 }  // namespace hack

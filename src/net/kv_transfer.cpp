@@ -169,6 +169,10 @@ struct KvReceiver::State {
       case WireType::request_error:
       case WireType::request_cancel:
         break;  // handled before ordering
+      default:
+        fail(id, it->second,
+             Status::error(fmt::format("request {}: {} is not a KV message", id, wire_type_name(header.type))));
+        return false;
     }
     return true;
   }

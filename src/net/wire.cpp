@@ -24,7 +24,7 @@ T get(const std::byte* in, size_t& at) {
   return value;
 }
 
-bool known_type(uint16_t type) { return type >= 1 && type <= 6; }
+bool known_type(uint16_t type) { return type >= 1 && type <= 16; }
 
 }  // namespace
 
@@ -36,6 +36,16 @@ const char* wire_type_name(WireType type) {
     case WireType::request_error: return "request_error";
     case WireType::request_cancel: return "request_cancel";
     case WireType::kv_exact: return "kv_exact";
+    case WireType::vault_store: return "vault_store";
+    case WireType::vault_lookup: return "vault_lookup";
+    case WireType::vault_promote: return "vault_promote";
+    case WireType::vault_delete: return "vault_delete";
+    case WireType::vault_stats: return "vault_stats";
+    case WireType::vault_count: return "vault_count";
+    case WireType::vault_promote_head: return "vault_promote_head";
+    case WireType::vault_promote_layer: return "vault_promote_layer";
+    case WireType::vault_error: return "vault_error";
+    case WireType::vault_stats_reply: return "vault_stats_reply";
   }
   return "unknown";
 }
@@ -89,7 +99,17 @@ Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out) {
   uint64_t limit = 0;
   switch (h.type) {
     case WireType::kv_page:
-    case WireType::kv_exact: limit = kWireMaxPayloadBytes; break;
+    case WireType::kv_exact:
+    case WireType::vault_store:
+    case WireType::vault_promote_layer: limit = kWireMaxPayloadBytes; break;
+    case WireType::vault_lookup:
+    case WireType::vault_promote:
+    case WireType::vault_delete: limit = kWireMaxKeysPayloadBytes; break;
+    case WireType::vault_promote_head: limit = kWireMaxHeadPayloadBytes; break;
+    case WireType::vault_count: limit = 8; break;
+    case WireType::vault_stats: limit = 0; break;
+    case WireType::vault_error: limit = kWireMaxErrorBytes; break;
+    case WireType::vault_stats_reply: limit = kWireMaxDoneBytes; break;
     case WireType::request_error:
     case WireType::request_cancel: limit = kWireMaxErrorBytes; break;
     case WireType::request_done: limit = kWireMaxDoneBytes; break;

@@ -29,6 +29,13 @@ prometheus::Histogram& histogram(prometheus::Registry& r, const char* name, cons
   return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
 }
 
+const std::vector<double> kRestoreBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                             0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+
+prometheus::Counter& counter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
 }  // namespace
 
 struct Metrics::Impl {
@@ -77,6 +84,23 @@ struct Metrics::Impl {
                                         .Help("KV blocks restored from the vault instead of recomputed.")
                                         .Register(registry)
                                         .Add({});
+  prometheus::Counter& vault_misses = counter(registry, "hack:vault_misses_total",
+                                             "KV blocks asked of the vault that it did not hold.");
+  prometheus::Counter& vault_stored = counter(registry, "hack:vault_bytes_stored_total", "Block bytes stored in the vault.");
+  prometheus::Counter& vault_served = counter(registry, "hack:vault_bytes_served_total", "Block bytes the vault served.");
+  prometheus::Counter& vault_evictions = counter(registry, "hack:vault_evictions_total",
+                                                 "Blocks evicted from the vault for its byte budget.");
+  prometheus::Histogram& vault_restore = histogram(registry, "hack:vault_restore_seconds",
+                                                   "Time of one BatchPromote, from the call to its last layer, in seconds.",
+                                                   kRestoreBuckets);
+  prometheus::Gauge& vault_blocks = prometheus::BuildGauge().Name("hack:vault_blocks").Help("Blocks held by the vault.").Register(registry).Add({});
+  prometheus::Gauge& vault_bytes = prometheus::BuildGauge().Name("hack:vault_bytes").Help("Bytes charged to the vault's budget.").Register(registry).Add({});
+  prometheus::Family<prometheus::Counter>& prefix_hits = prometheus::BuildCounter()
+                                                             .Name("hack:prefix_cache_hits_total")
+                                                             .Help("Prompt blocks restored instead of computed, by tier (local, vault).")
+                                                             .Register(registry);
+  prometheus::Counter& prefix_misses = counter(registry, "hack:prefix_cache_misses_total",
+                                               "Full prompt blocks computed because no cache held them.");
   prometheus::Family<prometheus::Counter>& errors = prometheus::BuildCounter()
                                                         .Name("hack:request_errors_total")
                                                         .Help("Requests that ended in an error, by error type.")
@@ -108,6 +132,19 @@ void Metrics::add_kv_bytes_transferred(std::string_view node, uint64_t bytes) {
   impl_->kv_bytes.Add({{"node", std::string(node)}}).Increment(static_cast<double>(bytes));
 }
 void Metrics::add_vault_hits(uint64_t blocks) { impl_->vault_hits.Increment(static_cast<double>(blocks)); }
+void Metrics::add_vault_misses(uint64_t blocks) { impl_->vault_misses.Increment(static_cast<double>(blocks)); }
+void Metrics::add_vault_bytes_stored(uint64_t bytes) { impl_->vault_stored.Increment(static_cast<double>(bytes)); }
+void Metrics::add_vault_bytes_served(uint64_t bytes) { impl_->vault_served.Increment(static_cast<double>(bytes)); }
+void Metrics::add_vault_evictions(uint64_t blocks) { impl_->vault_evictions.Increment(static_cast<double>(blocks)); }
+void Metrics::observe_vault_restore_s(double s) { impl_->vault_restore.Observe(s); }
+void Metrics::set_vault_usage(double blocks, double bytes) {
+  impl_->vault_blocks.Set(blocks);
+  impl_->vault_bytes.Set(bytes);
+}
+void Metrics::add_prefix_cache_hits(std::string_view tier, uint64_t blocks) {
+  impl_->prefix_hits.Add({{"tier", std::string(tier)}}).Increment(static_cast<double>(blocks));
+}
+void Metrics::add_prefix_cache_misses(uint64_t blocks) { impl_->prefix_misses.Increment(static_cast<double>(blocks)); }
 void Metrics::count_request_error(std::string_view type) {
   impl_->errors.Add({{"type", std::string(type)}}).Increment();
 }

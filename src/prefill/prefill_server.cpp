@@ -25,6 +25,15 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                  "honour fault-injection fields (test_corrupt_page) and --test-layer-delay-ms; never in production");
   flags.add_int("test-layer-delay-ms", &c.test_layer_delay_ms,
                 "with --enable-test-hooks: sleep this long after each layer (makes transfers long for fault tests)");
+  flags.add_string("prefix-cache-bytes", &c.prefix_cache_bytes,
+                   "local LRU prefix cache of full KV blocks, e.g. 256M, 2G; 0 = none (with no --vault: no prefix caching)");
+  flags.add_string("vault", &c.vault, "hack-vault UCX address host:port: restore cached prefixes from it, store new blocks in it");
+  flags.add_string("vault-namespace", &c.vault_namespace,
+                   "prefix-cache namespace (tenants that must never share KV use different ones)");
+  flags.add_string("vault-codec", &c.vault_codec,
+                   "block codec: int8-head (~2x smaller than bf16, SNR >= 52 dB) or exact (bit copies: restored == recomputed)");
+  flags.add_int("vault-min-blocks", &c.vault_min_blocks, "ask the vault only when at least this many blocks could come from it");
+  flags.add_float("vault-timeout", &c.vault_timeout_s, "seconds a vault answer (or each layer of it) may take before recomputing");
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
 }
@@ -47,6 +56,8 @@ struct PrefillServer::Impl {
   std::unique_ptr<ModelRuntime> rt;
   std::unique_ptr<net::UcxWorker> ucx;
   std::unique_ptr<PrefillWorker> worker;
+  bool worker_has_prefix_cache = false;
+  int block_tokens = 64;
   Metrics metrics;
   NodeEndpoints endpoints;
   std::unique_ptr<HttpServer> http;
@@ -63,6 +74,29 @@ struct PrefillServer::Impl {
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
     wo.test_layer_delay_ms = config.test_layer_delay_ms;
+    const size_t local_bytes = parse_byte_size(config.prefix_cache_bytes, "prefix-cache-bytes");
+    if (local_bytes > 0 || !config.vault.empty()) {
+      PrefixCacheOptions po;
+      po.codec = parse_block_codec(config.vault_codec);
+      po.name_space = config.vault_namespace;
+      po.local_bytes = local_bytes;
+      if (!config.vault.empty()) {
+        const NodeAddress a = parse_node_address(config.vault, "vault");
+        po.vault = net::VaultClientOptions{a.host, a.port};
+      }
+      HACK_CHECK(config.vault_min_blocks >= 1, "--vault-min-blocks must be at least 1");
+      HACK_CHECK(config.vault_timeout_s > 0, "--vault-timeout must be positive");
+      po.vault_min_blocks = config.vault_min_blocks;
+      po.vault_timeout_s = config.vault_timeout_s;
+      const DType exact = rt->kv_options.mode == KvMode::hack ? DType::bf16 : rt->kv_options.fp_dtype;
+      wo.prefix_fingerprint = prefix_fingerprint(rt->model, config.model.device, rt->kv_options, exact, po.codec);
+      wo.prefix_cache = po;
+      spdlog::info("hack-prefill: prefix cache {} local, vault {}, codec {}, namespace {}, fingerprint {}",
+                   config.prefix_cache_bytes, config.vault.empty() ? "none" : config.vault, config.vault_codec,
+                   config.vault_namespace, wo.prefix_fingerprint.digest().substr(0, 16));
+    }
+    worker_has_prefix_cache = wo.prefix_cache.has_value();
+    block_tokens = wo.kv.block_tokens;
     worker = std::make_unique<PrefillWorker>(rt->model, *rt->pool, *ucx, wo);
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics.serialize(); }};
     HttpServerOptions ho;
@@ -135,6 +169,13 @@ struct PrefillServer::Impl {
         metrics.add_kv_bytes_transferred("prefill", r->kv_bytes);
         metrics.add_prompt_tokens(r->prompt_tokens);
         metrics.observe_request_queue_time_s(r->timings.queue_s);
+        if (worker_has_prefix_cache) {
+          metrics.add_prefix_cache_hits("local", static_cast<uint64_t>(r->prefix.local_blocks));
+          metrics.add_prefix_cache_hits("vault", static_cast<uint64_t>(r->prefix.vault_blocks));
+          metrics.add_vault_hits(static_cast<uint64_t>(r->prefix.vault_blocks));
+          const int full = r->prompt_tokens > 0 ? (r->prompt_tokens - 1) / block_tokens : 0;
+          metrics.add_prefix_cache_misses(static_cast<uint64_t>(std::max(0, full - r->prefix.local_blocks - r->prefix.vault_blocks)));
+        }
         PrefillReply reply{FirstToken{r->first, r->seed}, r->kv_bytes, r->timings.prefill_s, r->timings.total_s};
         res->send(200, "application/json", to_json(reply));
       } else {

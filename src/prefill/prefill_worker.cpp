@@ -44,6 +44,9 @@ PrefillWorker::PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorke
   backend_ = std::move(e.backend);
   engine_ = std::move(e.engine);
   sender_ = std::make_unique<net::KvSender>(ucx_, net::KvSenderCallbacks{}, options_.sender);
+  if (options_.prefix_cache)
+    prefix_ = std::make_unique<PrefixCache>(options_.prefix_fingerprint, kv_->shape(), options_.kv.block_tokens,
+                                            kv_->exact_dtype(), *options_.prefix_cache, &ucx_);
   disconnect_token_ = ucx_.add_disconnect_handler([this](net::EndpointId endpoint, const Status&) {
     std::lock_guard lock(mutex_);
     std::erase_if(peers_, [&](const auto& entry) { return entry.second == endpoint; });
@@ -129,6 +132,8 @@ PrefillWorkerStats PrefillWorker::stats() const {
   return stats_;
 }
 
+PrefixCacheStats PrefillWorker::prefix_stats() const { return prefix_ ? prefix_->stats() : PrefixCacheStats{}; }
+
 net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
   if (peer.endpoint) return *peer.endpoint;
   const std::string key = peer_key(peer);
@@ -166,6 +171,7 @@ void PrefillWorker::run() {
       if (const auto* r = std::get_if<PrefillResult>(&outcome)) {
         ++stats_.jobs_done;
         stats_.kv_bytes_sent += r->kv_bytes;
+        stats_.prefix_tokens_restored += static_cast<uint64_t>(r->prefix.tokens);
       } else {
         ++stats_.jobs_failed;
       }
@@ -196,10 +202,27 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     sampler.add_prompt_tokens(job.tokens);
     KvExportCursor cursor;
     cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
+    int restored = 0;
+    if (prefix_) {
+      // Restore the longest cached prefix into the prefill bracket, so the rest of the prompt
+      // attends to it exactly as to computed KV; then capture the prompt's new full blocks.
+      const std::vector<BlockKey> keys = prefix_->keys(job.tokens);
+      const int restorable = std::min(static_cast<int>(keys.size()), prefix_->restorable_blocks(job.tokens.size()));
+      kv_->begin_prefill(seq);
+      PrefixRestoreResult rr =
+          prefix_->restore(*kv_, seq, std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable)));
+      restored = rr.tokens;
+      if (restored > 0) engine_->adopt_sequence(seq);
+      prefix_->begin_capture(keys, restored / options_.kv.block_tokens, static_cast<int>(keys.size()));
+      result.prefix = std::move(rr);
+    }
     std::vector<float> logits;
-    engine_->prefill(seq, job.tokens, logits, false, [&](int layer, bool last_chunk) {
+    const std::span<const int> compute = std::span<const int>(job.tokens).subspan(static_cast<size_t>(restored));
+    engine_->prefill(seq, compute, logits, false, [&](int layer, bool last_chunk) {
       if (cancel_running_) fail("request {} was cancelled", id);
       const auto l = static_cast<uint32_t>(layer);
+      // Before the export: its final call quantizes the layer's blocks (hack mode).
+      if (last_chunk && prefix_) prefix_->capture_layer(*kv_, seq, layer);
       export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
         if (kind == KvMessageKind::hack_page) {
           throw_if_failed(sender_->send_page(*peer, id, l, payload));
@@ -223,6 +246,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     result.kv_bytes = cursor.bytes;
     result.kv_messages = cursor.messages;
     throw_if_failed(sender_->request_done(*peer, id, done_payload(result.first, result.seed, result.prompt_tokens)));
+    if (prefix_) prefix_->finish_capture();
 
     // Success only once every message has left (a lost peer fails the job instead).
     const double deadline = now_s() + options_.send_timeout_s;

@@ -66,4 +66,8 @@ std::vector<int> parse_int_list(std::string_view text, const std::string& flag);
 /// whitespace and brackets separate); throws hack::Error naming --`flag` on a non-integer.
 std::vector<int> parse_id_list(std::string_view text, const std::string& flag);
 
+/// A byte size as users type it: "1073741824", "512M", "8G", "1GiB" (K/M/G/T, powers of
+/// 1024); throws hack::Error naming --`flag` for a malformed one.
+size_t parse_byte_size(const std::string& text, const std::string& flag);
+
 }  // namespace hack

@@ -71,6 +71,10 @@ size_t kv_block_bytes(BlockCodec codec, DType dtype, const KvShape& shape, int t
 /// slice has its codec's size and lies inside `value` in layer order. Checksums are not
 /// verified here (see verify_kv_block_layer). Throws hack::Error naming the problem.
 KvBlockHeader decode_kv_block_header(std::span<const std::byte> value);
+/// The same for a value's first kv_block_prefix_bytes only (header and table, the slices
+/// absent): checks the table describes contiguous slices of the codec's sizes right after
+/// it. What a reader that receives a block layer by layer validates first.
+KvBlockHeader decode_kv_block_prefix(std::span<const std::byte> prefix);
 /// Whether a layer's slice matches its checksum.
 bool verify_kv_block_layer(const KvBlockHeader& header, int layer, std::span<const std::byte> value);
 

@@ -28,6 +28,10 @@ inline constexpr uint64_t kWireMaxPayloadBytes = uint64_t{1} << 30;
 inline constexpr uint64_t kWireMaxErrorBytes = 4096;
 /// Largest request_done payload (a small JSON document: the first token, the seed, ...).
 inline constexpr uint64_t kWireMaxDoneBytes = 64 * 1024;
+/// Largest vault lookup / promote / delete payload (a namespace and up to 16K keys).
+inline constexpr uint64_t kWireMaxKeysPayloadBytes = 16 + 255 + 16384 * 32;
+/// Largest vault_promote_head payload (block headers of up to 16K blocks of 1024 layers).
+inline constexpr uint64_t kWireMaxHeadPayloadBytes = uint64_t{32} << 20;
 
 enum class WireType : uint16_t {
   kv_page = 1,        ///< payload: one HACK page of `layer` for `request_id`
@@ -36,6 +40,17 @@ enum class WireType : uint16_t {
   request_error = 4,  ///< the request failed at the sender or receiver; payload: message
   request_cancel = 5, ///< the sender abandons the request; payload: reason (may be empty)
   kv_exact = 6,       ///< payload: exact (unquantized) tokens of `layer` (kv/kv_stream.h exact message)
+  // The vault's protocol (net/vault_protocol.h); request_id is the client's call id.
+  vault_store = 7,         ///< client → vault: one block (fire-and-forget)
+  vault_lookup = 8,        ///< client → vault: a chain of keys; answered by vault_count
+  vault_promote = 9,       ///< client → vault: a chain of keys; answered by vault_promote_head + layers
+  vault_delete = 10,       ///< client → vault: one key (and its descendants); answered by vault_count
+  vault_stats = 11,        ///< client → vault: empty; answered by vault_stats_reply
+  vault_count = 12,        ///< vault → client: u64 (blocks found / removed)
+  vault_promote_head = 13, ///< vault → client: how many blocks follow and their headers
+  vault_promote_layer = 14,///< vault → client: layer `layer` of every promoted block
+  vault_error = 15,        ///< vault → client: the call failed; payload: message
+  vault_stats_reply = 16,  ///< vault → client: JSON
 };
 
 /// Printable name of a type ("kv_page"), "unknown" for a value outside the enum.

@@ -35,7 +35,16 @@ class Metrics {
   void add_prompt_tokens(uint64_t n);      ///< hack:prompt_tokens_total
   void add_generation_tokens(uint64_t n);  ///< hack:generation_tokens_total
   void add_kv_bytes_transferred(std::string_view node, uint64_t bytes);  ///< hack:kv_bytes_transferred_total{node}
-  void add_vault_hits(uint64_t blocks);    ///< hack:vault_hits_total (blocks restored from the vault)
+  void add_vault_hits(uint64_t blocks);    ///< hack:vault_hits_total (blocks restored from / served by the vault)
+  void add_vault_misses(uint64_t blocks);  ///< hack:vault_misses_total (blocks asked for and not held)
+  void add_vault_bytes_stored(uint64_t bytes);  ///< hack:vault_bytes_stored_total
+  void add_vault_bytes_served(uint64_t bytes);  ///< hack:vault_bytes_served_total
+  void add_vault_evictions(uint64_t blocks);    ///< hack:vault_evictions_total
+  void observe_vault_restore_s(double s);       ///< hack:vault_restore_seconds (promote: call → last layer sent / applied)
+  void set_vault_usage(double blocks, double bytes);  ///< hack:vault_blocks, hack:vault_bytes
+  /// hack:prefix_cache_hits_total{tier} (tier "local" or "vault"), in blocks.
+  void add_prefix_cache_hits(std::string_view tier, uint64_t blocks);
+  void add_prefix_cache_misses(uint64_t blocks);  ///< hack:prefix_cache_misses_total (full blocks computed)
   void count_request_error(std::string_view type);             ///< hack:request_errors_total{type}
   void count_request_success(std::string_view finish_reason);  ///< hack:request_success_total{finish_reason}
 

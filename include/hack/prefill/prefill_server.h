@@ -23,6 +23,12 @@ struct PrefillServerConfig {
   float send_timeout_s = 60;
   bool enable_test_hooks = false;  ///< honour test_corrupt_page; --test-layer-delay-ms
   int test_layer_delay_ms = 0;
+  std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none
+  std::string vault;               ///< hack-vault's UCX address host:port ("" = no vault)
+  std::string vault_namespace = "default";
+  std::string vault_codec = "int8-head";  ///< exact | int8-head
+  int vault_min_blocks = 2;        ///< cost gate: fewer missing blocks than this skip the vault
+  float vault_timeout_s = 2;       ///< per vault wait (head, each layer); then recompute
   bool json_logs = false;
   std::string log_level = "info";
 };

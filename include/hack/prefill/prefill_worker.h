@@ -32,6 +32,7 @@
 #include "hack/model/sampler.h"
 #include "hack/net/kv_transfer.h"
 #include "hack/net/ucx_worker.h"
+#include "hack/prefill/prefix_cache.h"
 
 namespace hack::server {
 
@@ -41,6 +42,9 @@ struct PrefillWorkerOptions {
   net::KvSenderOptions sender;       ///< flow-control window per decode node
   double send_timeout_s = 60.0;      ///< a job fails if its KV has not left by then after prefill
   int test_layer_delay_ms = 0;       ///< fault tests: sleep after each layer (long transfers)
+  /// Prefix caching (prefill/prefix_cache.h): set to restore repeated prefixes.
+  std::optional<PrefixCacheOptions> prefix_cache;
+  KvFingerprint prefix_fingerprint;  ///< what the cached blocks depend on (prefix_fingerprint())
 };
 
 /// Where a job's KV goes: an endpoint of the worker's UcxWorker, or host:port, connected
@@ -64,6 +68,7 @@ struct PrefillResult {
   size_t kv_bytes = 0;    ///< payload bytes of the KV messages
   size_t kv_messages = 0;
   int prompt_tokens = 0;
+  PrefixRestoreResult prefix;  ///< what was restored instead of computed
   PrefillTimings timings;
 };
 
@@ -86,6 +91,7 @@ struct PrefillWorkerStats {
   uint64_t jobs_done = 0;
   uint64_t jobs_failed = 0;        ///< cancelled ones included
   uint64_t kv_bytes_sent = 0;      ///< KV payload bytes of jobs that succeeded
+  uint64_t prefix_tokens_restored = 0;  ///< prompt tokens restored from the prefix cache, not computed
   int64_t kv_sequences = 0;        ///< sequences in the prefill cache after the last job (0: all freed)
   size_t kv_bytes_used = 0;        ///< its bytes then
 };
@@ -115,6 +121,8 @@ class PrefillWorker {
   PrefillWorkerStats stats() const;
   /// The cache (for tests and metrics; touched by the engine thread only while jobs run).
   const PagedKvCache& kv() const { return *kv_; }
+  /// Prefix cache counters (zero without one). Thread-safe.
+  PrefixCacheStats prefix_stats() const;
 
  private:
   struct Queued {
@@ -132,6 +140,7 @@ class PrefillWorker {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<net::KvSender> sender_;
+  std::unique_ptr<PrefixCache> prefix_;  // engine thread, but for stats()
   int disconnect_token_ = 0;
 
   mutable std::mutex mutex_;

@@ -150,6 +150,8 @@ class BlockStore {
   /// Test hook: flips one byte of a visible block's stored value (in memory; a persisted
   /// copy is untouched), so the next read finds the checksum wrong.
   bool corrupt_for_test(const std::string& name_space, const BlockKey& key);
+  /// Test hook: every visible key, per namespace.
+  std::map<std::string, std::vector<BlockKey>> keys_for_test() const;
 
  private:
   struct Impl;

@@ -1,0 +1,121 @@
+/// @file prefix_cache.h
+/// @brief A prefill node's prefix cache (DESIGN.md §1, §3.3): full Π-token blocks of
+/// prompts it has prefilled, kept in a local LRU (a vault::BlockStore in memory) and written
+/// to hack-vault, so a prompt that repeats a cached prefix restores it instead of computing
+/// it. Blocks are kv/kv_block.h values under chained keys (kv/block_key.h) whose root covers
+/// everything that changes a block's bytes (prefix_fingerprint).
+///
+/// Policy:
+///   - lookup: the longest local prefix first; then, if at least vault_min_blocks more blocks
+///     could come from the vault (the cost gate: a short remainder is cheaper to compute
+///     than a round trip), one BatchPromote of the rest of the chain;
+///   - restore: layer by layer into the prefill cache inside the prefill bracket (so the
+///     rest of the prompt attends to the restored prefix exactly as to a computed one); a
+///     vault layer is applied as soon as it arrives. Any vault failure (down, slow past
+///     vault_timeout_s, a bad block) drops what came from the vault and keeps the local
+///     prefix: the request is never failed by the vault;
+///   - store: every new full block of a prompt goes to the local cache and (write-through,
+///     fire-and-forget) to the vault, so other prefill nodes and a restarted node find it at
+///     once; blocks restored from the vault are promoted into the local cache. The local LRU
+///     evicts chain tails first; evicted blocks are already in the vault.
+/// At least the prompt's last token is always computed (its logits give the first token).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hack/kv/block_key.h"
+#include "hack/kv/kv_block.h"
+#include "hack/kv/paged_kv_cache.h"
+#include "hack/model/weights.h"
+#include "hack/net/ucx_worker.h"
+#include "hack/net/vault_client.h"
+#include "hack/vault/block_store.h"
+
+namespace hack::server {
+
+struct PrefixCacheOptions {
+  BlockCodec codec = BlockCodec::int8_head;
+  std::string name_space = "default";
+  size_t local_bytes = size_t{256} << 20;          ///< local LRU budget; 0 = no local cache
+  std::optional<net::VaultClientOptions> vault;    ///< none: no vault
+  int vault_min_blocks = 2;                        ///< cost gate (see the file comment)
+  double vault_timeout_s = 2.0;                    ///< per wait: the head, then each layer
+};
+
+/// What a block's bytes depend on for `codec` (kv/block_key.h): the model's config and a
+/// digest of its weights, the device that computes KV, the cache's exact element type, Π,
+/// the block format's version. HACK bits and windows are not in it: the exact and int8-head
+/// codecs hold the KV before quantization, so every HACK setting can share them.
+KvFingerprint prefix_fingerprint(const Model& model, const std::string& device, const KvCacheOptions& kv,
+                                 DType exact_dtype, BlockCodec codec);
+
+struct PrefixRestoreResult {
+  int tokens = 0;          ///< tokens restored (a multiple of Π)
+  int local_blocks = 0;
+  int vault_blocks = 0;
+  double restore_s = 0;    ///< lookup + promote + applying the blocks
+  std::string vault_error; ///< why vault blocks were not used ("" when they were or none were asked)
+};
+
+struct PrefixCacheStats {
+  uint64_t local_hit_blocks = 0, vault_hit_blocks = 0, miss_blocks = 0;
+  uint64_t blocks_stored = 0, vault_errors = 0, vault_lookups_skipped = 0;
+  vault::BlockStoreStats local;
+  net::VaultClientStats vault;
+};
+
+/// Used by one thread (the prefill worker's engine thread); stats() from any thread.
+class PrefixCache {
+ public:
+  /// `ucx` (for the vault client) must outlive the cache when options.vault is set.
+  PrefixCache(const KvFingerprint& fingerprint, const KvShape& shape, int block_tokens, DType exact_dtype,
+              PrefixCacheOptions options, net::UcxWorker* ucx);
+  ~PrefixCache();
+
+  /// Keys of every full block of `prompt` (what is stored once it is prefilled).
+  std::vector<BlockKey> keys(std::span<const int> prompt) const;
+  /// How many of them a prefill may restore: the last token is always computed (its logits
+  /// give the first generated token).
+  int restorable_blocks(size_t prompt_tokens) const;
+  /// Restores the longest cached prefix of `keys` into `seq_id` of `cache` (empty, its prefill
+  /// bracket open). Throws hack::Error only for a local problem (the cache refusing a block).
+  PrefixRestoreResult restore(PagedKvCache& cache, int seq_id, std::span<const BlockKey> keys);
+
+  /// Capture of a prompt's new blocks while it is prefilled: begin, then capture_layer in
+  /// each layer's callback of the last chunk (tokens exact then), then finish.
+  void begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks);
+  void capture_layer(const PagedKvCache& cache, int seq_id, int layer);
+  /// Stores the captured blocks locally and in the vault. Returns how many.
+  int finish_capture();
+
+  PrefixCacheStats stats() const;
+  const PrefixCacheOptions& options() const { return options_; }
+  const BlockKey& root() const { return root_; }
+
+ private:
+  int restore_local(PagedKvCache& cache, int seq_id, std::span<const vault::BlockPtr> blocks);
+  void store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value);
+
+  KvShape shape_;
+  int block_tokens_;
+  DType dtype_;
+  PrefixCacheOptions options_;
+  BlockKey root_{};
+  std::unique_ptr<vault::BlockStore> local_;
+  std::unique_ptr<net::VaultClient> vault_;
+  std::vector<float> scratch_;
+  // capture in progress: [first_new_block, full_blocks) of all_keys, slices per block per layer
+  std::vector<BlockKey> capture_keys_;
+  int capture_first_ = 0;
+  int capture_end_ = 0;
+  std::vector<std::vector<std::vector<std::byte>>> capture_slices_;
+  mutable std::mutex stats_mutex_;
+  PrefixCacheStats stats_;  // counters, under stats_mutex_
+};
+
+}  // namespace hack::server

@@ -1,0 +1,282 @@
+// A prefill node's prefix cache (include/hack/prefill/prefix_cache.h).
+#include "hack/prefill/prefix_cache.h"
+
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include <chrono>
+
+#include "hack/backend/backend.h"
+
+namespace hack::server {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// xxh3 over every weight tensor (name order fixed by the struct), with its shape and dtype:
+// ~30 ms for SmolLM2's 270 MB. The weights are the operator's, not an adversary's, so a fast
+// hash suffices here; the chain keys themselves are SHA-256.
+std::string weights_digest(const Model& model) {
+  XXH3_state_t* state = XXH3_createState();
+  HACK_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK, "weights digest: cannot initialise xxh3");
+  auto add = [&](const Tensor& t) {
+    if (!t.defined()) return;
+    const std::string d = t.describe();
+    XXH3_64bits_update(state, d.data(), d.size());
+    XXH3_64bits_update(state, t.raw(), t.bytes());
+  };
+  const ModelWeights& w = model.weights;
+  add(w.embed);
+  for (const LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm,
+                            &l.k_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+      add(*t);
+  }
+  add(w.final_norm);
+  add(w.lm_head);
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace
+
+KvFingerprint prefix_fingerprint(const Model& model, const std::string& device, const KvCacheOptions& kv,
+                                 DType exact_dtype, BlockCodec codec) {
+  const ModelConfig& c = model.config;
+  KvFingerprint f;
+  f.add("format", "kv_block v1")
+      .add("codec", block_codec_name(codec))
+      .add("model.layers", c.num_layers)
+      .add("model.hidden", c.hidden_size)
+      .add("model.heads", c.num_heads)
+      .add("model.kv_heads", c.num_kv_heads)
+      .add("model.head_dim", c.head_dim)
+      .add("model.vocab", c.vocab_size)
+      .add("model.rope_theta", fmt::format("{}", c.rope_theta))
+      .add("model.weights_xxh3", weights_digest(model))
+      .add("device", device)
+      .add("kv.exact_dtype", dtype_name(exact_dtype))
+      .add("kv.block_tokens", kv.block_tokens)
+      .add("fdc", "none");
+  return f;
+}
+
+PrefixCache::PrefixCache(const KvFingerprint& fingerprint, const KvShape& shape, int block_tokens, DType exact_dtype,
+                         PrefixCacheOptions options, net::UcxWorker* ucx)
+    : shape_(shape), block_tokens_(block_tokens), dtype_(exact_dtype), options_(std::move(options)) {
+  HACK_CHECK(block_tokens_ > 0, "prefix cache: block_tokens must be positive");
+  HACK_CHECK(options_.vault_min_blocks >= 1, "prefix cache: vault_min_blocks must be at least 1");
+  HACK_CHECK(options_.vault_timeout_s > 0, "prefix cache: vault_timeout_s must be positive");
+  net::check_vault_namespace(options_.name_space);
+  root_ = chain_root(fingerprint, options_.name_space);
+  if (options_.local_bytes > 0) {
+    vault::BlockStoreOptions so;
+    so.max_bytes = options_.local_bytes;
+    local_ = std::make_unique<vault::BlockStore>(so);
+  }
+  if (options_.vault) {
+    HACK_CHECK(ucx != nullptr, "prefix cache: a vault needs the node's UCX worker");
+    vault_ = std::make_unique<net::VaultClient>(*ucx, *options_.vault);
+  }
+}
+
+PrefixCache::~PrefixCache() = default;
+
+std::vector<BlockKey> PrefixCache::keys(std::span<const int> prompt) const {
+  return chain_keys(root_, prompt, block_tokens_);
+}
+
+int PrefixCache::restorable_blocks(size_t prompt_tokens) const {
+  return prompt_tokens == 0 ? 0 : static_cast<int>((prompt_tokens - 1) / static_cast<size_t>(block_tokens_));
+}
+
+int PrefixCache::restore_local(PagedKvCache& cache, int seq_id, std::span<const vault::BlockPtr> blocks) {
+  std::vector<KvBlockHeader> headers;
+  headers.reserve(blocks.size());
+  for (const auto& b : blocks) headers.push_back(decode_kv_block_header(b->value));
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const KvBlockLayer& e = headers[i].layers[static_cast<size_t>(l)];
+      restore_kv_block_layer(cache, seq_id, l, headers[i],
+                             std::span<const std::byte>(blocks[i]->value).subspan(e.offset, e.bytes), scratch_);
+    }
+  }
+  return static_cast<int>(blocks.size());
+}
+
+PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::span<const BlockKey> keys) {
+  PrefixRestoreResult r;
+  const double t0 = now_s();
+  std::vector<vault::BlockPtr> local;
+  if (local_ && !keys.empty()) local = local_->promote(options_.name_space, keys);
+  const size_t rest = keys.size() - local.size();
+  std::unique_ptr<net::VaultPromotion> promotion;
+  if (vault_ && rest >= static_cast<size_t>(options_.vault_min_blocks)) {
+    promotion = vault_->promote(options_.name_space, keys.subspan(local.size()));
+  } else if (vault_ && rest > 0) {
+    std::lock_guard lock(stats_mutex_);
+    ++stats_.vault_lookups_skipped;
+  }
+  int vault_blocks = 0;
+  if (promotion) {
+    if (const Status s = promotion->wait_head(options_.vault_timeout_s); !s) {
+      r.vault_error = s.message();
+    } else {
+      vault_blocks = static_cast<int>(promotion->head().headers.size());
+      for (const KvBlockHeader& h : promotion->head().headers) {
+        // A block of another shape or position (a vault bug or a foreign writer) is not used.
+        if (h.codec != options_.codec || h.tokens != block_tokens_ || h.num_kv_heads != shape_.num_kv_heads ||
+            h.head_dim != shape_.head_dim || h.num_layers != shape_.num_layers) {
+          r.vault_error = "the vault returned a block of another shape or codec";
+          vault_blocks = 0;
+          break;
+        }
+      }
+      for (int i = 0; i < vault_blocks && r.vault_error.empty(); ++i) {
+        if (promotion->head().headers[static_cast<size_t>(i)].first_token !=
+            static_cast<int64_t>(local.size() + static_cast<size_t>(i)) * block_tokens_) {
+          r.vault_error = "the vault returned a block at another position";
+          vault_blocks = 0;
+        }
+      }
+    }
+  }
+  // Layer by layer: the local blocks, then the vault's as its layer arrives.
+  std::vector<KvBlockHeader> headers;
+  for (const auto& b : local) headers.push_back(decode_kv_block_header(b->value));
+  std::vector<std::span<const std::byte>> slices;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    for (size_t i = 0; i < local.size(); ++i) {
+      const KvBlockLayer& e = headers[i].layers[static_cast<size_t>(l)];
+      restore_kv_block_layer(cache, seq_id, l, headers[i],
+                             std::span<const std::byte>(local[i]->value).subspan(e.offset, e.bytes), scratch_);
+    }
+    if (vault_blocks == 0) continue;
+    Status s = promotion->wait_layer(l, options_.vault_timeout_s, slices);
+    if (s) {
+      try {
+        for (int i = 0; i < vault_blocks; ++i)
+          restore_kv_block_layer(cache, seq_id, l, promotion->head().headers[static_cast<size_t>(i)],
+                                 slices[static_cast<size_t>(i)], scratch_);
+      } catch (const std::exception& e) {
+        s = Status::error(e.what());
+      }
+    }
+    if (!s) {
+      // Undo: the sequence keeps only the local prefix (restored again from scratch).
+      r.vault_error = s.message();
+      vault_blocks = 0;
+      const int max_tokens = cache.max_tokens(seq_id);
+      cache.remove_sequence(seq_id);
+      cache.add_sequence(seq_id, max_tokens);
+      cache.begin_prefill(seq_id);
+      restore_local(cache, seq_id, local);
+      break;
+    }
+  }
+  // Promote what the vault gave into the local cache (whole values rebuilt from the slices).
+  if (vault_blocks > 0 && local_) {
+    const auto& head = promotion->head();
+    std::vector<std::vector<std::byte>> per_block_slices;
+    for (int i = 0; i < vault_blocks; ++i) {
+      std::vector<std::vector<std::byte>> layer_slices;
+      for (int l = 0; l < shape_.num_layers; ++l) {
+        std::vector<std::span<const std::byte>> s;
+        if (promotion->wait_layer(l, 0.0, s)) layer_slices.emplace_back(s[static_cast<size_t>(i)].begin(), s[static_cast<size_t>(i)].end());
+      }
+      if (static_cast<int>(layer_slices.size()) != shape_.num_layers) break;
+      const KvBlockHeader& h = head.headers[static_cast<size_t>(i)];
+      const size_t index = local.size() + static_cast<size_t>(i);
+      vault::Block b;
+      b.name_space = options_.name_space;
+      b.key = keys[index];
+      b.parent = index == 0 ? root_ : keys[index - 1];
+      b.first = index == 0;
+      b.codec = static_cast<uint8_t>(h.codec);
+      b.value = assemble_kv_block(h.codec, h.dtype, shape_, h.first_token, h.tokens, layer_slices);
+      b.checksum = vault::block_checksum(b.value);
+      local_->put(std::move(b));
+    }
+  }
+  r.local_blocks = static_cast<int>(local.size());
+  r.vault_blocks = vault_blocks;
+  r.tokens = (r.local_blocks + r.vault_blocks) * block_tokens_;
+  r.restore_s = now_s() - t0;
+  std::lock_guard lock(stats_mutex_);
+  stats_.local_hit_blocks += static_cast<uint64_t>(r.local_blocks);
+  stats_.vault_hit_blocks += static_cast<uint64_t>(r.vault_blocks);
+  stats_.miss_blocks += keys.size() - static_cast<size_t>(r.local_blocks + r.vault_blocks);
+  if (!r.vault_error.empty()) {
+    ++stats_.vault_errors;
+    spdlog::warn("prefix cache: vault not used, recomputing: {}", r.vault_error);
+  }
+  return r;
+}
+
+void PrefixCache::begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks) {
+  capture_keys_.assign(all_keys.begin(), all_keys.end());
+  capture_first_ = first_new_block;
+  capture_end_ = full_blocks;
+  HACK_CHECK(capture_end_ <= static_cast<int>(capture_keys_.size()), "prefix cache: {} blocks to capture, {} keys",
+             capture_end_, capture_keys_.size());
+  capture_slices_.assign(static_cast<size_t>(std::max(0, capture_end_ - capture_first_)), {});
+}
+
+void PrefixCache::capture_layer(const PagedKvCache& cache, int seq_id, int layer) {
+  for (int b = capture_first_; b < capture_end_; ++b) {
+    auto& slices = capture_slices_[static_cast<size_t>(b - capture_first_)];
+    HACK_CHECK(static_cast<int>(slices.size()) == layer, "prefix cache: layer {} captured out of order", layer);
+    slices.emplace_back();
+    encode_kv_block_layer(cache, seq_id, layer, b * block_tokens_, block_tokens_, options_.codec, slices.back());
+  }
+}
+
+int PrefixCache::finish_capture() {
+  int stored = 0;
+  for (int b = capture_first_; b < capture_end_; ++b) {
+    auto& slices = capture_slices_[static_cast<size_t>(b - capture_first_)];
+    if (static_cast<int>(slices.size()) != shape_.num_layers) break;  // the prefill stopped early
+    std::vector<std::byte> value =
+        assemble_kv_block(options_.codec, dtype_, shape_, int64_t{b} * block_tokens_, block_tokens_, slices);
+    const auto bi = static_cast<size_t>(b);
+    store_block(capture_keys_[bi], b == 0 ? root_ : capture_keys_[bi - 1], b == 0, std::move(value));
+    ++stored;
+  }
+  capture_slices_.clear();
+  capture_first_ = capture_end_ = 0;
+  std::lock_guard lock(stats_mutex_);
+  stats_.blocks_stored += static_cast<uint64_t>(stored);
+  return stored;
+}
+
+void PrefixCache::store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value) {
+  if (vault_) vault_->store(options_.name_space, key, parent, first, static_cast<uint8_t>(options_.codec), value);
+  if (local_) {
+    vault::Block b;
+    b.name_space = options_.name_space;
+    b.key = key;
+    b.parent = parent;
+    b.first = first;
+    b.codec = static_cast<uint8_t>(options_.codec);
+    b.checksum = vault::block_checksum(value);
+    b.value = std::move(value);
+    local_->put(std::move(b));
+  }
+}
+
+PrefixCacheStats PrefixCache::stats() const {
+  PrefixCacheStats s;
+  {
+    std::lock_guard lock(stats_mutex_);
+    s = stats_;
+  }
+  if (local_) s.local = local_->stats();
+  if (vault_) s.vault = vault_->stats();
+  return s;
+}
+
+}  // namespace hack::server
