@@ -53,7 +53,8 @@ struct KvBlockLayer {
 
 struct KvBlockHeader {
   BlockCodec codec = BlockCodec::exact;
-  DType dtype = DType::bf16;     ///< exact codec: the element type (bf16 or f32)
+  DType dtype = DType::bf16;     ///< exact codec: the element type (bf16 or f32); int8-head:
+                                 ///< DType::i8 when decoded, ignored when passed in
   int num_layers = 0;
   int tokens = 0;
   int num_kv_heads = 0;
@@ -62,27 +63,32 @@ struct KvBlockHeader {
   std::vector<KvBlockLayer> layers;
 };
 
-/// Bytes of one layer's slice.
+/// Bytes of one layer's slice: exact 2·tokens·heads·head_dim·dtype_size, int8-head
+/// 2·tokens·heads·(4 + head_dim). `dtype` matters only for exact (bf16 or f32, else throws).
 size_t kv_block_layer_bytes(BlockCodec codec, DType dtype, int tokens, int num_kv_heads, int head_dim);
 /// Bytes of a whole value (header, table, slices).
 size_t kv_block_bytes(BlockCodec codec, DType dtype, const KvShape& shape, int tokens);
 
-/// Decodes and validates the header and table: magic, version, codec, dtype, dims, that each
-/// slice has its codec's size and lies inside `value` in layer order. Checksums are not
-/// verified here (see verify_kv_block_layer). Throws hack::Error naming the problem.
+/// Decodes and validates the header and table: magic, version, codec, dtype, dims, reserved
+/// zero, positions that fit an int, that each slice has its codec's size and lies inside
+/// `value`, the slices contiguous after the table in layer order and ending at the value's
+/// end (`value` is the whole value). Checksums are not verified here (see
+/// verify_kv_block_layer). Throws hack::Error naming the problem; never reads out of bounds.
 KvBlockHeader decode_kv_block_header(std::span<const std::byte> value);
-/// The same for a value's first kv_block_prefix_bytes only (header and table, the slices
-/// absent): checks the table describes contiguous slices of the codec's sizes right after
-/// it. What a reader that receives a block layer by layer validates first.
+/// The same for a value's first bytes only (header and table; the slices need not be
+/// there): checks the table describes contiguous slices of the codec's sizes right after it.
+/// What a reader that receives a block layer by layer validates first.
 KvBlockHeader decode_kv_block_prefix(std::span<const std::byte> prefix);
-/// Whether a layer's slice matches its checksum.
+/// Whether a layer's slice of `value` matches its checksum (false when it lies outside
+/// `value`); throws for a layer out of the header's range.
 bool verify_kv_block_layer(const KvBlockHeader& header, int layer, std::span<const std::byte> value);
 
 /// Encodes tokens [first_token, first_token + tokens) of one layer of a sequence into a
 /// slice (appended to `out`). The tokens must be stored exactly in the cache
 /// (PagedKvCache::copy_exact_tokens / read_exact_tokens): fp mode always, hack mode before
 /// they are quantized (a prefill node encodes in the layer callback of its last chunk).
-/// exact needs cache.exact_dtype() == the dtype passed.
+/// exact copies cache.exact_dtype() elements bit for bit: assemble with that dtype.
+/// Throws hack::Error (`out` unchanged) for a token not stored exactly.
 void encode_kv_block_layer(const PagedKvCache& cache, int seq_id, int layer, int first_token, int tokens,
                            BlockCodec codec, std::vector<std::byte>& out);
 /// The same from f32 K/V ([tokens][heads][head_dim] each); exact converts to `dtype`.
@@ -92,12 +98,16 @@ void encode_kv_block_layer(const float* k, const float* v, int tokens, int num_k
 std::vector<std::byte> assemble_kv_block(BlockCodec codec, DType dtype, const KvShape& shape, int64_t first_token,
                                          int tokens, std::span<const std::vector<std::byte>> slices);
 
-/// Decodes one layer's slice to f32 K and V ([tokens][heads][head_dim] each).
+/// Decodes one layer's slice to f32 K and V ([tokens][heads][head_dim] each). Checks the
+/// slice's size and, for int8-head, that scales are finite and ≥ 0 and codes in [−127, 127]
+/// (a block can pass its checksum and still be malformed); throws hack::Error otherwise.
 void decode_kv_block_layer(const KvBlockHeader& header, std::span<const std::byte> slice, float* k, float* v);
 /// Appends one layer of a block to a sequence of `cache`: checks codec/shape against the
 /// cache (exact: dtype == cache.exact_dtype()), that the layer's length is the block's
-/// first_token, and the slice's checksum; then appends its tokens. Throws hack::Error (the
-/// cache unchanged) on any mismatch. `scratch` is reused between calls.
+/// first_token, the sequence's capacity, the slice's size and checksum, and decodes it;
+/// then appends its tokens. Throws hack::Error (the cache unchanged) on any mismatch.
+/// `scratch` is reused between calls. exact into a bf16 cache stores the block's bf16 bits
+/// (bf16 → f32 → bf16 is the identity, except that a signalling NaN comes back quiet).
 void restore_kv_block_layer(PagedKvCache& cache, int seq_id, int layer, const KvBlockHeader& header,
                             std::span<const std::byte> slice, std::vector<float>& scratch);
 
