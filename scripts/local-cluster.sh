@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A whole hackserve cluster on loopback: hack-router + N hack-prefill + M hack-decode on the
+# A whole hackserve cluster on loopback: hack-router + N hack-prefill + M hack-decode (+ hack-vault) on the
 # model (SmolLM2-135M-Instruct, fetched by scripts/fetch-models.sh), KV streamed between them
 # over UCX.
 #
@@ -11,7 +11,8 @@
 # Settings (environment): MODEL (models/smollm2-135m-instruct; models/hack-tiny is the small
 # bundled one), PREFILL (1), DECODE (1), PORT (8000,
 # router), PREFILL_PORT (8200: prefill node i listens on PREFILL_PORT+i), DECODE_PORT (8300),
-# KV (hack | fp), THREADS (1 per
+# KV (hack | fp), VAULT (1: start hack-vault on VAULT_PORT (8400, UCX on VAULT_PORT+1) and
+# point the prefill nodes at it; 0: none), VAULT_BYTES (1G), THREADS (1 per
 # node), BUILD_DIR (build), STATE_DIR (.cluster: pids and logs), SECRET (random),
 # UCX_TLS (tcp), EXTRA_ROUTER_FLAGS / EXTRA_NODE_FLAGS (appended to the command lines).
 set -euo pipefail
@@ -23,6 +24,9 @@ DECODE=${DECODE:-1}
 PORT=${PORT:-8000}
 PREFILL_PORT=${PREFILL_PORT:-8200}
 DECODE_PORT=${DECODE_PORT:-8300}
+VAULT=${VAULT:-1}
+VAULT_PORT=${VAULT_PORT:-8400}
+VAULT_BYTES=${VAULT_BYTES:-1G}
 KV=${KV:-hack}
 THREADS=${THREADS:-1}
 BUILD_DIR=${BUILD_DIR:-build}
@@ -66,7 +70,7 @@ stop_all() {
 
 start_all() {
   [ -f "$MODEL/config.json" ] || { echo "local-cluster: no model at $MODEL (run scripts/fetch-models.sh, or set MODEL)" >&2; exit 1; }
-  for b in hack-router hack-prefill hack-decode; do
+  for b in hack-router hack-prefill hack-decode hack-vault; do
     [ -x "$BIN/$b" ] || { echo "local-cluster: $BIN/$b not built (run scripts/build.sh)" >&2; exit 1; }
   done
   if [ -f "$STATE_DIR/pids" ]; then
@@ -77,9 +81,15 @@ start_all() {
   : >"$STATE_DIR/pids"
   SECRET=${SECRET:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
   local node_flags=(--model "$MODEL" --kv "$KV" --threads "$THREADS" --secret "$SECRET")
-  local prefill_list="" decode_list=""
+  local prefill_list="" decode_list="" vault_flags=()
+  if [ "$VAULT" = 1 ]; then
+    start_daemon vault "$BIN/hack-vault" --port "$VAULT_PORT" --ucx-port $((VAULT_PORT + 1)) --max-bytes "$VAULT_BYTES" \
+      --secret "$SECRET"
+    wait_http "http://127.0.0.1:$VAULT_PORT/health" 60 || { echo "local-cluster: the vault did not start:" >&2; cat "$STATE_DIR/vault.log" >&2; stop_all; exit 1; }
+    vault_flags=(--vault "127.0.0.1:$((VAULT_PORT + 1))")
+  fi
   for ((i = 0; i < PREFILL; i++)); do
-    start_daemon "prefill$i" "$BIN/hack-prefill" "${node_flags[@]}" --port $((PREFILL_PORT + i)) ${EXTRA_NODE_FLAGS:-}
+    start_daemon "prefill$i" "$BIN/hack-prefill" "${node_flags[@]}" "${vault_flags[@]}" --port $((PREFILL_PORT + i)) ${EXTRA_NODE_FLAGS:-}
     prefill_list+="${prefill_list:+,}127.0.0.1:$((PREFILL_PORT + i))"
   done
   for ((i = 0; i < DECODE; i++)); do
@@ -95,7 +105,7 @@ start_all() {
   start_daemon router "$BIN/hack-router" --model "$MODEL" --port "$PORT" --prefill "$prefill_list" \
     --decode "$decode_list" --secret "$SECRET" ${EXTRA_ROUTER_FLAGS:-}
   wait_http "http://127.0.0.1:$PORT/health" 60 || { echo "local-cluster: the router did not become ready:" >&2; cat "$STATE_DIR/router.log" >&2; stop_all; exit 1; }
-  echo "local-cluster: ready — OpenAI API at http://127.0.0.1:$PORT/v1 ($PREFILL prefill, $DECODE decode, kv $KV, model $MODEL); logs in $STATE_DIR/"
+  echo "local-cluster: ready — OpenAI API at http://127.0.0.1:$PORT/v1 ($PREFILL prefill, $DECODE decode, vault $VAULT, kv $KV, model $MODEL); logs in $STATE_DIR/"
 }
 
 case "${1:-}" in

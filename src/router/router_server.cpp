@@ -49,6 +49,10 @@ void add_router_flags(FlagSet& flags, RouterConfig& c) {
   flags.add_float("request-timeout", &c.request_timeout_s, "seconds a node connection may stay silent");
   flags.add_int64("max-queue-tokens", &c.max_queue_tokens,
                   "answer 429 when every node's queue is past this many tokens (0 = never)");
+  flags.add_int64("prefix-affinity-tokens", &c.prefix_affinity_tokens,
+                  "send a prompt to the prefill node that last got its prefix when that node's queue is within "
+                  "this many tokens of the shortest (its prefix cache likely holds it); 0 = shortest queue only");
+  flags.add_int("prefix-block-tokens", &c.prefix_block_tokens, "block size of the nodes' prefix caches (their --hack-block)");
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_int64("max-body-kb", &c.max_body_kb, "largest request body accepted, KiB");
   flags.add_float("header-timeout", &c.header_timeout_s, "seconds a client may take to send request headers");
@@ -314,7 +318,11 @@ struct RouterServer::Impl {
 
   std::unique_ptr<HttpServer> http;
 
-  explicit Impl(const RouterConfig& c) : config(c), tokenizer(Tokenizer::load(c.model)) {
+  explicit Impl(const RouterConfig& c)
+      : config(c),
+        tokenizer(Tokenizer::load(c.model)),
+        prefill_pool(HealthPolicy{}, AffinityPolicy{c.prefix_affinity_tokens}) {
+    HACK_CHECK(config.prefix_block_tokens > 0, "--prefix-block-tokens must be positive");
     HACK_CHECK(!config.model.empty(), "--model DIR is required (tokenizer, chat template, config.json)");
     const std::filesystem::path dir(config.model);
     const ModelConfig mc = load_model_config(dir / "config.json");
@@ -728,8 +736,11 @@ struct RouterServer::Impl {
                                                       const std::set<std::string>& bad_prefill,
                                                       const std::set<std::string>& bad_decode) {
     const auto prompt_tokens = static_cast<int64_t>(req.prompt.size());
-    auto pl = prefill_pool.acquire(prompt_tokens, bad_prefill);
-    if (!pl) pl = prefill_pool.acquire(prompt_tokens);
+    const std::vector<uint64_t> prefix = config.prefix_affinity_tokens > 0
+                                             ? prefix_block_hashes(req.prompt, config.prefix_block_tokens)
+                                             : std::vector<uint64_t>{};
+    auto pl = prefill_pool.acquire(prompt_tokens, bad_prefill, prefix);
+    if (!pl) pl = prefill_pool.acquire(prompt_tokens, {}, prefix);
     auto dl = decode_pool.acquire(prompt_tokens + params.max_tokens, bad_decode);
     if (!dl) dl = decode_pool.acquire(prompt_tokens + params.max_tokens);
     if (!pl || !dl) return unavailable_error(fmt::format("no healthy {} node", !pl ? "prefill" : "decode"));

@@ -1,7 +1,11 @@
 #include "hack/router/routing.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <list>
 #include <mutex>
+#include <unordered_map>
 #include <tuple>
 #include <utility>
 
@@ -21,12 +25,45 @@ struct Node {
   int inflight_requests = 0;
   int consecutive_failures = 0;
   int consecutive_successes = 0;
+  // Prefix hashes routed here, most recent first (AffinityPolicy).
+  std::list<uint64_t> prefixes;
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> prefix_index;
+
+  size_t matched(std::span<const uint64_t> prefix) const {
+    size_t n = 0;
+    while (n < prefix.size() && prefix_index.contains(prefix[n])) ++n;
+    return n;
+  }
+  void remember(std::span<const uint64_t> prefix, size_t limit) {
+    for (uint64_t h : prefix) {
+      if (auto it = prefix_index.find(h); it != prefix_index.end()) prefixes.erase(it->second);
+      prefixes.push_front(h);
+      prefix_index[h] = prefixes.begin();
+    }
+    while (prefixes.size() > limit) {
+      prefix_index.erase(prefixes.back());
+      prefixes.pop_back();
+    }
+  }
 };
 
 }  // namespace
 
+std::vector<uint64_t> prefix_block_hashes(std::span<const int> tokens, int block_tokens) {
+  HACK_CHECK(block_tokens > 0, "prefix_block_hashes: block_tokens must be positive");
+  std::vector<uint64_t> out;
+  uint64_t h = 0;
+  for (size_t b = 0; (b + 1) * static_cast<size_t>(block_tokens) <= tokens.size(); ++b) {
+    h = XXH3_64bits_withSeed(tokens.data() + b * static_cast<size_t>(block_tokens),
+                             static_cast<size_t>(block_tokens) * sizeof(int), h);
+    out.push_back(h);
+  }
+  return out;
+}
+
 struct NodePool::State {
   HealthPolicy policy;
+  AffinityPolicy affinity;
   mutable std::mutex mutex;
   std::vector<Node> nodes;  // in the order added; the round-robin cursor walks this order
   size_t round_robin = 0;
@@ -46,7 +83,7 @@ struct NodePool::State {
   }
 
   // Index of the node to route to, or nodes.size(). Caller holds the mutex.
-  size_t choose(const std::set<std::string>& exclude) {
+  size_t choose(const std::set<std::string>& exclude, std::span<const uint64_t> prefix = {}) {
     size_t best = nodes.size();
     auto key = [&](size_t i) {
       const Node& n = nodes[i];
@@ -57,6 +94,19 @@ struct NodePool::State {
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (!nodes[i].healthy || exclude.count(nodes[i].address.name)) continue;
       if (best == nodes.size() || key(i) < key(best)) best = i;
+    }
+    if (best != nodes.size() && affinity.slack_tokens > 0 && !prefix.empty()) {
+      // Near-equal queues: the longest remembered prefix wins (ties keep the shortest queue).
+      const int64_t limit = std::get<0>(key(best)) + affinity.slack_tokens;
+      size_t best_match = nodes[best].matched(prefix);
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        if (!nodes[i].healthy || exclude.count(nodes[i].address.name) || std::get<0>(key(i)) > limit) continue;
+        const size_t m = nodes[i].matched(prefix);
+        if (m > best_match) {
+          best = i;
+          best_match = m;
+        }
+      }
     }
     if (best != nodes.size()) round_robin = best + 1;
     return best;
@@ -71,7 +121,10 @@ struct NodePool::State {
   }
 };
 
-NodePool::NodePool(HealthPolicy policy) : state_(std::make_shared<State>()) {
+NodePool::NodePool(HealthPolicy policy, AffinityPolicy affinity) : state_(std::make_shared<State>()) {
+  HACK_CHECK(affinity.slack_tokens >= 0 && affinity.remember_blocks > 0,
+             "affinity policy: slack_tokens must be >= 0 and remember_blocks positive");
+  state_->affinity = affinity;
   HACK_CHECK(policy.failures_to_leave >= 1 && policy.successes_to_rejoin >= 1,
              "health policy thresholds must be >= 1, got failures_to_leave={} successes_to_rejoin={}",
              policy.failures_to_leave, policy.successes_to_rejoin);
@@ -125,11 +178,13 @@ std::optional<NodeAddress> NodePool::pick(const std::set<std::string>& exclude) 
   return state_->nodes[i].address;
 }
 
-std::optional<NodePool::Lease> NodePool::acquire(int64_t tokens, const std::set<std::string>& exclude) {
+std::optional<NodePool::Lease> NodePool::acquire(int64_t tokens, const std::set<std::string>& exclude,
+                                                 std::span<const uint64_t> prefix) {
   std::lock_guard lock(state_->mutex);
-  const size_t i = state_->choose(exclude);
+  const size_t i = state_->choose(exclude, prefix);
   if (i == state_->nodes.size()) return std::nullopt;
   Node& n = state_->nodes[i];
+  if (state_->affinity.slack_tokens > 0) n.remember(prefix, state_->affinity.remember_blocks);
   n.inflight_tokens += tokens;
   n.inflight_requests += 1;
   Lease lease;
@@ -138,6 +193,13 @@ std::optional<NodePool::Lease> NodePool::acquire(int64_t tokens, const std::set<
   lease.node_id_ = n.id;
   lease.tokens_ = tokens;
   return lease;
+}
+
+size_t NodePool::remembered_prefix_blocks(std::string_view name, std::span<const uint64_t> prefix) const {
+  std::lock_guard lock(state_->mutex);
+  for (const Node& n : state_->nodes)
+    if (n.address.name == name) return n.matched(prefix);
+  return 0;
 }
 
 bool NodePool::saturated(int64_t max_queue_tokens) const {

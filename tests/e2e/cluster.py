@@ -43,6 +43,7 @@ _READY = {
     "hack-prefill": re.compile(r"^hack-prefill ready: http (\d+)\s*$"),
     "hack-decode": re.compile(r"^hack-decode ready: http (\d+) ucx (\S+)\s*$"),
     "hack-router": re.compile(r"^hack-router ready: http (\d+)\s*$"),
+    "hack-vault": re.compile(r"^hack-vault ready: http (\d+) ucx (\d+)\s*$"),
 }
 
 _live = set()  # every Daemon not yet reaped, for atexit
@@ -111,6 +112,8 @@ class Daemon:
                 self.port = int(m.group(1))
                 if kind == "hack-decode":
                     self.ucx_address = m.group(2)
+                elif kind == "hack-vault":
+                    self.ucx_address = f"127.0.0.1:{m.group(2)}"
                 self._ready.set()
         self._ready.set()  # EOF: wake wait_ready, which then sees no port
 
@@ -190,23 +193,32 @@ class Daemon:
 
 class Cluster:
     """prefill + decode nodes and a router (router_flags: extra hack-router flags; router=False
-    starts none; node_flags go to every node, decode_flags to decode nodes only). Raises RuntimeError (with the failing daemon's log) when a daemon does not
+    starts none; node_flags go to every node, decode_flags to decode nodes only, prefill_flags to
+    prefill nodes only). vault=True starts a hack-vault first (vault_flags) and points every
+    prefill node at it. Raises RuntimeError (with the failing daemon's log) when a daemon does not
     come up; everything started so far is stopped first."""
 
     def __init__(self, prefill=1, decode=1, router_flags=(), node_flags=(), router=True, threads=1, kv="hack",
-                 decode_flags=()):
+                 decode_flags=(), prefill_flags=(), vault=False, vault_flags=()):
         self.secret = secrets.token_hex(8)
         self.log_dir = tempfile.mkdtemp(prefix="hack-e2e-")
         self.env = dict(os.environ)
         self.env.setdefault("UCX_TLS", "tcp")
         self.prefill, self.decode, self.routers = [], [], []
+        self.vault = None
+        self._vault_flags = list(vault_flags)
         self._stopped = False
         _clusters.add(self)
         node_args = ["--model", MODEL_DIR, "--threads", str(threads), "--kv", kv, "--secret", self.secret,
                      "--port", "0", *node_flags]
         try:
+            vault_args = []
+            if vault:
+                self.start_vault(ucx_port=0)
+                vault_args = ["--vault", self.vault.ucx_address]
             for i in range(prefill):
-                self.prefill.append(Daemon(f"prefill{i}", [binary("hack-prefill"), *node_args], self.log_dir, self.env))
+                self.prefill.append(Daemon(f"prefill{i}", [binary("hack-prefill"), *node_args, *vault_args,
+                                                           *prefill_flags], self.log_dir, self.env))
             for i in range(decode):
                 self.decode.append(Daemon(f"decode{i}", [binary("hack-decode"), *node_args, "--ucx-port", "0",
                                                          *decode_flags], self.log_dir, self.env))
@@ -240,15 +252,25 @@ class Cluster:
                 time.sleep(0.05)
         return r
 
+    def start_vault(self, ucx_port=0):
+        """(Re)starts hack-vault with the cluster's vault_flags; ucx_port pins its UCX port (a
+        restarted vault must come back where the prefill nodes look for it)."""
+        argv = [binary("hack-vault"), "--port", "0", "--ucx-port", str(ucx_port), "--secret", self.secret,
+                "--enable-test-hooks", *self._vault_flags]
+        self.vault = Daemon(f"vault{len([d for d in os.listdir(self.log_dir) if d.startswith('vault')])}", argv,
+                            self.log_dir, self.env)
+        self.vault.wait_ready()
+        return self.vault
+
     def daemons(self):
-        return self.routers + self.prefill + self.decode
+        return self.routers + self.prefill + self.decode + ([self.vault] if self.vault else [])
 
     def stop(self):
         """Routers first (they cancel open requests on the nodes), then the nodes. Idempotent."""
         if self._stopped:
             return
         self._stopped = True
-        for group in (self.routers, self.prefill + self.decode):
+        for group in (self.routers, self.prefill + self.decode, [self.vault] if self.vault else []):
             for d in group:
                 d.terminate()
             for d in group:

@@ -30,6 +30,9 @@ struct RouterConfig {
   float health_interval_s = 1.0f;
   float request_timeout_s = 600;       ///< idle limit of each node connection
   int64_t max_queue_tokens = 0;        ///< 429 when every node's queue passes this (0 = off)
+  int64_t prefix_affinity_tokens = 512;  ///< prefill routing: prefer the node sent this prompt's prefix when
+                                         ///< its queue is within this many tokens of the shortest (0 = off)
+  int prefix_block_tokens = 64;        ///< Π of the nodes' prefix caches (--hack-block)
   int http_threads = 4;
   int64_t max_body_kb = 8192;
   float header_timeout_s = 10;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,21 @@ struct HealthPolicy {
   /// A node never yet seen healthy joins on its first success (so a starting cluster is
   /// usable after one poll).
 };
+
+/// Prefix affinity (prefill pools): among nodes whose load is within slack_tokens of the
+/// least loaded, prefer the one that was last sent the longest prefix of this prompt, since
+/// its local prefix cache most likely still holds it. The router knows this from its own
+/// routing history only — per node, an LRU set of the chained 64-bit hashes of the Π-token
+/// prefixes it routed there (prefix_block_hashes) — so it needs no cache reports from the
+/// nodes; a node that evicted a prefix just costs a vault restore or a recompute.
+struct AffinityPolicy {
+  int64_t slack_tokens = 0;           ///< 0 = no affinity (pure shortest queue)
+  size_t remember_blocks = 1 << 16;   ///< prefix hashes remembered per node (LRU)
+};
+
+/// Chained hashes of the full `block_tokens`-token blocks of a prompt: hash i names tokens
+/// [0, (i + 1)·block_tokens) (xxh3; routing hints, not cache keys).
+std::vector<uint64_t> prefix_block_hashes(std::span<const int> tokens, int block_tokens);
 
 /// A node as the pool sees it now (for /health, metrics and logs).
 struct NodeStatus {
@@ -41,7 +57,7 @@ class NodePool {
   struct State;
 
  public:
-  explicit NodePool(HealthPolicy policy = {});
+  explicit NodePool(HealthPolicy policy = {}, AffinityPolicy affinity = {});
   ~NodePool();
   NodePool(const NodePool&) = delete;
   NodePool& operator=(const NodePool&) = delete;
@@ -87,8 +103,14 @@ class NodePool {
   /// The healthy node, not in `exclude`, with the fewest reported + in-flight tokens; ties
   /// go to fewer in-flight requests, then round robin. nullopt when there is none.
   std::optional<NodeAddress> pick(const std::set<std::string>& exclude = {});
-  /// pick() and, atomically with it, count `tokens` in flight on the chosen node.
-  std::optional<Lease> acquire(int64_t tokens, const std::set<std::string>& exclude = {});
+  /// pick() and, atomically with it, count `tokens` in flight on the chosen node. With
+  /// `prefix` (prefix_block_hashes of the prompt) and an AffinityPolicy, prefers the node
+  /// holding the longest prefix among near-equal queues, and remembers the prompt's prefixes
+  /// on the node chosen.
+  std::optional<Lease> acquire(int64_t tokens, const std::set<std::string>& exclude = {},
+                               std::span<const uint64_t> prefix = {});
+  /// How many leading blocks of `prefix` the pool remembers sending to node `name`.
+  size_t remembered_prefix_blocks(std::string_view name, std::span<const uint64_t> prefix) const;
 
   /// True when there is a healthy node and every healthy node's load exceeds
   /// `max_queue_tokens` (the router answers 429 with Retry-After). No healthy node at all is

@@ -217,3 +217,53 @@ TEST_CASE("routing: node addresses are host:port") {
   CHECK_THROWS_WITH(parse_node_address("h:65536", "x"), Catch::Contains("port out of range"));
   CHECK_THROWS_WITH(parse_node_address("h:1234567", "x"), Catch::Contains("expected host:port"));
 }
+
+TEST_CASE("prefix affinity: near-equal queues go to the node that got the prefix", "[routing]") {
+  NodePool pool(HealthPolicy{}, AffinityPolicy{100});
+  for (const char* name : {"a", "b", "c"}) {
+    pool.add(NodeAddress{name, "127.0.0.1", 1, ""});
+    pool.report_success(name, 0);
+  }
+  std::vector<int> prompt(64 * 5 + 3);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>(i * 7 % 1000);
+  const auto hashes = prefix_block_hashes(prompt, 64);
+  REQUIRE(hashes.size() == 5);
+  // A prompt sharing only the first 3 blocks has the same first 3 hashes, then differs.
+  auto other = prompt;
+  other[64 * 3 + 1] += 1;
+  const auto other_hashes = prefix_block_hashes(other, 64);
+  CHECK(std::equal(hashes.begin(), hashes.begin() + 3, other_hashes.begin()));
+  CHECK(hashes[3] != other_hashes[3]);
+
+  auto first = pool.acquire(330, {}, hashes);
+  REQUIRE(first);
+  const std::string home = first->node().name;
+  first->release();
+  CHECK(pool.remembered_prefix_blocks(home, other_hashes) == 3);
+  // Loads: home 50 tokens busier than the others — within the slack, so the prefix wins.
+  pool.report_success(home, 50);
+  auto second = pool.acquire(330, {}, other_hashes);
+  REQUIRE(second);
+  CHECK(second->node().name == home);
+  second->release();
+  // Past the slack: the shortest queue wins again.
+  pool.report_success(home, 500);
+  auto third = pool.acquire(330, {}, other_hashes);
+  REQUIRE(third);
+  CHECK(third->node().name != home);
+}
+
+TEST_CASE("prefix affinity off: shortest queue only, nothing remembered", "[routing]") {
+  NodePool pool;
+  pool.add(NodeAddress{"a", "127.0.0.1", 1, ""});
+  pool.add(NodeAddress{"b", "127.0.0.1", 2, ""});
+  pool.report_success("a", 0);
+  pool.report_success("b", 10);
+  std::vector<int> prompt(200, 5);
+  const auto hashes = prefix_block_hashes(prompt, 64);
+  auto l = pool.acquire(200, {}, hashes);
+  REQUIRE(l);
+  CHECK(l->node().name == "a");
+  CHECK(pool.remembered_prefix_blocks("a", hashes) == 0);
+  CHECK_THROWS_AS(prefix_block_hashes(prompt, 0), hack::Error);
+}
