@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""TTFT with and without prefix caching, real processes (tests/e2e/cluster.py): hack-vault,
+one hack-prefill, one hack-decode, hack-router on loopback.
+
+For each prefix length L: a fresh random L-token prefix (token ids, so L is exact) plus a
+16-token suffix is sent cold; then the same prefix with another suffix is a hit. Run twice:
+with the prefill node's local cache (hit tier "local") and with --prefix-cache-bytes 0 (every
+hit comes from the vault over UCX). TTFT here = latency of a max_tokens=1 completion (router →
+prefill → first token; the decode node only admits). Medians of --repeats.
+
+    python3 bench/vault_ttft.py --model models/smollm2-135m-instruct --lengths 1024,4096,8000
+    python3 bench/vault_ttft.py --model models/hack-tiny --lengths 256,512,960
+
+Prints one line per (tier, L) with cold and hit TTFT, the speedup, and the blocks the prefill
+node restored (from its metrics, so a "hit" that did not restore is visible).
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
+
+
+def complete(port, ids):
+    body = json.dumps({"model": "m", "prompt": ids, "max_tokens": 1, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        r.read()
+    return time.perf_counter() - t0
+
+
+def restored(node):
+    m = node.metrics()
+    return {t: m.get(f'hack:prefix_cache_hits_total{{tier="{t}"}}', 0.0) for t in ("local", "vault")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--lengths", default="1024,4096,8000")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--codec", default="int8-head")
+    ap.add_argument("--kv", default="hack")
+    args = ap.parse_args()
+    os.environ["HACK_MODEL"] = os.path.abspath(args.model)
+    import cluster  # reads HACK_MODEL
+
+    vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
+    rng = random.Random(7)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    for tier, flags in (("local", ["--prefix-cache-bytes", "4G"]), ("vault", ["--prefix-cache-bytes", "0"])):
+        with cluster.Cluster(vault=True, threads=args.threads, kv=args.kv, vault_flags=["--max-bytes", "8G"],
+                             prefill_flags=[*flags, "--vault-codec", args.codec, "--vault-timeout", "30"]) as c:
+            complete(c.router.port, [rng.randrange(100, vocab - 100) for _ in range(64)])  # warm up
+            for n in lengths:
+                cold, hit, blocks = [], [], []
+                for _ in range(args.repeats):
+                    prefix = [rng.randrange(100, vocab - 100) for _ in range(n)]
+                    cold.append(complete(c.router.port, prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]))
+                    if tier == "vault":
+                        time.sleep(0.2)  # the stores are fire-and-forget: let them land
+                    before = restored(c.prefill[0])[tier]
+                    hit.append(complete(c.router.port, prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]))
+                    blocks.append(restored(c.prefill[0])[tier] - before)
+                mc, mh = statistics.median(cold), statistics.median(hit)
+                print(f"{os.path.basename(args.model.rstrip('/'))} kv={args.kv} codec={args.codec} tier={tier} "
+                      f"prefix={n}: cold TTFT {mc * 1e3:.0f} ms, hit TTFT {mh * 1e3:.0f} ms, "
+                      f"{mc / mh:.1f}x, blocks restored per hit {statistics.median(blocks):.0f} "
+                      f"(of {n // 64}); runs cold {[round(x * 1e3) for x in cold]} hit {[round(x * 1e3) for x in hit]}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
