@@ -16,23 +16,50 @@
 ///   - Namespaces are isolated: a (namespace, key) pair names a block, so the same key in two
 ///     namespaces is two blocks, and no call ever returns a block of another namespace.
 ///
-/// Thread-safe (one mutex); blocks are shared_ptr<const>, so a reader keeps a promoted block
-/// alive while it is sent even if the store evicts it meanwhile (memory_pinned_bytes counts
-/// those).
+/// Thread-safe (one mutex; put() and promote() hash values outside it); blocks are
+/// shared_ptr<const>, so a reader keeps a promoted block alive while it is sent even if the
+/// store evicts it meanwhile (memory_pinned_bytes counts those). With data_dir set, a call
+/// that writes records (put, promote finding corruption, remove) throws hack::Error naming
+/// the file when a write fails; the block concerned is then left as it was (not stored, or
+/// not removed).
 ///
-/// Segment files (data_dir set): <data_dir>/segment-<16 hex digits>.hkv, append-only records,
-/// little-endian:
-///   u32 magic "HKVR" | u16 version (1) | u8 kind (1 block, 2 tombstone) | u8 flags (bit 0: first)
-///   | u8 codec | u8 reserved[3] | u16 namespace bytes | u16 reserved | u32 header crc32
-///     (of the 16 bytes before it with the crc field zero... see block_store.cpp)
-///   | key[32] | parent[32] | u64 value bytes | u64 value xxh64 | namespace | value | u32 crc32 of
-///   everything from magic to the end of value
-/// A tombstone (eviction, delete) has no value. At start every segment is scanned in order:
-/// blocks are inserted, tombstones remove; a record that is torn (file ends inside it) is
-/// dropped and the file truncated to the last whole record; a record whose CRC fails is
-/// skipped (and counted). The budget is then enforced. When dead bytes (tombstoned records)
-/// exceed the live ones by compact_ratio, the live records are rewritten into a fresh segment
-/// and the old segments deleted.
+/// Segment files (data_dir set): <data_dir>/segment-<16 lower-case hex digits>.hkv, numbered
+/// from 1, append-only; <data_dir>/LOCK is flock'ed so one store at a time uses the directory.
+/// A segment is a bare sequence of records (no file header). Record layout (version 1),
+/// little-endian, 104 + namespace bytes + value bytes in all:
+///   offset  0  u32 magic 0x52564B48 (the bytes "HKVR")
+///           4  u16 version (1)
+///           6  u8  kind (1 block, 2 tombstone)
+///           7  u8  flags (bit 0: first block of its chain; other bits 0)
+///           8  u8  codec (Block::codec)
+///           9  u8  reserved[3] (0)
+///          12  u16 namespace bytes (1..65535)
+///          14  u16 reserved (0)
+///          16  u64 value bytes (tombstone: 0)
+///          24  u64 checksum (Block::checksum, xxh64 seed 0 of the value; tombstone: 0)
+///          32  key[32]
+///          64  parent[32] (tombstone: 0)
+///          96  u32 header crc32 (zlib crc32 of bytes [0, 96))
+///         100  namespace (UTF-8 bytes, no terminator)
+///              value
+///              u32 record crc32 (zlib crc32 of everything before it, header crc included)
+/// A block record is written when a block becomes visible (a staged block when it is
+/// published, so a parent's record precedes its children's); a tombstone (key, namespace)
+/// when a block is evicted, removed or found corrupt; one tombstone for a removed subtree,
+/// as replaying it removes the subtree. At start every segment is scanned in number order:
+/// blocks go through put()'s rules (staging included, no timeout; blocks still staged at the
+/// end were orphaned and are dropped), tombstones remove. A record whose header is sound but
+/// whose record CRC (or checksum) fails is skipped and counted; after a damaged header the
+/// scan resumes at the next sound header; a record cut off by the file's end (or a damaged
+/// header with no sound one after it) is torn: dropped, and the file truncated to the last
+/// whole record. The budget is enforced during the scan; blocks it evicted or refused, and
+/// dropped orphans, get tombstones afterwards, so the next start sees the same blocks. When
+/// dead bytes (everything but the records of visible blocks) exceed both
+/// compact_ratio · live bytes and segment_bytes, the visible blocks are rewritten (parents
+/// first) into a segment numbered after every existing one, which is synced before the old
+/// segments are deleted (a crash in between replays to the same blocks). Compaction runs
+/// inside the call that tipped the balance, under the store's lock. Values stay in memory
+/// too: the store serves from memory; the files are for restarts.
 #pragma once
 
 #include <cstddef>
@@ -84,7 +111,9 @@ enum class PutResult {
   duplicate,       ///< the key is already visible in the namespace (kept; the new copy is dropped)
   staged,          ///< invisible until its parent arrives
   bad_checksum,    ///< value does not match checksum: dropped
-  too_large,       ///< value exceeds max_block_bytes, the budget or the namespace's quota: dropped
+  too_large,       ///< value exceeds max_block_bytes, the budget or the namespace's quota (or
+                   ///< with its ancestors, which are never evicted for it; or, waiting for its
+                   ///< parent, max_orphan_bytes): dropped
   invalid,         ///< empty namespace, key == parent, ...: dropped
 };
 const char* put_result_name(PutResult result);
@@ -94,7 +123,7 @@ struct RecoveryStats {
   uint64_t records = 0;          ///< whole records read
   uint64_t blocks_restored = 0;  ///< visible after recovery
   uint64_t torn_records = 0;     ///< dropped at a segment's end (file truncated)
-  uint64_t corrupt_records = 0;  ///< CRC mismatch, skipped
+  uint64_t corrupt_records = 0;  ///< CRC or checksum mismatch, or a damaged header: skipped
   uint64_t orphans_dropped = 0;  ///< blocks whose parent was not recovered
 };
 
@@ -110,8 +139,10 @@ struct BlockStoreStats {
   uint64_t miss_blocks = 0;       ///< blocks asked for after the first missing one (lookup/promote)
   uint64_t evictions = 0;         ///< blocks evicted for the budget
   uint64_t evicted_bytes = 0;
-  uint64_t orphans_expired = 0;   ///< staged blocks dropped (timeout or staging budget)
-  uint64_t corrupt_blocks = 0;    ///< blocks whose checksum failed on read (removed)
+  uint64_t orphans_expired = 0;   ///< staged blocks dropped (timeout, staging budget, or no room
+                                  ///< when their parent came)
+  uint64_t corrupt_blocks = 0;    ///< blocks removed because a checksum failed on read (the
+                                  ///< failing block and its descendants)
   uint64_t deletes = 0;           ///< blocks removed by remove()
   std::map<std::string, uint64_t> namespace_bytes;
   RecoveryStats recovery;         ///< from the last start (zero without data_dir)
