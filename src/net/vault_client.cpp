@@ -51,6 +51,7 @@ struct VaultClient::Shared {
   std::condition_variable changed;
   std::optional<EndpointId> endpoint;
   double last_dial_s = -1e30;
+  bool dialling = false;
   uint64_t next_id = 1;
   std::map<uint64_t, std::shared_ptr<VaultCall>> calls;
   size_t store_bytes_in_flight = 0;
@@ -216,18 +217,30 @@ VaultClient::~VaultClient() {
 
 namespace {
 
-// The endpoint, dialling when there is none and the last dial is old enough.
+// The endpoint, dialling when there is none and the last dial is old enough. A caller that
+// finds a dial in progress waits for it rather than giving up.
 std::optional<EndpointId> endpoint_of(VaultClient::Shared& s, UcxWorker& worker, const VaultClientOptions& o) {
   {
-    std::lock_guard lock(s.mutex);
+    std::unique_lock lock(s.mutex);
+    s.changed.wait(lock, [&] { return !s.dialling; });
     if (s.endpoint) return s.endpoint;
     if (now_s() - s.last_dial_s < o.reconnect_interval_s) return std::nullopt;
     s.last_dial_s = now_s();
+    s.dialling = true;
   }
   // Not under the lock: connect waits for the progress thread, whose handlers take it.
-  const EndpointId ep = worker.connect(o.host, o.port);
+  std::optional<EndpointId> ep;
+  std::string error;
+  try {
+    ep = worker.connect(o.host, o.port);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
   std::lock_guard lock(s.mutex);
-  if (!s.endpoint) s.endpoint = ep;
+  s.dialling = false;
+  if (ep && !s.endpoint) s.endpoint = ep;
+  s.changed.notify_all();
+  if (!error.empty()) throw Error(error);
   return s.endpoint;
 }
 
@@ -237,7 +250,12 @@ void VaultClient::store(const std::string& name_space, const BlockKey& key, cons
                         uint8_t codec, std::span<const std::byte> value) {
   VaultStoreMessage m{name_space, first, codec, key, parent, 0, value};
   m.checksum = XXH64(value.data(), value.size(), 0);
-  const std::optional<EndpointId> ep = endpoint_of(*shared_, worker_, options_);
+  std::optional<EndpointId> ep;
+  try {
+    ep = endpoint_of(*shared_, worker_, options_);
+  } catch (const std::exception& e) {
+    spdlog::debug("vault client: store dropped: {}", e.what());
+  }
   {
     std::lock_guard lock(shared_->mutex);
     if (!ep || shared_->store_bytes_in_flight + value.size() > options_.max_store_bytes_in_flight) {

@@ -560,4 +560,14 @@ bool BlockStore::corrupt_for_test(const std::string& name_space, const BlockKey&
   return true;
 }
 
+std::map<std::string, std::vector<BlockKey>> BlockStore::keys_for_test() const {
+  std::lock_guard lock(impl_->mutex);
+  std::map<std::string, std::vector<BlockKey>> out;
+  for (const auto& [name, ns] : impl_->namespaces) {
+    auto& keys = out[name];
+    for (const auto& [key, node] : ns.nodes) keys.push_back(key);
+  }
+  return out;
+}
+
 }  // namespace hack::vault

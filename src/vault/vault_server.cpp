@@ -128,7 +128,10 @@ struct VaultServer::Impl {
                    s.recovery.corrupt_records);
     evictions_seen = s.evictions;
     metrics.set_vault_usage(static_cast<double>(s.blocks), static_cast<double>(s.bytes));
-    ucx = std::make_unique<net::UcxWorker>();
+    // A restarted vault must get its port back while the old connections linger in TIME_WAIT.
+    net::UcxOptions uo;
+    uo.config.emplace_back("TCP_CM_REUSEADDR", "y");
+    ucx = std::make_unique<net::UcxWorker>(uo);
     ucx->set_message_handler(net::kVaultRequestAmId,
                              [this](net::EndpointId from, std::span<const std::byte> header,
                                     std::span<const std::byte> payload) { on_message(from, header, payload); });
@@ -188,7 +191,8 @@ struct VaultServer::Impl {
 
   void reply(net::EndpointId to, WireType type, uint64_t id, uint32_t layer, std::vector<std::byte> payload,
              net::UcxWorker::SendCallback done = {}) {
-    ucx->send(to, net::kVaultReplyAmId, wire_header(type, id, layer, payload), std::move(payload), std::move(done));
+    std::vector<std::byte> header = wire_header(type, id, layer, payload);  // before payload is moved from
+    ucx->send(to, net::kVaultReplyAmId, std::move(header), std::move(payload), std::move(done));
   }
 
   void update_usage() {

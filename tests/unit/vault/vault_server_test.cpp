@@ -86,7 +86,9 @@ struct Fixture {
 
   size_t found(const std::string& ns, std::span<const BlockKey> keys) {
     size_t n = 0;
-    REQUIRE(client->lookup(ns, keys, 5.0, n));
+    const Status s = client->lookup(ns, keys, 5.0, n);
+    INFO(s.message());
+    REQUIRE(s);
     return n;
   }
 
