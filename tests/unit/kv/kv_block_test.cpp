@@ -522,7 +522,11 @@ TEST_CASE("kv block: a failed restore leaves the cache unchanged", "[kv][block]"
     CHECK(f32.length(5, 0) == block);
   }
   // Out of range, unknown sequence, over capacity.
-  CHECK_THROWS_WITH(restore(target, 5, 2, block1), Contains("out of range"));
+  {
+    const KvBlockHeader h = decode_kv_block_header(block1);
+    CHECK_THROWS_WITH(restore_kv_block_layer(target, 5, 2, h, slice_of(h, block1, 1), scratch), Contains("out of range"));
+    CHECK_THROWS_WITH(restore_kv_block_layer(target, 5, -1, h, slice_of(h, block1, 1), scratch), Contains("out of range"));
+  }
   CHECK_THROWS_WITH(restore(target, 6, 0, block1), Contains("unknown sequence 6"));
   {
     PagedKvCache small(shape, o);
