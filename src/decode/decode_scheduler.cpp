@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "hack/decode/kv_recorder.h"
+
 namespace hack::server {
 
 namespace {
@@ -25,6 +27,7 @@ struct DecodeScheduler::Request {
   std::vector<int> generated;
   int next_token = -1;            // input of the next decode step
   Clock::time_point admitted_at;
+  std::unique_ptr<KvRecorder> recorder;  // options_.record_block_tokens > 0
 };
 
 struct DecodeScheduler::Command {
@@ -198,6 +201,15 @@ void DecodeScheduler::handle(Command& command) {
                                                           "before the decode node accepted)"
                                                         : "unexpected KV message for a request that is not receiving");
           } else if constexpr (std::is_same_v<T, Command::KvMessage>) {
+            if (c.kind == KvMessageKind::exact_copy) {
+              // Only for the vault: a bad one costs the vault store, never the request.
+              try {
+                if (r.recorder) r.recorder->add_exact_message(static_cast<int>(c.layer), c.payload);
+              } catch (const Error& e) {
+                spdlog::warn("request {}: exact copy dropped: {}", c.id, e.what());
+              }
+              return;
+            }
             try {
               import_message(kv_, r.seq_id, static_cast<int>(c.layer), c.kind, c.payload);
             } catch (const Error& e) {
@@ -254,6 +266,13 @@ bool DecodeScheduler::admit_one(Request& r) {
   } catch (const Error& e) {
     fail(r, fmt::format("cannot open its KV: {}", e.what()));
     return true;
+  }
+  if (options_.record_block_tokens > 0) {
+    if (!r.recorder) {
+      const int block = options_.record_block_tokens;
+      r.recorder = std::make_unique<KvRecorder>(kv_.shape(), static_cast<int>(r.req.prompt.size()) / block * block);
+    }
+    kv_.set_append_observer(seq, r.recorder.get());
   }
   running_.push_back(id);
   r.seq_id = seq;
@@ -402,6 +421,13 @@ void DecodeScheduler::finish(Request& r, FinishReason reason) {
                 .completion_tokens = static_cast<int>(r.generated.size())};
   DecodeEventFn fn = std::move(r.on_event);
   ++finished_;
+  if (r.recorder && options_.on_finished_kv && r.seq_id != 0) {
+    try {
+      options_.on_finished_kv(FinishedKv{r.req.id, r.req.prompt, r.generated, kv_.length(r.seq_id, 0), r.recorder.get()});
+    } catch (const std::exception& ex) {
+      spdlog::warn("request {}: its KV was not stored: {}", r.req.id, ex.what());
+    }
+  }
   erase(r.req.id);
   fn(e);
 }

@@ -9,6 +9,10 @@
 #include "hack/core/logging.h"
 #include "hack/net/kv_transfer.h"
 #include "hack/net/ucx_worker.h"
+#include "hack/net/vault_client.h"
+#include "hack/decode/kv_recorder.h"
+#include "hack/runtime/prefix_fingerprint.h"
+#include "hack/node/node_address.h"
 #include "hack/http/http_server.h"
 #include "hack/node/node_http.h"
 #include "hack/node/node_protocol.h"
@@ -30,6 +34,7 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks, "honour --test-step-delay-ms; never in production");
   flags.add_int("test-step-delay-ms", &c.test_step_delay_ms,
                 "with --enable-test-hooks: sleep this long after each decode step (long streams for routing tests)");
+  add_vault_flags(flags, c.vault, /*restores=*/false);
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
 }
@@ -39,6 +44,11 @@ struct DecodeServer::Impl {
   std::unique_ptr<ModelRuntime> rt;
   std::unique_ptr<net::UcxWorker> worker;
   uint16_t ucx_port = 0;
+  std::unique_ptr<net::VaultClient> vault;  // --vault: finished conversations' blocks go there
+  BlockCodec vault_codec = BlockCodec::int8_head;
+  DType vault_dtype = DType::bf16;
+  BlockKey vault_root{};
+  std::atomic<uint64_t> blocks_stored{0};
   std::unique_ptr<DecodeScheduler> scheduler;
   std::unique_ptr<net::KvReceiver> receiver;
   Metrics metrics;
@@ -55,12 +65,24 @@ struct DecodeServer::Impl {
     rt = load_model_runtime(config.model, RuntimeParts{.cpu_only = true});
     worker = std::make_unique<net::UcxWorker>();
     ucx_port = worker->listen(config.host, static_cast<uint16_t>(config.ucx_port));
-    scheduler = std::make_unique<DecodeScheduler>(
-        *rt->engine, *rt->paged_kv,
-        DecodeSchedulerOptions{.max_batch = config.max_batch,
-                               .reserve_ahead_tokens = config.reserve_ahead_tokens,
-                               .kv_wait_timeout_s = config.kv_timeout_s,
-                               .test_step_delay_ms = config.test_step_delay_ms});
+    DecodeSchedulerOptions so{.max_batch = config.max_batch,
+                              .reserve_ahead_tokens = config.reserve_ahead_tokens,
+                              .kv_wait_timeout_s = config.kv_timeout_s,
+                              .test_step_delay_ms = config.test_step_delay_ms};
+    if (!config.vault.address.empty()) {
+      // A finished request's blocks past its prompt's last full block go to the vault, keyed
+      // like the prefill nodes' (same fingerprint), so the conversation's next turn restores them.
+      const NodeAddress a = parse_node_address(config.vault.address, "vault");
+      vault = std::make_unique<net::VaultClient>(*worker, net::VaultClientOptions{a.host, a.port});
+      net::check_vault_namespace(config.vault.name_space);
+      vault_codec = parse_block_codec(config.vault.codec);
+      vault_dtype = cache_exact_dtype(rt->kv_options);
+      vault_root = chain_root(prefix_fingerprint(rt->model, config.model.device, rt->kv_options, vault_dtype, vault_codec),
+                              config.vault.name_space);
+      so.record_block_tokens = rt->kv_options.block_tokens;
+      so.on_finished_kv = [this](const FinishedKv& f) { store_finished(f); };
+    }
+    scheduler = std::make_unique<DecodeScheduler>(*rt->engine, *rt->paged_kv, so);
     receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks());
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
     HttpServerOptions ho;
@@ -78,10 +100,24 @@ struct DecodeServer::Impl {
     http.reset();      // no new requests
     receiver.reset();  // no more KV callbacks
     scheduler.reset(); // fails what is still open
+    vault.reset();
     worker.reset();
   }
 
   std::string ucx_address() const { return config.host + ":" + std::to_string(ucx_port); }
+
+  // Engine thread (DecodeSchedulerOptions::on_finished_kv).
+  void store_finished(const FinishedKv& f) {
+    const int n = encode_finished_blocks(f, vault_root, rt->kv_options.block_tokens, vault_codec, vault_dtype,
+                                         rt->paged_kv->shape(),
+                                         [this](const BlockKey& key, const BlockKey& parent, bool first,
+                                                std::vector<std::byte> value) {
+                                           vault->store(config.vault.name_space, key, parent, first,
+                                                        static_cast<uint8_t>(vault_codec), value);
+                                         });
+    if (n > 0) spdlog::debug("request {}: {} blocks of the conversation sent to the vault", f.id, n);
+    blocks_stored += static_cast<uint64_t>(n);
+  }
 
   net::KvReceiverCallbacks receiver_callbacks() {
     net::KvReceiverCallbacks cb;
@@ -94,6 +130,10 @@ struct DecodeServer::Impl {
       kv_bytes_received += payload.size();
       metrics.add_kv_bytes_transferred("decode", payload.size());
       scheduler->import_kv(id, layer, KvMessageKind::exact, payload);
+    };
+    cb.on_exact_copy = [this](uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
+      kv_bytes_received += payload.size();
+      scheduler->import_kv(id, layer, KvMessageKind::exact_copy, payload);
     };
     cb.on_request_done = [this](uint64_t id, std::span<const std::byte> payload) {
       try {

@@ -311,6 +311,7 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
   const int H = shape_.num_kv_heads, d = shape_.head_dim, T = options_.block_tokens;
   const size_t token_floats = static_cast<size_t>(H) * static_cast<size_t>(d);
   if (options_.mode == KvMode::hack && n_tokens > 0 && !s.prefilling) quantize_pending(layer, lp);
+  if (s.observer != nullptr && n_tokens > 0) s.observer->on_append(layer, start_pos, n_tokens, k, v);
   for (int i = 0; i < n_tokens; ++i) {
     const int pos = start_pos + i;
     const float* kt = k + static_cast<size_t>(i) * token_floats;
@@ -885,6 +886,8 @@ int PagedKvCache::page_ref_count(int seq_id, int layer, int index) const {
   HACK_CHECK(index >= 0 && index < static_cast<int>(lp.pages.size()), "page_ref_count: no page {}", index);
   return pages_of(layer).ref_count(lp.pages[static_cast<size_t>(index)]);
 }
+
+void PagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) { get(seq_id).observer = observer; }
 
 void PagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, size_t size) {
   HACK_CHECK(options_.mode == KvMode::hack, "append_hack_page: cache is in fp mode");

@@ -159,6 +159,9 @@ struct KvReceiver::State {
       case WireType::kv_exact:
         if (callbacks.on_exact) callbacks.on_exact(id, header.layer, payload);
         return true;
+      case WireType::kv_exact_copy:
+        if (callbacks.on_exact_copy) callbacks.on_exact_copy(id, header.layer, payload);
+        return true;
       case WireType::kv_layer_done:
         if (callbacks.on_layer_done) callbacks.on_layer_done(id, header.layer);
         return true;
@@ -512,6 +515,10 @@ Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer,
 
 Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page) {
   return send_page(peer, request_id, layer, std::vector<std::byte>(page.begin(), page.end()));
+}
+
+Status KvSender::send_exact_copy(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact) {
+  return shared_->queue(peer, request_id, WireType::kv_exact_copy, layer, std::move(exact), false);
 }
 
 Status KvSender::send_exact(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact) {

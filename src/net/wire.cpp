@@ -24,7 +24,7 @@ T get(const std::byte* in, size_t& at) {
   return value;
 }
 
-bool known_type(uint16_t type) { return type >= 1 && type <= 16; }
+bool known_type(uint16_t type) { return type >= 1 && type <= 17; }
 
 }  // namespace
 
@@ -46,6 +46,7 @@ const char* wire_type_name(WireType type) {
     case WireType::vault_promote_layer: return "vault_promote_layer";
     case WireType::vault_error: return "vault_error";
     case WireType::vault_stats_reply: return "vault_stats_reply";
+    case WireType::kv_exact_copy: return "kv_exact_copy";
   }
   return "unknown";
 }
@@ -100,6 +101,7 @@ Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out) {
   switch (h.type) {
     case WireType::kv_page:
     case WireType::kv_exact:
+    case WireType::kv_exact_copy:
     case WireType::vault_store:
     case WireType::vault_promote_layer: limit = kWireMaxPayloadBytes; break;
     case WireType::vault_lookup:

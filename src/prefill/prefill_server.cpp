@@ -27,13 +27,7 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                 "with --enable-test-hooks: sleep this long after each layer (makes transfers long for fault tests)");
   flags.add_string("prefix-cache-bytes", &c.prefix_cache_bytes,
                    "local LRU prefix cache of full KV blocks, e.g. 256M, 2G; 0 = none (with no --vault: no prefix caching)");
-  flags.add_string("vault", &c.vault, "hack-vault UCX address host:port: restore cached prefixes from it, store new blocks in it");
-  flags.add_string("vault-namespace", &c.vault_namespace,
-                   "prefix-cache namespace (tenants that must never share KV use different ones)");
-  flags.add_string("vault-codec", &c.vault_codec,
-                   "block codec: int8-head (~2x smaller than bf16, SNR >= 52 dB) or exact (bit copies: restored == recomputed)");
-  flags.add_int("vault-min-blocks", &c.vault_min_blocks, "ask the vault only when at least this many blocks could come from it");
-  flags.add_float("vault-timeout", &c.vault_timeout_s, "seconds a vault answer (or each layer of it) may take before recomputing");
+  add_vault_flags(flags, c.vault, /*restores=*/true);
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
 }
@@ -75,25 +69,28 @@ struct PrefillServer::Impl {
                "--test-layer-delay-ms needs --enable-test-hooks");
     wo.test_layer_delay_ms = config.test_layer_delay_ms;
     const size_t local_bytes = parse_byte_size(config.prefix_cache_bytes, "prefix-cache-bytes");
-    if (local_bytes > 0 || !config.vault.empty()) {
+    const VaultFlags& vf = config.vault;
+    if (local_bytes > 0 || !vf.address.empty()) {
       PrefixCacheOptions po;
-      po.codec = parse_block_codec(config.vault_codec);
-      po.name_space = config.vault_namespace;
+      po.codec = parse_block_codec(vf.codec);
+      po.name_space = vf.name_space;
       po.local_bytes = local_bytes;
-      if (!config.vault.empty()) {
-        const NodeAddress a = parse_node_address(config.vault, "vault");
+      if (!vf.address.empty()) {
+        const NodeAddress a = parse_node_address(vf.address, "vault");
         po.vault = net::VaultClientOptions{a.host, a.port};
       }
-      HACK_CHECK(config.vault_min_blocks >= 1, "--vault-min-blocks must be at least 1");
-      HACK_CHECK(config.vault_timeout_s > 0, "--vault-timeout must be positive");
-      po.vault_min_blocks = config.vault_min_blocks;
-      po.vault_timeout_s = config.vault_timeout_s;
-      const DType exact = rt->kv_options.mode == KvMode::hack ? DType::bf16 : rt->kv_options.fp_dtype;
+      HACK_CHECK(vf.min_blocks >= 1, "--vault-min-blocks must be at least 1");
+      HACK_CHECK(vf.timeout_s > 0, "--vault-timeout must be positive");
+      po.vault_min_blocks = vf.min_blocks;
+      po.vault_timeout_s = vf.timeout_s;
+      const DType exact = cache_exact_dtype(rt->kv_options);
       wo.prefix_fingerprint = prefix_fingerprint(rt->model, config.model.device, rt->kv_options, exact, po.codec);
       wo.prefix_cache = po;
+      // A decode node that stores conversations needs the prompt's partial last block exactly.
+      wo.send_exact_tail = po.vault.has_value() && rt->kv_options.mode == KvMode::hack;
       spdlog::info("hack-prefill: prefix cache {} local, vault {}, codec {}, namespace {}, fingerprint {}",
-                   config.prefix_cache_bytes, config.vault.empty() ? "none" : config.vault, config.vault_codec,
-                   config.vault_namespace, wo.prefix_fingerprint.digest().substr(0, 16));
+                   config.prefix_cache_bytes, vf.address.empty() ? "none" : vf.address, vf.codec, vf.name_space,
+                   wo.prefix_fingerprint.digest().substr(0, 16));
     }
     worker_has_prefix_cache = wo.prefix_cache.has_value();
     block_tokens = wo.kv.block_tokens;

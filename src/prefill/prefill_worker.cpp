@@ -223,6 +223,10 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
       const auto l = static_cast<uint32_t>(layer);
       // Before the export: its final call quantizes the layer's blocks (hack mode).
       if (last_chunk && prefix_) prefix_->capture_layer(*kv_, seq, layer);
+      if (last_chunk && options_.send_exact_tail) {
+        const int n = static_cast<int>(job.tokens.size()), from = n / options_.kv.block_tokens * options_.kv.block_tokens;
+        if (from < n) throw_if_failed(sender_->send_exact_copy(*peer, id, l, encode_exact_tokens(*kv_, seq, layer, from, n - from)));
+      }
       export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
         if (kind == KvMessageKind::hack_page) {
           throw_if_failed(sender_->send_page(*peer, id, l, payload));

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <mutex>
 
@@ -129,9 +130,10 @@ struct VaultServer::Impl {
     evictions_seen = s.evictions;
     metrics.set_vault_usage(static_cast<double>(s.blocks), static_cast<double>(s.bytes));
     // A restarted vault must get its port back while the old connections linger in TIME_WAIT.
-    net::UcxOptions uo;
-    uo.config.emplace_back("TCP_CM_REUSEADDR", "y");
-    ucx = std::make_unique<net::UcxWorker>(uo);
+    // The TCP connection manager reads this from the environment only (not ucp_config), and
+    // an operator's own setting wins.
+    ::setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
+    ucx = std::make_unique<net::UcxWorker>();
     ucx->set_message_handler(net::kVaultRequestAmId,
                              [this](net::EndpointId from, std::span<const std::byte> header,
                                     std::span<const std::byte> payload) { on_message(from, header, payload); });

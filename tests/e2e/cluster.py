@@ -195,7 +195,7 @@ class Cluster:
     """prefill + decode nodes and a router (router_flags: extra hack-router flags; router=False
     starts none; node_flags go to every node, decode_flags to decode nodes only, prefill_flags to
     prefill nodes only). vault=True starts a hack-vault first (vault_flags) and points every
-    prefill node at it. Raises RuntimeError (with the failing daemon's log) when a daemon does not
+    node at it (prefill restores and stores prompts, decode stores finished conversations). Raises RuntimeError (with the failing daemon's log) when a daemon does not
     come up; everything started so far is stopped first."""
 
     def __init__(self, prefill=1, decode=1, router_flags=(), node_flags=(), router=True, threads=1, kv="hack",
@@ -221,7 +221,7 @@ class Cluster:
                                                            *prefill_flags], self.log_dir, self.env))
             for i in range(decode):
                 self.decode.append(Daemon(f"decode{i}", [binary("hack-decode"), *node_args, "--ucx-port", "0",
-                                                         *decode_flags], self.log_dir, self.env))
+                                                         *vault_args, *decode_flags], self.log_dir, self.env))
             for d in self.prefill + self.decode:
                 d.wait_ready()
             self.router = self.add_router(router_flags) if router else None

@@ -33,10 +33,14 @@ def complete(router, prompt, max_tokens=12, logprobs=None):
         return json.loads(r.read())
 
 
-def hack_run_text(prompt, max_tokens=12):
+def hack_run_json(prompt, max_tokens=12):
     argv = [cluster.binary("hack-run"), "--model", cluster.MODEL_DIR, "--kv", "hack", "--threads", "1",
             "--temperature", "0", "--max-tokens", str(max_tokens), "--json", "--prompt", prompt]
-    return json.loads(subprocess.run(argv, check=True, capture_output=True, timeout=120).stdout)["text"]
+    return json.loads(subprocess.run(argv, check=True, capture_output=True, timeout=120).stdout)
+
+
+def hack_run_text(prompt, max_tokens=12):
+    return hack_run_json(prompt, max_tokens)["text"]
 
 
 def hits(node, tier):
@@ -138,6 +142,27 @@ class VaultClusterTest(unittest.TestCase):
             self.assertEqual(hits(c.prefill[0], "vault"), before)
             self.assertEqual(out["choices"][0]["text"], hack_run_text(prompt))
             self.assertGreater(c.vault.health()["store"]["corrupt_blocks"], 0)
+
+    def test_multi_turn_reuses_the_previous_turn_including_generated_tokens(self):
+        # Turn 1 generates 100 tokens; the decode node stores the blocks holding them. Turn 2's
+        # prompt is turn 1's prompt + its completion + a new question (as token ids, so the
+        # chain keys see exactly the ids generated): its prefill restores past turn 1's prompt.
+        prompt = PREFIX[:600]
+        ref = hack_run_json(prompt, max_tokens=100)
+        turn2 = ref["prompt_ids"] + ref["ids"] + ref["prompt_ids"][1:20]
+        flags = ["--vault-codec", "exact"]
+        with cluster.Cluster(node_flags=flags, prefill_flags=["--prefix-cache-bytes", "0"]) as plain:
+            want = complete(plain.router, turn2)["choices"][0]["text"]
+        with cluster.Cluster(vault=True, node_flags=flags, prefill_flags=["--prefix-cache-bytes", "0"]) as c:
+            first = complete(c.router, prompt, max_tokens=100)
+            self.assertEqual(first["choices"][0]["text"], ref["text"])
+            stored_prompt_blocks = len(ref["prompt_ids"]) // 64
+            full_blocks = (len(ref["prompt_ids"]) + 99) // 64
+            wait_for(lambda: c.vault.health()["store"]["blocks"] >= full_blocks, "turn 1's blocks in the vault")
+            got = complete(c.router, turn2)["choices"][0]["text"]
+            restored = hits(c.prefill[0], "vault")
+            self.assertGreater(restored, stored_prompt_blocks, "turn 2 did not restore turn 1's generated tokens")
+            self.assertEqual(got, want)
 
     def test_namespaces_never_share_blocks(self):
         with cluster.Cluster(vault=True, prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact"]) as a:

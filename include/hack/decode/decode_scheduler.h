@@ -43,11 +43,30 @@
 
 namespace hack::server {
 
+class KvRecorder;
+
+/// A finished request's KV as the scheduler hands it to on_finished_kv (engine thread, before
+/// its pages are freed): the tokens whose KV is stored are prompt + generated minus the last
+/// generated token (sampled, never run through the model).
+struct FinishedKv {
+  uint64_t id = 0;
+  std::span<const int> prompt;
+  std::span<const int> generated;
+  int stored_tokens = 0;
+  const KvRecorder* recorder = nullptr;  ///< exact KV from recorder->first_token() on
+};
+
 struct DecodeSchedulerOptions {
   int max_batch = 64;               ///< running requests per step at most
   int reserve_ahead_tokens = 64;    ///< reservation step beyond the current length
   double kv_wait_timeout_s = 120;   ///< an admitted request waiting for remote KV fails after this
   int test_step_delay_ms = 0;       ///< tests: sleep this long after each decode step (long streams on a tiny model)
+  /// > 0: keep each sequence's exact KV from its prompt's last full `record_block_tokens`
+  /// block on (decode/kv_recorder.h) and hand it to on_finished_kv when the request finishes
+  /// (the decode node stores the conversation's new blocks in the vault). Policy: finished
+  /// requests only; a preempted request is recomputed, not swapped to the vault.
+  int record_block_tokens = 0;
+  std::function<void(const FinishedKv&)> on_finished_kv;
 };
 
 /// A request as the decode node gets it. The caller fills prompt and params; eos_ids are

@@ -10,6 +10,7 @@
 
 #include "hack/core/flags.h"
 #include "hack/decode/decode_scheduler.h"
+#include "hack/node/vault_flags.h"
 #include "hack/runtime/model_runtime.h"
 
 namespace hack::server {
@@ -26,6 +27,7 @@ struct DecodeServerConfig {
   float kv_timeout_s = 120;
   bool enable_test_hooks = false;  ///< honour --test-step-delay-ms
   int test_step_delay_ms = 0;
+  VaultFlags vault;                ///< --vault*: store finished conversations' new blocks (node/vault_flags.h)
   bool json_logs = false;
   std::string log_level = "info";
 };

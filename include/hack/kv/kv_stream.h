@@ -37,7 +37,10 @@
 
 namespace hack {
 
-enum class KvMessageKind : uint8_t { hack_page = 1, exact = 2 };
+/// exact_copy: an exact message of tokens a node keeps beside the cache (for the vault), not
+/// applied to it (a prefill node sends the prompt's last partial block this way in hack mode,
+/// whose first tokens the decode node otherwise only gets inside a quantized page).
+enum class KvMessageKind : uint8_t { hack_page = 1, exact = 2, exact_copy = 3 };
 
 inline constexpr uint32_t kExactTokensMagic = 0x58454B48;  // "HKEX"
 inline constexpr uint16_t kExactTokensVersion = 1;

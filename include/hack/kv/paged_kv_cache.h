@@ -81,6 +81,17 @@ std::string_view hack_attention_name(HackAttention attention);
 /// One line for logs and quality tables: "hack k2v2 block=64 sinks=4 nearest", "fp f32 block=64".
 std::string describe(const KvCacheOptions& options);
 
+/// Sees every token a sequence's append() stores (after validation), e.g. a decode node that
+/// keeps the exact KV of a conversation for the vault after the cache has quantized it. Runs
+/// on the appending thread; appends of different sequences may run concurrently, so one
+/// observer serves one sequence.
+class KvAppendObserver {
+ public:
+  virtual ~KvAppendObserver() = default;
+  /// k, v: [n_tokens][num_kv_heads][head_dim] f32 of positions [start_pos, start_pos + n_tokens).
+  virtual void on_append(int layer, int start_pos, int n_tokens, const float* k, const float* v) = 0;
+};
+
 /// Caller-owned scratch of PagedKvCache::run, grown on first use and reused after (so a
 /// decode step allocates nothing once the batch shape has been seen).
 struct AttentionWorkspace {
@@ -169,6 +180,9 @@ class PagedKvCache final : public KvCache {
   int pending_block_count(int seq_id, int layer) const;
   /// Tokens the sequence was opened for (add_sequence's max_tokens).
   int max_tokens(int seq_id) const;
+  /// Sets (or with nullptr clears) the sequence's append observer; it must outlive the
+  /// sequence or be cleared first. remove_sequence forgets it.
+  void set_append_observer(int seq_id, KvAppendObserver* observer);
 
   /// Element type of tokens kept exactly: bf16 in hack mode (sinks, pending and open
   /// blocks), the fp page type (bf16 or f32) in fp mode.
@@ -209,6 +223,7 @@ class PagedKvCache final : public KvCache {
   struct Sequence {
     int max_tokens = 0;
     bool prefilling = false;       // begin_prefill .. end_prefill: appends quantize nothing
+    KvAppendObserver* observer = nullptr;
     size_t reserved_bytes = 0;
     std::vector<LayerPages> layers;
   };

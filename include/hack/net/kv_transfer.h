@@ -46,6 +46,8 @@ struct KvReceiverCallbacks {
   std::function<void(uint64_t request_id, uint32_t layer, std::span<const std::byte> page)> on_page;
   /// exact: one exact-tokens message of `layer` (kv/kv_stream.h), valid only during the call.
   std::function<void(uint64_t request_id, uint32_t layer, std::span<const std::byte> exact)> on_exact;
+  /// exact_copy: exact tokens kept beside the cache (kv_stream.h), valid only during the call.
+  std::function<void(uint64_t request_id, uint32_t layer, std::span<const std::byte> exact)> on_exact_copy;
   std::function<void(uint64_t request_id, uint32_t layer)> on_layer_done;
   /// payload: what the sender passed to request_done (may be empty), valid during the call.
   std::function<void(uint64_t request_id, std::span<const std::byte> payload)> on_request_done;
@@ -113,6 +115,8 @@ class KvSender {
   Status send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page);
   /// Queues one exact-tokens message (kv/kv_stream.h) of `layer`.
   Status send_exact(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact);
+  /// Queues an exact message the receiver keeps beside its cache (KvMessageKind::exact_copy).
+  Status send_exact_copy(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact);
   Status layer_done(EndpointId peer, uint64_t request_id, uint32_t layer);
   /// Ends a request; `payload` (≤ kWireMaxDoneBytes, e.g. JSON with the first token) goes
   /// to the receiver's on_request_done. On a failed request it sends request_cancel and

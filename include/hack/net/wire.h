@@ -51,6 +51,7 @@ enum class WireType : uint16_t {
   vault_promote_layer = 14,///< vault → client: layer `layer` of every promoted block
   vault_error = 15,        ///< vault → client: the call failed; payload: message
   vault_stats_reply = 16,  ///< vault → client: JSON
+  kv_exact_copy = 17,      ///< payload: exact tokens of `layer` kept for the vault, not applied to the cache
 };
 
 /// Printable name of a type ("kv_page"), "unknown" for a value outside the enum.

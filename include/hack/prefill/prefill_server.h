@@ -9,6 +9,7 @@
 #include <string>
 
 #include "hack/core/flags.h"
+#include "hack/node/vault_flags.h"
 #include "hack/runtime/model_runtime.h"
 
 namespace hack::server {
@@ -24,11 +25,7 @@ struct PrefillServerConfig {
   bool enable_test_hooks = false;  ///< honour test_corrupt_page; --test-layer-delay-ms
   int test_layer_delay_ms = 0;
   std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none
-  std::string vault;               ///< hack-vault's UCX address host:port ("" = no vault)
-  std::string vault_namespace = "default";
-  std::string vault_codec = "int8-head";  ///< exact | int8-head
-  int vault_min_blocks = 2;        ///< cost gate: fewer missing blocks than this skip the vault
-  float vault_timeout_s = 2;       ///< per vault wait (head, each layer); then recompute
+  VaultFlags vault;                ///< --vault* (node/vault_flags.h)
   bool json_logs = false;
   std::string log_level = "info";
 };

@@ -45,6 +45,10 @@ struct PrefillWorkerOptions {
   /// Prefix caching (prefill/prefix_cache.h): set to restore repeated prefixes.
   std::optional<PrefixCacheOptions> prefix_cache;
   KvFingerprint prefix_fingerprint;  ///< what the cached blocks depend on (prefix_fingerprint())
+  /// Also send each layer's last partial prompt block as an exact_copy message (kv_stream.h),
+  /// so a decode node that stores finished conversations in the vault has those tokens exactly
+  /// (hack mode: it otherwise gets the block's first tokens only inside a quantized page).
+  bool send_exact_tail = false;
 };
 
 /// Where a job's KV goes: an endpoint of the worker's UcxWorker, or host:port, connected

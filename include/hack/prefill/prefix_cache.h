@@ -34,6 +34,7 @@
 #include "hack/model/weights.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/net/vault_client.h"
+#include "hack/runtime/prefix_fingerprint.h"
 #include "hack/vault/block_store.h"
 
 namespace hack::server {
@@ -46,13 +47,6 @@ struct PrefixCacheOptions {
   int vault_min_blocks = 2;                        ///< cost gate (see the file comment)
   double vault_timeout_s = 2.0;                    ///< per wait: the head, then each layer
 };
-
-/// What a block's bytes depend on for `codec` (kv/block_key.h): the model's config and a
-/// digest of its weights, the device that computes KV, the cache's exact element type, Π,
-/// the block format's version. HACK bits and windows are not in it: the exact and int8-head
-/// codecs hold the KV before quantization, so every HACK setting can share them.
-KvFingerprint prefix_fingerprint(const Model& model, const std::string& device, const KvCacheOptions& kv,
-                                 DType exact_dtype, BlockCodec codec);
 
 struct PrefixRestoreResult {
   int tokens = 0;          ///< tokens restored (a multiple of Π)

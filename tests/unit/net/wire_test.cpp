@@ -82,8 +82,10 @@ TEST_CASE("wire header rejects bad magic, version, type, size and length", "[net
   CHECK(out.type == WireType::kv_exact);
   CHECK(std::string(wire_type_name(WireType::kv_exact)) == "kv_exact");
   bad = encoded(exact);
-  bad[6] = std::byte{7};  // one past the last type
-  CHECK_THAT(decode_wire_header(bad, out).message(), Catch::Contains("unknown message type 7"));
+  bad[6] = std::byte{18};  // one past the last type
+  CHECK_THAT(decode_wire_header(bad, out).message(), Catch::Contains("unknown message type 18"));
+  CHECK(std::string(wire_type_name(WireType::vault_promote_layer)) == "vault_promote_layer");
+  CHECK(std::string(wire_type_name(WireType::kv_exact_copy)) == "kv_exact_copy");
 }
 
 TEST_CASE("wire payload check catches a flipped byte and a wrong length", "[net][wire]") {
