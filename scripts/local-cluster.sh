@@ -93,7 +93,7 @@ start_all() {
     prefill_list+="${prefill_list:+,}127.0.0.1:$((PREFILL_PORT + i))"
   done
   for ((i = 0; i < DECODE; i++)); do
-    start_daemon "decode$i" "$BIN/hack-decode" "${node_flags[@]}" --port $((DECODE_PORT + i)) ${EXTRA_NODE_FLAGS:-}
+    start_daemon "decode$i" "$BIN/hack-decode" "${node_flags[@]}" "${vault_flags[@]}" --port $((DECODE_PORT + i)) ${EXTRA_NODE_FLAGS:-}
     decode_list+="${decode_list:+,}127.0.0.1:$((DECODE_PORT + i))"
   done
   for ((i = 0; i < PREFILL; i++)); do

@@ -308,7 +308,10 @@ std::pair<uint64_t, std::shared_ptr<VaultCall>> start_call(VaultClient::Shared& 
       call->error = Status::error(fmt::format("vault {}:{} unreachable (redialled at most every {} s)", o.host,
                                               o.port, o.reconnect_interval_s));
     }
-    if (call->failed) return {id, call};
+    if (call->failed) {
+      ++s.stats.call_errors;
+      return {id, call};
+    }
     call->endpoint = *ep;
     s.calls[id] = call;
   }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# e2e: scripts/local-cluster.sh starts a 2 prefill + 1 decode cluster on loopback, it answers a
+# e2e: scripts/local-cluster.sh starts a 2 prefill + 1 decode cluster with a vault on loopback, it answers a
 # chat request and a streamed completion through the router, and `stop` leaves no daemon.
 # It runs the script's default model, SmolLM2-135M-Instruct (what scripts/quickstart.sh serves),
 # so the quickstart path is tested on a real model: the capital of France must be Paris.
@@ -7,11 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export BUILD_DIR=${HACK_BUILD_DIR:-build}
 export STATE_DIR=$(mktemp -d /tmp/hack_cluster_test.XXXXXX)
-export PORT=18000 PREFILL_PORT=18200 DECODE_PORT=18300 PREFILL=2 DECODE=1
+export PORT=18000 PREFILL_PORT=18200 DECODE_PORT=18300 VAULT_PORT=18400 PREFILL=2 DECODE=1
 trap 'scripts/local-cluster.sh stop >/dev/null 2>&1 || true; rm -rf "$STATE_DIR"' EXIT
 scripts/local-cluster.sh start
 pids=$(awk '{print $1}' "$STATE_DIR/pids")
-[ "$(echo "$pids" | wc -w)" = 4 ] || { echo "expected 4 daemons, got: $pids"; exit 1; }
+[ "$(echo "$pids" | wc -w)" = 5 ] || { echo "expected 5 daemons (vault, 2 prefill, decode, router), got: $pids"; exit 1; }
+curl -fsS http://127.0.0.1:18400/health | grep -q '"role":"vault"' || { echo "no vault on 18400"; exit 1; }
 
 chat=$(curl -fsS http://127.0.0.1:$PORT/v1/chat/completions -H 'Content-Type: application/json' \
   -d '{"model":"smollm2-135m-instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":12,"temperature":0}')

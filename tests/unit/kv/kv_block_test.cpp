@@ -572,3 +572,24 @@ TEST_CASE("kv block: snr_db", "[kv][block]") {
   CHECK(snr_db(x, y) == Approx(20.0).epsilon(1e-5));  // 10·log10(2 / 0.02)
   CHECK_THROWS_AS(snr_db(x, std::vector<float>{1.0f}), Error);
 }
+
+TEST_CASE("kv block: a prefix (header and table only) decodes like the whole value", "[kv_block]") {
+  const KvShape shape{4, 2, 32, 1};
+  std::vector<std::vector<std::byte>> slices(4);
+  std::vector<float> k(16 * 2 * 32, 0.5f), v(k.size(), -0.25f);
+  for (auto& s : slices) encode_kv_block_layer(k.data(), v.data(), 16, 2, 32, BlockCodec::int8_head, DType::i8, s);
+  const auto value = assemble_kv_block(BlockCodec::int8_head, DType::i8, shape, 64, 16, slices);
+  const KvBlockHeader whole = decode_kv_block_header(value);
+  const size_t prefix_bytes = kKvBlockHeaderBytes + 4 * kKvBlockLayerEntryBytes;
+  const KvBlockHeader prefix = decode_kv_block_prefix(std::span<const std::byte>(value).first(prefix_bytes));
+  CHECK(prefix.first_token == 64);
+  CHECK(prefix.layers.size() == whole.layers.size());
+  for (size_t l = 0; l < 4; ++l) {
+    CHECK(prefix.layers[l].offset == whole.layers[l].offset);
+    CHECK(prefix.layers[l].checksum == whole.layers[l].checksum);
+  }
+  // The whole-value decoder refuses the prefix (its slices are missing); the prefix decoder
+  // still refuses a cut table.
+  CHECK_THROWS_AS(decode_kv_block_header(std::span<const std::byte>(value).first(prefix_bytes)), Error);
+  CHECK_THROWS_AS(decode_kv_block_prefix(std::span<const std::byte>(value).first(prefix_bytes - 1)), Error);
+}
