@@ -349,8 +349,8 @@ struct UcxWorker::Impl {
     close_endpoint(id, true);
     // Copy: a handler may remove itself.
     const auto handlers_now = disconnect_handlers;
-    for (const auto& [token, handler] : handlers_now)
-      guarded([&] { handler(id, reason); });
+    for (const auto& entry : handlers_now)  // not a structured binding: clang 14 cannot capture one
+      guarded([&] { entry.second(id, reason); });
   }
 
   EndpointId add_endpoint(ucp_ep_params_t& params) {

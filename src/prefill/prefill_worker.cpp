@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 
 #include "hack/kv/kv_stream.h"
 #include "hack/node/node_protocol.h"
@@ -207,7 +208,13 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
       // Restore the longest cached prefix into the prefill bracket, so the rest of the prompt
       // attends to it exactly as to computed KV; then capture the prompt's new full blocks.
       const std::vector<BlockKey> keys = prefix_->keys(job.tokens);
-      const int restorable = std::min(static_cast<int>(keys.size()), prefix_->restorable_blocks(job.tokens.size()));
+      int restorable = std::min(static_cast<int>(keys.size()), prefix_->restorable_blocks(job.tokens.size()));
+      // Restore whole prefill chunks only: the rest of the prompt is then computed in the same
+      // chunks as without a cache, so its KV and logits are the same bits (GEMMs of other
+      // shapes round differently).
+      const int block = options_.kv.block_tokens, chunk = options_.engine.prefill_chunk_tokens;
+      const int align_blocks = std::lcm(block, chunk) / block;
+      restorable = restorable / align_blocks * align_blocks;
       kv_->begin_prefill(seq);
       PrefixRestoreResult rr =
           prefix_->restore(*kv_, seq, std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable)));

@@ -47,18 +47,14 @@ int PrefixCache::restorable_blocks(size_t prompt_tokens) const {
   return prompt_tokens == 0 ? 0 : static_cast<int>((prompt_tokens - 1) / static_cast<size_t>(block_tokens_));
 }
 
-int PrefixCache::restore_local(PagedKvCache& cache, int seq_id, std::span<const vault::BlockPtr> blocks) {
-  std::vector<KvBlockHeader> headers;
-  headers.reserve(blocks.size());
-  for (const auto& b : blocks) headers.push_back(decode_kv_block_header(b->value));
-  for (int l = 0; l < shape_.num_layers; ++l) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const KvBlockLayer& e = headers[i].layers[static_cast<size_t>(l)];
-      restore_kv_block_layer(cache, seq_id, l, headers[i],
-                             std::span<const std::byte>(blocks[i]->value).subspan(e.offset, e.bytes), scratch_);
-    }
+void PrefixCache::restore_local_layer(PagedKvCache& cache, int seq_id, int layer,
+                                      std::span<const vault::BlockPtr> blocks,
+                                      std::span<const KvBlockHeader> headers) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const KvBlockLayer& e = headers[i].layers[static_cast<size_t>(layer)];
+    restore_kv_block_layer(cache, seq_id, layer, headers[i],
+                           std::span<const std::byte>(blocks[i]->value).subspan(e.offset, e.bytes), scratch_);
   }
-  return static_cast<int>(blocks.size());
 }
 
 PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::span<const BlockKey> keys) {
@@ -103,11 +99,7 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
   for (const auto& b : local) headers.push_back(decode_kv_block_header(b->value));
   std::vector<std::span<const std::byte>> slices;
   for (int l = 0; l < shape_.num_layers; ++l) {
-    for (size_t i = 0; i < local.size(); ++i) {
-      const KvBlockLayer& e = headers[i].layers[static_cast<size_t>(l)];
-      restore_kv_block_layer(cache, seq_id, l, headers[i],
-                             std::span<const std::byte>(local[i]->value).subspan(e.offset, e.bytes), scratch_);
-    }
+    restore_local_layer(cache, seq_id, l, local, headers);
     if (vault_blocks == 0) continue;
     Status s = promotion->wait_layer(l, options_.vault_timeout_s, slices);
     if (s) {
@@ -127,21 +119,23 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
       cache.remove_sequence(seq_id);
       cache.add_sequence(seq_id, max_tokens);
       cache.begin_prefill(seq_id);
-      restore_local(cache, seq_id, local);
+      for (int layer = 0; layer < shape_.num_layers; ++layer) restore_local_layer(cache, seq_id, layer, local, headers);
       break;
     }
   }
-  // Promote what the vault gave into the local cache (whole values rebuilt from the slices).
+  // Promote what the vault gave into the local cache (whole values rebuilt from the slices,
+  // each layer split once).
   if (vault_blocks > 0 && local_) {
     const auto& head = promotion->head();
-    std::vector<std::vector<std::byte>> per_block_slices;
-    for (int i = 0; i < vault_blocks; ++i) {
-      std::vector<std::vector<std::byte>> layer_slices;
-      for (int l = 0; l < shape_.num_layers; ++l) {
-        std::vector<std::span<const std::byte>> s;
-        if (promotion->wait_layer(l, 0.0, s)) layer_slices.emplace_back(s[static_cast<size_t>(i)].begin(), s[static_cast<size_t>(i)].end());
-      }
-      if (static_cast<int>(layer_slices.size()) != shape_.num_layers) break;
+    std::vector<std::vector<std::vector<std::byte>>> block_slices(static_cast<size_t>(vault_blocks));
+    bool complete = true;
+    for (int l = 0; l < shape_.num_layers && complete; ++l) {
+      std::vector<std::span<const std::byte>> s;
+      complete = static_cast<bool>(promotion->wait_layer(l, 0.0, s));
+      for (int i = 0; i < vault_blocks && complete; ++i)
+        block_slices[static_cast<size_t>(i)].emplace_back(s[static_cast<size_t>(i)].begin(), s[static_cast<size_t>(i)].end());
+    }
+    for (int i = 0; i < vault_blocks && complete; ++i) {
       const KvBlockHeader& h = head.headers[static_cast<size_t>(i)];
       const size_t index = local.size() + static_cast<size_t>(i);
       vault::Block b;
@@ -150,7 +144,7 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
       b.parent = index == 0 ? root_ : keys[index - 1];
       b.first = index == 0;
       b.codec = static_cast<uint8_t>(h.codec);
-      b.value = assemble_kv_block(h.codec, h.dtype, shape_, h.first_token, h.tokens, layer_slices);
+      b.value = assemble_kv_block(h.codec, h.dtype, shape_, h.first_token, h.tokens, block_slices[static_cast<size_t>(i)]);
       b.checksum = vault::block_checksum(b.value);
       local_->put(std::move(b));
     }

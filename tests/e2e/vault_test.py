@@ -4,6 +4,9 @@ node's local cache or from the vault) instead of recomputed, the output equals h
 for token with the exact codec, and the vault being down, restarted or corrupted never costs a
 request.
 
+Nodes and hack-run prefill in chunks of 64 tokens (CHUNK), so restores are not rounded down to
+whole 512-token chunks (prefill/prefix_cache.h) on these short prompts.
+
 Metrics read: hack:prefix_cache_hits_total{tier="local"|"vault"} on the prefill node (blocks
 restored), hack:vault_hits_total on the vault (blocks it served).
 """
@@ -21,6 +24,7 @@ import cluster
 VERSE = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
          "and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. ")
 PREFIX = "".join(f"{VERSE}Verse {i}. " for i in range(12))  # ~500 tokens of hack-tiny's vocabulary: 7+ blocks
+CHUNK = ["--prefill-chunk", "64"]
 
 
 def complete(router, prompt, max_tokens=12, logprobs=None):
@@ -35,7 +39,7 @@ def complete(router, prompt, max_tokens=12, logprobs=None):
 
 def hack_run_json(prompt, max_tokens=12):
     argv = [cluster.binary("hack-run"), "--model", cluster.MODEL_DIR, "--kv", "hack", "--threads", "1",
-            "--temperature", "0", "--max-tokens", str(max_tokens), "--json", "--prompt", prompt]
+            "--temperature", "0", "--max-tokens", str(max_tokens), "--json", "--prompt", prompt, *CHUNK]
     return json.loads(subprocess.run(argv, check=True, capture_output=True, timeout=120).stdout)
 
 
@@ -58,7 +62,7 @@ def wait_for(predicate, what, timeout=10.0):
 class VaultClusterTest(unittest.TestCase):
     def test_vault_restore_equals_hack_run(self):
         # No local cache: every restored block comes from the vault. exact codec: bit copies.
-        with cluster.Cluster(vault=True, prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact"]) as c:
+        with cluster.Cluster(vault=True, node_flags=CHUNK, prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact"]) as c:
             first = complete(c.router, PREFIX + "And God said, Let there be light")
             self.assertEqual(hits(c.prefill[0], "vault"), 0)
             wait_for(lambda: c.vault.health()["store"]["blocks"] >= 7, "the first prompt's blocks in the vault")
@@ -71,7 +75,7 @@ class VaultClusterTest(unittest.TestCase):
             self.assertEqual(first["choices"][0]["text"], hack_run_text(PREFIX + "And God said, Let there be light"))
 
     def test_local_hit_then_vault_after_local_eviction(self):
-        with cluster.Cluster(vault=True, prefill_flags=["--vault-codec", "exact"]) as c:
+        with cluster.Cluster(vault=True, node_flags=CHUNK, prefill_flags=["--vault-codec", "exact"]) as c:
             complete(c.router, PREFIX + "one")
             prompt = PREFIX + "two"
             out = complete(c.router, prompt)
@@ -83,9 +87,9 @@ class VaultClusterTest(unittest.TestCase):
         # int8-head restores are close, not bit-identical: the first token's logprob (computed by the
         # prefill over the restored prefix) must match the uncached cluster's within 0.05 nats.
         prompt = PREFIX + "And the evening and the morning were the first day"
-        with cluster.Cluster(kv="fp", prefill_flags=["--prefix-cache-bytes", "0"]) as plain:
+        with cluster.Cluster(kv="fp", node_flags=CHUNK, prefill_flags=["--prefix-cache-bytes", "0"]) as plain:
             ref = complete(plain.router, prompt, max_tokens=8, logprobs=1)
-        with cluster.Cluster(kv="fp", vault=True, prefill_flags=["--prefix-cache-bytes", "0",
+        with cluster.Cluster(kv="fp", vault=True, node_flags=CHUNK, prefill_flags=["--prefix-cache-bytes", "0",
                                                                  "--vault-codec", "int8-head"]) as c:
             complete(c.router, PREFIX + "warm the vault")
             wait_for(lambda: c.vault.health()["store"]["blocks"] >= 7, "blocks in the vault")
@@ -101,7 +105,7 @@ class VaultClusterTest(unittest.TestCase):
 
     def test_vault_down_restarted_and_corrupted_never_cost_a_request(self):
         data_dir = tempfile.mkdtemp(prefix="hack-vault-data-")
-        with cluster.Cluster(vault=True, vault_flags=["--data-dir", data_dir],
+        with cluster.Cluster(vault=True, node_flags=CHUNK, vault_flags=["--data-dir", data_dir],
                              prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact",
                                             "--vault-timeout", "1"]) as c:
             port = int(c.vault.ucx_address.rsplit(":", 1)[1])
@@ -150,7 +154,7 @@ class VaultClusterTest(unittest.TestCase):
         prompt = PREFIX[:600]
         ref = hack_run_json(prompt, max_tokens=100)
         turn2 = ref["prompt_ids"] + ref["ids"] + ref["prompt_ids"][1:20]
-        flags = ["--vault-codec", "exact"]
+        flags = ["--vault-codec", "exact", *CHUNK]
         with cluster.Cluster(node_flags=flags, prefill_flags=["--prefix-cache-bytes", "0"]) as plain:
             want = complete(plain.router, turn2)["choices"][0]["text"]
         with cluster.Cluster(vault=True, node_flags=flags, prefill_flags=["--prefix-cache-bytes", "0"]) as c:
@@ -165,10 +169,10 @@ class VaultClusterTest(unittest.TestCase):
             self.assertEqual(got, want)
 
     def test_namespaces_never_share_blocks(self):
-        with cluster.Cluster(vault=True, prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact"]) as a:
+        with cluster.Cluster(vault=True, node_flags=CHUNK, prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact"]) as a:
             complete(a.router, PREFIX + "tenant a")
             wait_for(lambda: a.vault.health()["store"]["blocks"] >= 7, "blocks in the vault")
-            with cluster.Cluster(prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact",
+            with cluster.Cluster(node_flags=CHUNK, prefill_flags=["--prefix-cache-bytes", "0", "--vault-codec", "exact",
                                                 "--vault", a.vault.ucx_address, "--vault-namespace", "tenant-b"]) as b:
                 complete(b.router, PREFIX + "tenant b")
                 self.assertEqual(hits(b.prefill[0], "vault"), 0)

@@ -18,7 +18,11 @@
 ///     fire-and-forget) to the vault, so other prefill nodes and a restarted node find it at
 ///     once; blocks restored from the vault are promoted into the local cache. The local LRU
 ///     evicts chain tails first; evicted blocks are already in the vault.
-/// At least the prompt's last token is always computed (its logits give the first token).
+/// At least the prompt's last token is always computed (its logits give the first token), and
+/// the prefill worker restores whole prefill chunks only (lcm(Π, --prefill-chunk) tokens): the
+/// rest of the prompt is then computed in the same chunks as without a cache, so a restored
+/// prompt's KV and first token are bit-identical to a computed one's (a GEMM of another shape
+/// rounds differently). At Π 64 and chunks of 512 this gives up at most 448 tokens of reuse.
 #pragma once
 
 #include <memory>
@@ -92,7 +96,8 @@ class PrefixCache {
   const BlockKey& root() const { return root_; }
 
  private:
-  int restore_local(PagedKvCache& cache, int seq_id, std::span<const vault::BlockPtr> blocks);
+  void restore_local_layer(PagedKvCache& cache, int seq_id, int layer, std::span<const vault::BlockPtr> blocks,
+                           std::span<const KvBlockHeader> headers);
   void store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value);
 
   KvShape shape_;

@@ -337,3 +337,119 @@ TEST_CASE("prefill worker: losing the decode node fails the job and frees its KV
   CHECK(worker.kv().stats().sequences == 0);
   CHECK(worker.stats().jobs_failed == 1);
 }
+
+namespace {
+
+// Every KV message of one request as the receiver got it, in order: (kind, layer, bytes).
+using Messages = std::vector<std::tuple<int, uint32_t, std::vector<std::byte>>>;
+
+// Runs `prompts` through a worker with `wo` (in order, one at a time) and returns what the
+// receiver got for each, plus the worker's results.
+std::pair<std::vector<Messages>, std::vector<PrefillResult>> run_prompts(Fixture& f, PrefillWorkerOptions wo,
+                                                                         const std::vector<std::vector<int>>& prompts) {
+  Inbox inbox;
+  net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
+  net::KvReceiver receiver(rx_worker, inbox.callbacks());
+  const uint16_t port = rx_worker.listen("127.0.0.1", 0);
+  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  Outcomes outcomes;
+  std::vector<Messages> got;
+  std::vector<PrefillResult> results;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const uint64_t id = 500 + i;
+    PrefillJob job;
+    job.request_id = id;
+    job.tokens = prompts[i];
+    job.sampling.temperature = 0.0f;
+    job.sampling.max_tokens = 4;
+    job.peer.host = "127.0.0.1";
+    job.peer.port = port;
+    job.on_done = outcomes.callback();
+    REQUIRE(worker.submit(std::move(job)).is_ok());
+    Messages m;
+    for (;;) {
+      auto e = inbox.next(net::test::kWaitS);
+      REQUIRE(e.has_value());
+      REQUIRE(e->kind != Inbox::Event::error);
+      if (e->kind == Inbox::Event::done) break;
+      m.emplace_back(static_cast<int>(e->kind), e->layer, std::move(e->bytes));
+    }
+    REQUIRE(outcomes.wait(id, net::test::kWaitS));
+    REQUIRE(std::holds_alternative<PrefillResult>(outcomes.by_id.at(id)));
+    results.push_back(std::get<PrefillResult>(outcomes.by_id.at(id)));
+    got.push_back(std::move(m));
+  }
+  CHECK(worker.kv().stats().sequences == 0);
+  return {got, results};
+}
+
+}  // namespace
+
+TEST_CASE("prefill worker: a prefix restored from the cache sends the same bytes as one computed",
+          "[server][prefill][prefix]") {
+  Fixture f;
+  for (KvMode mode : {KvMode::hack, KvMode::fp}) {
+    INFO("kv " << kv_mode_name(mode));
+    PrefillWorkerOptions plain;
+    plain.kv = kv_options(mode);
+    plain.engine.prefill_chunk_tokens = 64;
+    PrefillWorkerOptions cached = plain;
+    PrefixCacheOptions po;
+    po.codec = BlockCodec::exact;
+    po.local_bytes = size_t{64} << 20;
+    cached.prefix_cache = po;
+    cached.prefix_fingerprint.add("test", "prefix");
+    // B shares A's first 6 blocks (Π = 32) and goes on differently; C is A again.
+    const std::vector<int> a = test::random_prompt(230, f.cfg.vocab_size, 1);
+    std::vector<int> b(a.begin(), a.begin() + 200);
+    const std::vector<int> tail = test::random_prompt(90, f.cfg.vocab_size, 2);
+    b.insert(b.end(), tail.begin(), tail.end());
+    const auto [want, want_results] = run_prompts(f, plain, {a, b, a});
+    const auto [got, got_results] = run_prompts(f, cached, {a, b, a});
+    // Whole 64-token chunks (2 blocks) only: B restores 6 of its 6 shared blocks, A 6 of the
+    // 7 it could ((230 − 1) / 32: the last token is always computed).
+    CHECK(got_results[0].prefix.tokens == 0);
+    CHECK(got_results[1].prefix.local_blocks == 6);
+    CHECK(got_results[2].prefix.local_blocks == 6);
+    for (size_t i = 0; i < 3; ++i) {
+      INFO("prompt " << i);
+      CHECK(got_results[i].first.token == want_results[i].first.token);
+      CHECK(got_results[i].first.logprob == want_results[i].first.logprob);
+      // Per layer, in order (a restored prefix's pages go out with the first chunk, so layers
+      // interleave differently than when every chunk is computed).
+      auto by_layer = [](const Messages& ms) {
+        std::map<uint32_t, std::vector<std::pair<int, std::vector<std::byte>>>> out;
+        for (const auto& [kind, layer, bytes] : ms) out[layer].emplace_back(kind, bytes);
+        return out;
+      };
+      const auto g = by_layer(got[i]), w = by_layer(want[i]);
+      REQUIRE(g.size() == w.size());
+      for (const auto& [layer, msgs] : w) {
+        INFO("layer " << layer);
+        REQUIRE(g.at(layer).size() == msgs.size());
+        for (size_t m = 0; m < msgs.size(); ++m) CHECK(g.at(layer)[m] == msgs[m]);
+      }
+    }
+  }
+}
+
+TEST_CASE("prefill worker: an unreachable vault means recompute, not a failed job", "[server][prefill][prefix]") {
+  Fixture f;
+  uint16_t dead_port = 0;
+  {
+    net::UcxWorker probe(net::test::options_for("tcp"));
+    dead_port = probe.listen("127.0.0.1", 0);
+  }
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::hack);
+  wo.engine.prefill_chunk_tokens = 64;
+  PrefixCacheOptions po;
+  po.local_bytes = 0;
+  po.vault = net::VaultClientOptions{"127.0.0.1", dead_port};
+  po.vault_timeout_s = 1.0;
+  wo.prefix_cache = po;
+  const std::vector<int> a = test::random_prompt(200, f.cfg.vocab_size, 3);
+  const auto [got, results] = run_prompts(f, wo, {a, a});
+  CHECK(results[1].prefix.tokens == 0);
+  CHECK_FALSE(results[1].prefix.vault_error.empty());
+}
