@@ -7,7 +7,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <thread>
 
 #include "hack/http/http_server.h"
 #include "hack/kv/kv_block.h"
@@ -146,6 +149,7 @@ struct VaultServer::Impl {
     ho.threads = config.http_threads;
     http = std::make_unique<server::HttpServer>(
         ho, [this](server::HttpRequest req, std::shared_ptr<server::Responder> res) { handle(req, *res); });
+    promote_thread = std::thread([this] { run_promotes(); });
     spdlog::info("hack-vault: budget {} bytes, {}, HTTP {}:{}, UCX {}:{}", store.options().max_bytes,
                  config.data_dir.empty() ? std::string("memory only") : "persisted in " + config.data_dir, config.host,
                  http->port(), config.host, ucx_port);
@@ -153,6 +157,12 @@ struct VaultServer::Impl {
 
   ~Impl() {
     http.reset();
+    {
+      std::lock_guard lock(promote_mutex);
+      promote_stop = true;
+    }
+    promote_wake.notify_all();
+    if (promote_thread.joinable()) promote_thread.join();
     ucx.reset();
   }
 
@@ -294,23 +304,66 @@ struct VaultServer::Impl {
     if (blocks.empty()) layers = 1;  // an empty head still names a layer count (nothing follows)
     reply(from, WireType::vault_promote_head, id, 0, net::encode_vault_promote_head(layers, checksums, prefixes));
     if (blocks.empty()) return;
-    size_t served = 0;
-    for (int l = 0; l < layers; ++l) {
-      size_t bytes = 0;
-      for (const KvBlockHeader& kh : headers) bytes += kh.layers[static_cast<size_t>(l)].bytes;
-      std::vector<std::byte> out;
-      out.reserve(bytes);
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        const KvBlockLayer& e = headers[i].layers[static_cast<size_t>(l)];
-        const std::byte* p = blocks[i]->value.data() + e.offset;
-        out.insert(out.end(), p, p + e.bytes);
-      }
-      served += bytes;
-      net::UcxWorker::SendCallback done;
-      if (l + 1 == layers) done = [this, t0](const Status& s) { if (s) metrics.observe_vault_restore_s(now_s() - t0); };
-      reply(from, WireType::vault_promote_layer, id, static_cast<uint32_t>(l), std::move(out), std::move(done));
+    // The layers are gathered off the progress thread, so layer 0 is on the wire while
+    // layer 1 is being copied (the client restores layer by layer as they arrive).
+    {
+      std::lock_guard lock(promote_mutex);
+      promote_jobs.push_back(PromoteJob{from, id, t0, blocks, std::move(headers)});
     }
-    metrics.add_vault_bytes_served(served);
+    promote_wake.notify_one();
+  }
+
+  struct PromoteJob {
+    net::EndpointId to = 0;
+    uint64_t id = 0;
+    double t0 = 0;
+    std::vector<BlockPtr> blocks;  // held until every layer is copied out
+    std::vector<KvBlockHeader> headers;
+  };
+  std::mutex promote_mutex;
+  std::condition_variable promote_wake;
+  std::deque<PromoteJob> promote_jobs;
+  bool promote_stop = false;
+  std::thread promote_thread;  // started last in the constructor (a throw before it leaves nothing to join)
+
+  void run_promotes() {
+    for (;;) {
+      PromoteJob job;
+      {
+        std::unique_lock lock(promote_mutex);
+        promote_wake.wait(lock, [&] { return promote_stop || !promote_jobs.empty(); });
+        if (promote_stop) return;
+        job = std::move(promote_jobs.front());
+        promote_jobs.pop_front();
+      }
+      const int layers = job.headers.front().num_layers;
+      size_t served = 0;
+      for (int l = 0; l < layers; ++l) {
+        size_t bytes = 0;
+        for (const KvBlockHeader& kh : job.headers) bytes += kh.layers[static_cast<size_t>(l)].bytes;
+        std::vector<std::byte> out;
+        out.reserve(bytes);
+        for (size_t i = 0; i < job.blocks.size(); ++i) {
+          const KvBlockLayer& e = job.headers[i].layers[static_cast<size_t>(l)];
+          const std::byte* p = job.blocks[i]->value.data() + e.offset;
+          out.insert(out.end(), p, p + e.bytes);
+        }
+        served += bytes;
+        net::UcxWorker::SendCallback done;
+        if (l + 1 == layers) {
+          done = [this, t0 = job.t0](const Status& s) {
+            if (s) metrics.observe_vault_restore_s(now_s() - t0);
+          };
+        }
+        try {
+          reply(job.to, WireType::vault_promote_layer, job.id, static_cast<uint32_t>(l), std::move(out), std::move(done));
+        } catch (const std::exception& e) {
+          spdlog::warn("vault: promote {} layer {} not sent: {}", job.id, l, e.what());
+          break;
+        }
+      }
+      metrics.add_vault_bytes_served(served);
+    }
   }
 };
 
