@@ -27,8 +27,11 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
 
 
+MODEL_NAME = None  # the served name: the model directory's name
+
+
 def complete(port, ids):
-    body = json.dumps({"model": "m", "prompt": ids, "max_tokens": 1, "temperature": 0}).encode()
+    body = json.dumps({"model": MODEL_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -50,8 +53,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--codec", default="int8-head")
     ap.add_argument("--kv", default="hack")
+    ap.add_argument("--prefill-flags", default="", help="extra hack-prefill flags, space-separated")
     args = ap.parse_args()
     os.environ["HACK_MODEL"] = os.path.abspath(args.model)
+    global MODEL_NAME
+    MODEL_NAME = os.path.basename(os.path.abspath(args.model))
     import cluster  # reads HACK_MODEL
 
     vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
@@ -59,7 +65,8 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",")]
     for tier, flags in (("local", ["--prefix-cache-bytes", "4G"]), ("vault", ["--prefix-cache-bytes", "0"])):
         with cluster.Cluster(vault=True, threads=args.threads, kv=args.kv, vault_flags=["--max-bytes", "8G"],
-                             prefill_flags=[*flags, "--vault-codec", args.codec, "--vault-timeout", "30"]) as c:
+                             prefill_flags=[*flags, "--vault-codec", args.codec, "--vault-timeout", "30",
+                                            *args.prefill_flags.split()]) as c:
             complete(c.router.port, [rng.randrange(100, vocab - 100) for _ in range(64)])  # warm up
             for n in lengths:
                 cold, hit, blocks = [], [], []

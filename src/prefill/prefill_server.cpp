@@ -27,6 +27,10 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                 "with --enable-test-hooks: sleep this long after each layer (makes transfers long for fault tests)");
   flags.add_string("prefix-cache-bytes", &c.prefix_cache_bytes,
                    "local LRU prefix cache of full KV blocks, e.g. 256M, 2G; 0 = none (with no --vault: no prefix caching)");
+  flags.add_bool("prefix-whole-chunks", &c.prefix_whole_chunks,
+                 "restore cached prefixes in whole --prefill-chunk units only, so the prefill's KV and logits are "
+                 "bit-identical to no cache (default: any whole block — more reuse, the rest of the prompt may round "
+                 "differently in its last bits)");
   add_vault_flags(flags, c.vault, /*restores=*/true);
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
@@ -83,6 +87,7 @@ struct PrefillServer::Impl {
       HACK_CHECK(vf.timeout_s > 0, "--vault-timeout must be positive");
       po.vault_min_blocks = vf.min_blocks;
       po.vault_timeout_s = vf.timeout_s;
+      po.whole_chunks = config.prefix_whole_chunks;
       const DType exact = cache_exact_dtype(rt->kv_options);
       wo.prefix_fingerprint = prefix_fingerprint(rt->model, config.model.device, rt->kv_options, exact, po.codec);
       wo.prefix_cache = po;

@@ -213,7 +213,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
       // chunks as without a cache, so its KV and logits are the same bits (GEMMs of other
       // shapes round differently).
       const int block = options_.kv.block_tokens, chunk = options_.engine.prefill_chunk_tokens;
-      const int align_blocks = std::lcm(block, chunk) / block;
+      const int align_blocks = options_.prefix_cache->whole_chunks ? std::lcm(block, chunk) / block : 1;
       restorable = restorable / align_blocks * align_blocks;
       kv_->begin_prefill(seq);
       PrefixRestoreResult rr =

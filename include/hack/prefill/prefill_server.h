@@ -25,6 +25,7 @@ struct PrefillServerConfig {
   bool enable_test_hooks = false;  ///< honour test_corrupt_page; --test-layer-delay-ms
   int test_layer_delay_ms = 0;
   std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none
+  bool prefix_whole_chunks = false;  ///< restore whole prefill chunks only (bit-identical to no cache)
   VaultFlags vault;                ///< --vault* (node/vault_flags.h)
   bool json_logs = false;
   std::string log_level = "info";

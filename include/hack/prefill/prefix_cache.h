@@ -19,7 +19,7 @@
 ///     once; blocks restored from the vault are promoted into the local cache. The local LRU
 ///     evicts chain tails first; evicted blocks are already in the vault.
 /// At least the prompt's last token is always computed (its logits give the first token), and
-/// the prefill worker restores whole prefill chunks only (lcm(Π, --prefill-chunk) tokens): the
+/// with whole_chunks the prefill worker restores whole prefill chunks only (lcm(Π, --prefill-chunk) tokens): the
 /// rest of the prompt is then computed in the same chunks as without a cache, so a restored
 /// prompt's KV and first token are bit-identical to a computed one's (a GEMM of another shape
 /// rounds differently). At Π 64 and chunks of 512 this gives up at most 448 tokens of reuse.
@@ -50,6 +50,11 @@ struct PrefixCacheOptions {
   std::optional<net::VaultClientOptions> vault;    ///< none: no vault
   int vault_min_blocks = 2;                        ///< cost gate (see the file comment)
   double vault_timeout_s = 2.0;                    ///< per wait: the head, then each layer
+  /// Restore whole prefill chunks only (see the file comment): bit-identical to no cache.
+  /// false (the default): any whole block — more reuse (an 8K-token SmolLM2 prompt restores
+  /// all 125 blocks instead of 120, TTFT 0.9 s instead of 3.0 s), and the rest of the prompt
+  /// may round differently in its last bits.
+  bool whole_chunks = false;
 };
 
 struct PrefixRestoreResult {

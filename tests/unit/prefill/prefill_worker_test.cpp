@@ -397,6 +397,7 @@ TEST_CASE("prefill worker: a prefix restored from the cache sends the same bytes
     PrefixCacheOptions po;
     po.codec = BlockCodec::exact;
     po.local_bytes = size_t{64} << 20;
+    po.whole_chunks = true;
     cached.prefix_cache = po;
     cached.prefix_fingerprint.add("test", "prefix");
     // B shares A's first 6 blocks (Π = 32) and goes on differently; C is A again.
