@@ -42,7 +42,9 @@ def complete(port, ids):
 
 def restored(node):
     m = node.metrics()
-    return {t: m.get(f'hack:prefix_cache_hits_total{{tier="{t}"}}', 0.0) for t in ("local", "vault")}
+    out = {t: m.get(f'hack:prefix_cache_hits_total{{tier="{t}"}}', 0.0) for t in ("local", "vault")}
+    out["restore_s"] = m.get("hack:vault_restore_seconds_sum", 0.0)
+    return out
 
 
 def main():
@@ -69,19 +71,22 @@ def main():
                                             *args.prefill_flags.split()]) as c:
             complete(c.router.port, [rng.randrange(100, vocab - 100) for _ in range(64)])  # warm up
             for n in lengths:
-                cold, hit, blocks = [], [], []
+                cold, hit, blocks, restore = [], [], [], []
                 for _ in range(args.repeats):
                     prefix = [rng.randrange(100, vocab - 100) for _ in range(n)]
                     cold.append(complete(c.router.port, prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]))
                     if tier == "vault":
                         time.sleep(0.2)  # the stores are fire-and-forget: let them land
-                    before = restored(c.prefill[0])[tier]
+                    before = restored(c.prefill[0])
                     hit.append(complete(c.router.port, prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]))
-                    blocks.append(restored(c.prefill[0])[tier] - before)
+                    after = restored(c.prefill[0])
+                    blocks.append(after[tier] - before[tier])
+                    restore.append(after["restore_s"] - before["restore_s"])
                 mc, mh = statistics.median(cold), statistics.median(hit)
                 print(f"{os.path.basename(args.model.rstrip('/'))} kv={args.kv} codec={args.codec} tier={tier} "
                       f"prefix={n}: cold TTFT {mc * 1e3:.0f} ms, hit TTFT {mh * 1e3:.0f} ms, "
                       f"{mc / mh:.1f}x, blocks restored per hit {statistics.median(blocks):.0f} "
+                      f"in {statistics.median(restore) * 1e3:.0f} ms (lookup, promote, applied to the cache) "
                       f"(of {n // 64}); runs cold {[round(x * 1e3) for x in cold]} hit {[round(x * 1e3) for x in hit]}",
                       flush=True)
 

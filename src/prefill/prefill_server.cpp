@@ -175,6 +175,7 @@ struct PrefillServer::Impl {
           metrics.add_prefix_cache_hits("local", static_cast<uint64_t>(r->prefix.local_blocks));
           metrics.add_prefix_cache_hits("vault", static_cast<uint64_t>(r->prefix.vault_blocks));
           metrics.add_vault_hits(static_cast<uint64_t>(r->prefix.vault_blocks));
+          if (r->prefix.tokens > 0) metrics.observe_vault_restore_s(r->prefix.restore_s);
           const int full = r->prompt_tokens > 0 ? (r->prompt_tokens - 1) / block_tokens : 0;
           metrics.add_prefix_cache_misses(static_cast<uint64_t>(std::max(0, full - r->prefix.local_blocks - r->prefix.vault_blocks)));
         }

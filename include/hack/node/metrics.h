@@ -40,7 +40,8 @@ class Metrics {
   void add_vault_bytes_stored(uint64_t bytes);  ///< hack:vault_bytes_stored_total
   void add_vault_bytes_served(uint64_t bytes);  ///< hack:vault_bytes_served_total
   void add_vault_evictions(uint64_t blocks);    ///< hack:vault_evictions_total
-  void observe_vault_restore_s(double s);       ///< hack:vault_restore_seconds (promote: call → last layer sent / applied)
+  void observe_vault_restore_s(double s);       ///< hack:vault_restore_seconds (vault: promote call → last layer sent;
+                                                ///< prefill: lookup → every restored block applied to its cache)
   void set_vault_usage(double blocks, double bytes);  ///< hack:vault_blocks, hack:vault_bytes
   /// hack:prefix_cache_hits_total{tier} (tier "local" or "vault"), in blocks.
   void add_prefix_cache_hits(std::string_view tier, uint64_t blocks);
