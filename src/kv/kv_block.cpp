@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "hack/core/byte_io.h"
 #include "hack/core/error.h"
 
 namespace hack {
@@ -21,20 +22,6 @@ constexpr uint8_t kDtypeF32 = 2;
 constexpr int kMaxDim = std::numeric_limits<uint16_t>::max();
 constexpr int kMaxPosition = std::numeric_limits<int>::max();
 constexpr float kInt8Max = 127.0f;
-
-template <class T>
-void put(std::byte* out, size_t& at, T value) {
-  std::memcpy(out + at, &value, sizeof(T));  // little-endian hosts only (x86-64)
-  at += sizeof(T);
-}
-
-template <class T>
-T get(const std::byte* in, size_t& at) {
-  T value;
-  std::memcpy(&value, in + at, sizeof(T));
-  at += sizeof(T);
-  return value;
-}
 
 uint64_t xxh64(std::span<const std::byte> bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
 
@@ -165,15 +152,15 @@ KvBlockHeader decode_header(std::span<const std::byte> value, bool prefix_only) 
              kKvBlockHeaderBytes);
   const std::byte* p = value.data();
   size_t at = 0;
-  const auto magic = get<uint32_t>(p, at);
+  const auto magic = get_le<uint32_t>(p, at);
   HACK_CHECK(magic == kKvBlockMagic, "kv block: bad magic {:#010x} (expected {:#010x}, \"HKVB\")", magic,
              kKvBlockMagic);
-  const auto version = get<uint16_t>(p, at);
+  const auto version = get_le<uint16_t>(p, at);
   HACK_CHECK(version == kKvBlockVersion, "kv block: version {}, this build reads {}", version, kKvBlockVersion);
-  const auto codec = get<uint8_t>(p, at);
+  const auto codec = get_le<uint8_t>(p, at);
   HACK_CHECK(codec == static_cast<uint8_t>(BlockCodec::exact) || codec == static_cast<uint8_t>(BlockCodec::int8_head),
              "kv block: unknown codec {} (1 exact, 2 int8-head)", codec);
-  const auto dtype = get<uint8_t>(p, at);
+  const auto dtype = get_le<uint8_t>(p, at);
   KvBlockHeader h;
   h.codec = static_cast<BlockCodec>(codec);
   if (h.codec == BlockCodec::exact) {
@@ -184,12 +171,12 @@ KvBlockHeader decode_header(std::span<const std::byte> value, bool prefix_only) 
     HACK_CHECK(dtype == kDtypeNone, "kv block: int8-head codec with dtype code {} (must be 0)", dtype);
     h.dtype = DType::i8;
   }
-  const auto num_layers = get<uint32_t>(p, at);
-  const auto tokens = get<uint32_t>(p, at);
-  const auto num_kv_heads = get<uint16_t>(p, at);
-  const auto head_dim = get<uint16_t>(p, at);
-  const auto reserved = get<uint32_t>(p, at);
-  const auto first_token = get<uint64_t>(p, at);
+  const auto num_layers = get_le<uint32_t>(p, at);
+  const auto tokens = get_le<uint32_t>(p, at);
+  const auto num_kv_heads = get_le<uint16_t>(p, at);
+  const auto head_dim = get_le<uint16_t>(p, at);
+  const auto reserved = get_le<uint32_t>(p, at);
+  const auto first_token = get_le<uint64_t>(p, at);
   HACK_CHECK(num_layers > 0 && tokens > 0 && num_kv_heads > 0 && head_dim > 0,
              "kv block: empty shape ({} layers, {} tokens, {} heads, head_dim {})", num_layers, tokens, num_kv_heads,
              head_dim);
@@ -216,9 +203,9 @@ KvBlockHeader decode_header(std::span<const std::byte> value, bool prefix_only) 
   uint64_t next = table_end;  // slices are contiguous, layer 0 first
   for (uint32_t l = 0; l < num_layers; ++l) {
     KvBlockLayer& e = h.layers[l];
-    e.offset = get<uint64_t>(p, at);
-    e.bytes = get<uint64_t>(p, at);
-    e.checksum = get<uint64_t>(p, at);
+    e.offset = get_le<uint64_t>(p, at);
+    e.bytes = get_le<uint64_t>(p, at);
+    e.checksum = get_le<uint64_t>(p, at);
     HACK_CHECK(e.bytes == layer_bytes, "kv block: layer {} slice has {} bytes, but {} × {} tokens × {} heads × "
                "head_dim {} need {}", l, e.bytes, block_codec_name(h.codec), tokens, num_kv_heads, head_dim,
                layer_bytes);
@@ -310,21 +297,21 @@ std::vector<std::byte> assemble_kv_block(BlockCodec codec, DType dtype, const Kv
   std::vector<std::byte> value(kv_block_bytes(codec, dtype, shape, tokens));
   std::byte* p = value.data();
   size_t at = 0;
-  put<uint32_t>(p, at, kKvBlockMagic);
-  put<uint16_t>(p, at, kKvBlockVersion);
-  put<uint8_t>(p, at, static_cast<uint8_t>(codec));
-  put<uint8_t>(p, at, codec == BlockCodec::int8_head ? kDtypeNone : dtype == DType::f32 ? kDtypeF32 : kDtypeBf16);
-  put<uint32_t>(p, at, static_cast<uint32_t>(shape.num_layers));
-  put<uint32_t>(p, at, static_cast<uint32_t>(tokens));
-  put<uint16_t>(p, at, static_cast<uint16_t>(shape.num_kv_heads));
-  put<uint16_t>(p, at, static_cast<uint16_t>(shape.head_dim));
-  put<uint32_t>(p, at, 0);
-  put<uint64_t>(p, at, static_cast<uint64_t>(first_token));
+  put_le<uint32_t>(p, at, kKvBlockMagic);
+  put_le<uint16_t>(p, at, kKvBlockVersion);
+  put_le<uint8_t>(p, at, static_cast<uint8_t>(codec));
+  put_le<uint8_t>(p, at, codec == BlockCodec::int8_head ? kDtypeNone : dtype == DType::f32 ? kDtypeF32 : kDtypeBf16);
+  put_le<uint32_t>(p, at, static_cast<uint32_t>(shape.num_layers));
+  put_le<uint32_t>(p, at, static_cast<uint32_t>(tokens));
+  put_le<uint16_t>(p, at, static_cast<uint16_t>(shape.num_kv_heads));
+  put_le<uint16_t>(p, at, static_cast<uint16_t>(shape.head_dim));
+  put_le<uint32_t>(p, at, 0);
+  put_le<uint64_t>(p, at, static_cast<uint64_t>(first_token));
   size_t offset = kKvBlockHeaderBytes + slices.size() * kKvBlockLayerEntryBytes;
   for (const std::vector<std::byte>& slice : slices) {
-    put<uint64_t>(p, at, offset);
-    put<uint64_t>(p, at, slice.size());
-    put<uint64_t>(p, at, xxh64(slice));
+    put_le<uint64_t>(p, at, offset);
+    put_le<uint64_t>(p, at, slice.size());
+    put_le<uint64_t>(p, at, xxh64(slice));
     std::memcpy(p + offset, slice.data(), slice.size());
     offset += slice.size();
   }

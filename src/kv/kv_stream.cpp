@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "hack/core/byte_io.h"
 #include "hack/core/error.h"
 
 namespace hack {
@@ -13,20 +14,6 @@ namespace {
 
 constexpr uint8_t kExactBf16 = 1;
 constexpr uint8_t kExactF32 = 2;
-
-template <class T>
-void put(std::byte* out, size_t& at, T value) {
-  std::memcpy(out + at, &value, sizeof(T));  // little-endian hosts only (x86-64)
-  at += sizeof(T);
-}
-
-template <class T>
-T get(const std::byte* in, size_t& at) {
-  T value;
-  std::memcpy(&value, in + at, sizeof(T));
-  at += sizeof(T);
-  return value;
-}
 
 size_t token_bytes(const KvShape& shape, DType dtype) {
   return static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim) * dtype_size(dtype);
@@ -53,16 +40,16 @@ std::vector<std::byte> encode_exact_tokens(const PagedKvCache& cache, int seq_id
   const size_t kv_bytes = static_cast<size_t>(n_tokens) * token_bytes(shape, dtype);
   std::vector<std::byte> out(kExactTokensHeaderBytes + 2 * kv_bytes);
   size_t at = 0;
-  put<uint32_t>(out.data(), at, kExactTokensMagic);
-  put<uint16_t>(out.data(), at, kExactTokensVersion);
-  put<uint8_t>(out.data(), at, dtype == DType::f32 ? kExactF32 : kExactBf16);
-  put<uint8_t>(out.data(), at, 0);
-  put<uint32_t>(out.data(), at, static_cast<uint32_t>(layer));
-  put<uint32_t>(out.data(), at, static_cast<uint32_t>(n_tokens));
-  put<uint64_t>(out.data(), at, static_cast<uint64_t>(first_token));
-  put<uint16_t>(out.data(), at, static_cast<uint16_t>(shape.num_kv_heads));
-  put<uint16_t>(out.data(), at, static_cast<uint16_t>(shape.head_dim));
-  put<uint32_t>(out.data(), at, 0);
+  put_le<uint32_t>(out.data(), at, kExactTokensMagic);
+  put_le<uint16_t>(out.data(), at, kExactTokensVersion);
+  put_le<uint8_t>(out.data(), at, dtype == DType::f32 ? kExactF32 : kExactBf16);
+  put_le<uint8_t>(out.data(), at, 0);
+  put_le<uint32_t>(out.data(), at, static_cast<uint32_t>(layer));
+  put_le<uint32_t>(out.data(), at, static_cast<uint32_t>(n_tokens));
+  put_le<uint64_t>(out.data(), at, static_cast<uint64_t>(first_token));
+  put_le<uint16_t>(out.data(), at, static_cast<uint16_t>(shape.num_kv_heads));
+  put_le<uint16_t>(out.data(), at, static_cast<uint16_t>(shape.head_dim));
+  put_le<uint32_t>(out.data(), at, 0);
   cache.copy_exact_tokens(seq_id, layer, first_token, n_tokens, out.data() + kExactTokensHeaderBytes,
                           out.data() + kExactTokensHeaderBytes + kv_bytes);
   return out;
@@ -72,22 +59,22 @@ ExactTokensHeader decode_exact_header(std::span<const std::byte> payload) {
   HACK_CHECK(payload.size() >= kExactTokensHeaderBytes, "exact tokens: {} bytes, shorter than the {}-byte header",
              payload.size(), kExactTokensHeaderBytes);
   size_t at = 0;
-  const auto magic = get<uint32_t>(payload.data(), at);
+  const auto magic = get_le<uint32_t>(payload.data(), at);
   HACK_CHECK(magic == kExactTokensMagic, "exact tokens: bad magic {:#010x}", magic);
-  const auto version = get<uint16_t>(payload.data(), at);
+  const auto version = get_le<uint16_t>(payload.data(), at);
   HACK_CHECK(version == kExactTokensVersion, "exact tokens: version {}, this build reads {}", version,
              kExactTokensVersion);
-  const auto dtype = get<uint8_t>(payload.data(), at);
+  const auto dtype = get_le<uint8_t>(payload.data(), at);
   HACK_CHECK(dtype == kExactBf16 || dtype == kExactF32, "exact tokens: unknown dtype code {}", dtype);
-  const auto reserved = get<uint8_t>(payload.data(), at);
+  const auto reserved = get_le<uint8_t>(payload.data(), at);
   HACK_CHECK(reserved == 0, "exact tokens: reserved byte is {}", reserved);
   ExactTokensHeader h;
   h.dtype = dtype == kExactF32 ? DType::f32 : DType::bf16;
-  h.layer = get<uint32_t>(payload.data(), at);
-  h.n_tokens = get<uint32_t>(payload.data(), at);
-  h.first_token = get<uint64_t>(payload.data(), at);
-  h.num_kv_heads = get<uint16_t>(payload.data(), at);
-  h.head_dim = get<uint16_t>(payload.data(), at);
+  h.layer = get_le<uint32_t>(payload.data(), at);
+  h.n_tokens = get_le<uint32_t>(payload.data(), at);
+  h.first_token = get_le<uint64_t>(payload.data(), at);
+  h.num_kv_heads = get_le<uint16_t>(payload.data(), at);
+  h.head_dim = get_le<uint16_t>(payload.data(), at);
   HACK_CHECK(h.n_tokens > 0, "exact tokens: no tokens");
   HACK_CHECK(h.num_kv_heads > 0 && h.head_dim > 0, "exact tokens: {} heads of dim {}", h.num_kv_heads, h.head_dim);
   const uint64_t expected = kExactTokensHeaderBytes + 2ull * h.n_tokens * h.num_kv_heads * h.head_dim *

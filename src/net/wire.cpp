@@ -5,24 +5,11 @@
 
 #include <cstring>
 
+#include "hack/core/byte_io.h"
+
 namespace hack::net {
 
 namespace {
-
-template <class T>
-void put(std::byte* out, size_t& at, T value) {
-  // The format is little-endian and so is every supported host (x86-64).
-  std::memcpy(out + at, &value, sizeof value);
-  at += sizeof value;
-}
-
-template <class T>
-T get(const std::byte* in, size_t& at) {
-  T value;
-  std::memcpy(&value, in + at, sizeof value);
-  at += sizeof value;
-  return value;
-}
 
 bool known_type(uint16_t type) { return type >= 1 && type <= 17; }
 
@@ -69,34 +56,34 @@ WireHeader make_wire_header(WireType type, uint64_t request_id, uint32_t layer, 
 
 void encode_wire_header(const WireHeader& header, std::span<std::byte, kWireHeaderBytes> out) {
   size_t at = 0;
-  put(out.data(), at, kWireMagic);
-  put(out.data(), at, kWireVersion);
-  put(out.data(), at, static_cast<uint16_t>(header.type));
-  put(out.data(), at, header.request_id);
-  put(out.data(), at, header.layer);
-  put(out.data(), at, header.seq);
-  put(out.data(), at, header.payload_bytes);
-  put(out.data(), at, header.payload_checksum);
+  put_le(out.data(), at, kWireMagic);
+  put_le(out.data(), at, kWireVersion);
+  put_le(out.data(), at, static_cast<uint16_t>(header.type));
+  put_le(out.data(), at, header.request_id);
+  put_le(out.data(), at, header.layer);
+  put_le(out.data(), at, header.seq);
+  put_le(out.data(), at, header.payload_bytes);
+  put_le(out.data(), at, header.payload_checksum);
 }
 
 Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out) {
   if (bytes.size() != kWireHeaderBytes)
     return Status::error(fmt::format("wire header is {} bytes, expected {}", bytes.size(), kWireHeaderBytes));
   size_t at = 0;
-  const auto magic = get<uint32_t>(bytes.data(), at);
-  const auto version = get<uint16_t>(bytes.data(), at);
-  const auto type = get<uint16_t>(bytes.data(), at);
+  const auto magic = get_le<uint32_t>(bytes.data(), at);
+  const auto version = get_le<uint16_t>(bytes.data(), at);
+  const auto type = get_le<uint16_t>(bytes.data(), at);
   if (magic != kWireMagic) return Status::error(fmt::format("wire header has bad magic {:#010x}", magic));
   if (version != kWireVersion)
     return Status::error(fmt::format("wire header version {} is not supported (this build speaks {})", version, kWireVersion));
   if (!known_type(type)) return Status::error(fmt::format("wire header has unknown message type {}", type));
   WireHeader h;
   h.type = static_cast<WireType>(type);
-  h.request_id = get<uint64_t>(bytes.data(), at);
-  h.layer = get<uint32_t>(bytes.data(), at);
-  h.seq = get<uint32_t>(bytes.data(), at);
-  h.payload_bytes = get<uint64_t>(bytes.data(), at);
-  h.payload_checksum = get<uint64_t>(bytes.data(), at);
+  h.request_id = get_le<uint64_t>(bytes.data(), at);
+  h.layer = get_le<uint32_t>(bytes.data(), at);
+  h.seq = get_le<uint32_t>(bytes.data(), at);
+  h.payload_bytes = get_le<uint64_t>(bytes.data(), at);
+  h.payload_checksum = get_le<uint64_t>(bytes.data(), at);
   uint64_t limit = 0;
   switch (h.type) {
     case WireType::kv_page:
