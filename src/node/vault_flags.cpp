@@ -13,7 +13,7 @@ void add_vault_flags(FlagSet& flags, VaultFlags& c, bool restores) {
                    "block codec: int8-head (~0.53x the bytes of bf16) or exact (bit copies: restored == recomputed)");
   if (!restores) return;
   flags.add_int("vault-min-blocks", &c.min_blocks, "ask the vault only when at least this many blocks could come from it");
-  flags.add_float("vault-timeout", &c.timeout_s, "seconds a vault answer (or each layer of it) may take before recomputing");
+  flags.add_float("vault-timeout", &c.timeout_s, "seconds a whole restore from the vault may take before the node recomputes instead");
 }
 
 }  // namespace hack::server

@@ -209,9 +209,9 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
       // attends to it exactly as to computed KV; then capture the prompt's new full blocks.
       const std::vector<BlockKey> keys = prefix_->keys(job.tokens);
       int restorable = std::min(static_cast<int>(keys.size()), prefix_->restorable_blocks(job.tokens.size()));
-      // Restore whole prefill chunks only: the rest of the prompt is then computed in the same
-      // chunks as without a cache, so its KV and logits are the same bits (GEMMs of other
-      // shapes round differently).
+      // With whole_chunks, restore whole prefill chunks only: the rest of the prompt is then
+      // computed in the same chunks as without a cache, so its KV and logits are the same bits
+      // (GEMMs of other shapes round differently).
       const int block = options_.kv.block_tokens, chunk = options_.engine.prefill_chunk_tokens;
       const int align_blocks = options_.prefix_cache->whole_chunks ? std::lcm(block, chunk) / block : 1;
       restorable = restorable / align_blocks * align_blocks;

@@ -71,8 +71,12 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
     ++stats_.vault_lookups_skipped;
   }
   int vault_blocks = 0;
+  // One deadline for the whole restore from the vault: a vault that answers slowly but
+  // steadily still costs the request at most vault_timeout_s before it recomputes.
+  const double deadline = t0 + options_.vault_timeout_s;
+  auto left_s = [&] { return std::max(0.0, deadline - now_s()); };
   if (promotion) {
-    if (const Status s = promotion->wait_head(options_.vault_timeout_s); !s) {
+    if (const Status s = promotion->wait_head(left_s()); !s) {
       r.vault_error = s.message();
     } else {
       vault_blocks = static_cast<int>(promotion->head().headers.size());
@@ -101,7 +105,7 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
   for (int l = 0; l < shape_.num_layers; ++l) {
     restore_local_layer(cache, seq_id, l, local, headers);
     if (vault_blocks == 0) continue;
-    Status s = promotion->wait_layer(l, options_.vault_timeout_s, slices);
+    Status s = promotion->wait_layer(l, left_s(), slices);
     if (s) {
       try {
         for (int i = 0; i < vault_blocks; ++i)

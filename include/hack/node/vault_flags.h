@@ -15,7 +15,7 @@ struct VaultFlags {
   std::string name_space = "default";
   std::string codec = "int8-head";   ///< exact | int8-head
   int min_blocks = 2;                ///< prefill: fewer missing blocks than this skip the vault
-  float timeout_s = 2;               ///< prefill: per vault wait (head, each layer); then recompute
+  float timeout_s = 2;               ///< prefill: a whole restore from the vault; then recompute
 };
 
 /// --vault, --vault-namespace, --vault-codec; with `restores` also --vault-min-blocks and

@@ -12,7 +12,7 @@
 ///   - restore: layer by layer into the prefill cache inside the prefill bracket (so the
 ///     rest of the prompt attends to the restored prefix exactly as to a computed one); a
 ///     vault layer is applied as soon as it arrives. Any vault failure (down, slow past
-///     vault_timeout_s, a bad block) drops what came from the vault and keeps the local
+///     vault_timeout_s for the whole restore, a bad block) drops what came from the vault and keeps the local
 ///     prefix: the request is never failed by the vault;
 ///   - store: every new full block of a prompt goes to the local cache and (write-through,
 ///     fire-and-forget) to the vault, so other prefill nodes and a restarted node find it at
@@ -49,7 +49,7 @@ struct PrefixCacheOptions {
   size_t local_bytes = size_t{256} << 20;          ///< local LRU budget; 0 = no local cache
   std::optional<net::VaultClientOptions> vault;    ///< none: no vault
   int vault_min_blocks = 2;                        ///< cost gate (see the file comment)
-  double vault_timeout_s = 2.0;                    ///< per wait: the head, then each layer
+  double vault_timeout_s = 2.0;                    ///< a whole restore from the vault (lookup to last layer)
   /// Restore whole prefill chunks only (see the file comment): bit-identical to no cache.
   /// false (the default): any whole block — more reuse (an 8K-token SmolLM2 prompt restores
   /// all 125 blocks instead of 120, TTFT 0.9 s instead of 3.0 s), and the rest of the prompt
