@@ -143,7 +143,21 @@ void read_prompt(const Json& v, const ProtocolLimits& limits, CompletionRequest&
     reject(name, fmt::format("prompt must be a string, a list of token ids, or a list with one string, got a list of {}",
                              type_name(first)));
   }
-  if (v.size() > 1) reject(name, "batched prompts not supported: send one prompt per request");
+  if (v.size() > 1) {
+    if (v.size() > kMaxBatchPrompts)
+      reject(name, fmt::format("a list of {} prompts; at most {} per request", v.size(), kMaxBatchPrompts));
+    for (const Json& p : v) {
+      if (p.is_string()) {
+        r.batch.emplace_back(p.get<std::string>());
+      } else if (p.is_array() && !p.empty()) {
+        r.batch.emplace_back(read_token_ids(p, name, limits.vocab_size));
+      } else {
+        reject(name, fmt::format("each prompt of a list must be a string or a non-empty list of token ids, got {}",
+                                 type_name(p)));
+      }
+    }
+    return;
+  }
   if (first.is_string()) {
     r.prompt_text = first.get<std::string>();
   } else {
@@ -697,18 +711,28 @@ size_t count_code_points(std::string_view text) {
   }));
 }
 
+namespace {
+
+Json model_object(const std::string& m, int64_t created, int max_model_len) {
+  return {{"id", m},          {"object", "model"}, {"created", created},
+          {"owned_by", "hackserve"}, {"root", m}, {"parent", nullptr}, {"max_model_len", max_model_len}};
+}
+
+}  // namespace
+
 std::string models_response(std::span<const std::string> models, int64_t created, int max_model_len) {
   Json data = Json::array();
-  for (const std::string& m : models) {
-    data.push_back({{"id", m},
-                    {"object", "model"},
-                    {"created", created},
-                    {"owned_by", "hackserve"},
-                    {"root", m},
-                    {"parent", nullptr},
-                    {"max_model_len", max_model_len}});
-  }
+  for (const std::string& m : models) data.push_back(model_object(m, created, max_model_len));
   return dump(Json{{"object", "list"}, {"data", std::move(data)}});
+}
+
+std::string model_response(const std::string& model, int64_t created, int max_model_len) {
+  return dump(model_object(model, created, max_model_len));
+}
+
+ProtocolError model_not_found_error(std::string_view model) {
+  return make_error(404, fmt::format("The model `{}` does not exist.", model), "invalid_request_error",
+                    "model_not_found");
 }
 
 }  // namespace hack::server

@@ -1,5 +1,6 @@
 #include "hack/router/router_server.h"
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -437,7 +438,8 @@ struct RouterServer::Impl {
       res->send(200, "text/plain; version=0.0.4", metrics.serialize());
       return;
     }
-    const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions";
+    const bool known = path == "/v1/models" || path.starts_with("/v1/models/") || path == "/v1/completions" ||
+                       path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize";
     if (!known) {
       send_error(*res, not_found_error(path));
       return;
@@ -453,9 +455,81 @@ struct RouterServer::Impl {
                                                          max_model_len));
       return;
     }
+    if (path.starts_with("/v1/models/")) {
+      if (req.method != "GET") return send_error(*res, method_error(req.method, path));
+      const std::string id = path.substr(std::string_view("/v1/models/").size());
+      if (id != model_name) return send_error(*res, model_not_found_error(id));
+      res->send(200, "application/json", model_response(model_name, created_s, max_model_len));
+      return;
+    }
     if (req.method != "POST") return send_error(*res, method_error(req.method, path));
+    if (path == "/tokenize" || path == "/detokenize") {
+      try {
+        res->send(200, "application/json", path == "/tokenize" ? tokenize(req.body) : detokenize(req.body));
+      } catch (const ProtocolError& e) {
+        send_error(*res, e);
+      }
+      return;
+    }
     const Endpoint endpoint = path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions;
     start_request(std::move(req), std::move(res), endpoint);
+  }
+
+  // ---- /tokenize and /detokenize (vLLM's shapes) ---------------------------------------------
+
+  static ProtocolError bad_request(std::string message, std::string param) {
+    ProtocolError e;
+    e.message = std::move(message);
+    if (!param.empty()) e.param = std::move(param);
+    return e;
+  }
+
+  // {"prompt": text, "add_special_tokens": true} or {"messages": [...], "add_generation_prompt":
+  // true} → {"count", "max_model_len", "tokens"}: the ids a completion of it would be given.
+  std::string tokenize(const std::string& body) {
+    nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw bad_request("the body must be a JSON object", "");
+    if (j.contains("model") && !(j["model"].is_string() && j["model"] == model_name))
+      throw model_not_found_error(j["model"].is_string() ? j["model"].get<std::string>() : j["model"].dump());
+    std::vector<int> ids;
+    if (j.contains("messages")) {
+      nlohmann::json chat = {{"model", model_name}, {"messages", j["messages"]}};
+      for (const char* key : {"add_generation_prompt", "tools", "chat_template_kwargs"})
+        if (j.contains(key)) chat[key] = j[key];
+      ParseResult parsed = parse_request(chat.dump(), Endpoint::kChatCompletions, limits);
+      if (auto* e = std::get_if<ProtocolError>(&parsed)) throw *e;
+      std::string text;
+      auto tokens = prompt_tokens(std::get<CompletionRequest>(parsed), text);
+      if (auto* e = std::get_if<ProtocolError>(&tokens)) throw *e;
+      ids = std::get<std::vector<int>>(std::move(tokens));
+    } else if (j.contains("prompt") && j["prompt"].is_string()) {
+      bool special = true;
+      if (j.contains("add_special_tokens")) {
+        if (!j["add_special_tokens"].is_boolean()) throw bad_request("add_special_tokens must be a boolean", "add_special_tokens");
+        special = j["add_special_tokens"].get<bool>();
+      }
+      ids = tokenizer.encode(j["prompt"].get<std::string>(), special);
+    } else {
+      throw bad_request("send \"prompt\" (a string) or \"messages\" (a chat)", "prompt");
+    }
+    return nlohmann::json{{"count", ids.size()}, {"max_model_len", max_model_len}, {"tokens", ids}}.dump();
+  }
+
+  // {"tokens": [ids]} → {"prompt": text}.
+  std::string detokenize(const std::string& body) {
+    nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw bad_request("the body must be a JSON object", "");
+    if (j.contains("model") && !(j["model"].is_string() && j["model"] == model_name))
+      throw model_not_found_error(j["model"].is_string() ? j["model"].get<std::string>() : j["model"].dump());
+    if (!j.contains("tokens") || !j["tokens"].is_array()) throw bad_request("tokens must be a list of token ids", "tokens");
+    std::vector<int> ids;
+    for (const auto& t : j["tokens"]) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= limits.vocab_size)
+        throw bad_request(fmt::format("tokens: {} is not a token id of this model (0..{})", t.dump(), limits.vocab_size - 1),
+                          "tokens");
+      ids.push_back(t.get<int>());
+    }
+    return nlohmann::json{{"prompt", tokenizer.decode(ids, /*skip_special_tokens=*/false)}}.dump();
   }
 
   // ---- request threads ------------------------------------------------------------------
@@ -582,24 +656,59 @@ struct RouterServer::Impl {
       metrics.count_request_error(no->metric);
       return send_error(res, no->error);
     }
-    const AdmittedRequest& req = std::get<AdmittedRequest>(admitted);
+    const std::vector<AdmittedRequest>& parts = std::get<std::vector<AdmittedRequest>>(admitted);
+    const AdmittedRequest& req = parts.front();
     const CompletionRequest& r = req.request;
-    spdlog::info("request {}: {} prompt tokens, max_tokens {}, n {}, stream {}", req.meta.id, req.prompt.size(),
-                 req.params.max_tokens, r.n, r.stream);
-    metrics.add_prompt_tokens(req.prompt.size() * static_cast<size_t>(r.n));
+    size_t prompt_tokens = 0;
+    for (const AdmittedRequest& p : parts) prompt_tokens += p.prompt.size();
+    spdlog::info("request {}: {} prompt(s), {} prompt tokens, max_tokens {}, n {}, stream {}", req.meta.id, parts.size(),
+                 prompt_tokens, req.params.max_tokens, r.n, r.stream);
+    metrics.add_prompt_tokens(prompt_tokens * static_cast<size_t>(r.n));
     if (r.stream) res.start_sse();
-    std::vector<ChoiceOutcome> outcomes = run_choices(ctx, req, r.stream ? &res : nullptr);
+    std::vector<ChoiceOutcome> outcomes = run_choices(ctx, parts, r.stream ? &res : nullptr);
     metrics.observe_e2e_request_latency_s(seconds_since(req.t_arrival));
-    answer(res, ctx, req, std::move(outcomes));
+    answer(res, ctx, req, static_cast<int>(prompt_tokens), std::move(outcomes));
   }
 
-  // Parses and validates a request, and checks that the nodes can take it.
-  std::variant<AdmittedRequest, Rejection> admit(const std::string& body, Endpoint endpoint,
-                                                 Clock::time_point t_arrival) {
+  // Parses and validates a request, and checks that the nodes can take it. One part per
+  // prompt (a /v1/completions list of prompts gives several, sharing one response id).
+  std::variant<std::vector<AdmittedRequest>, Rejection> admit(const std::string& body, Endpoint endpoint,
+                                                              Clock::time_point t_arrival) {
     ParseResult parsed = parse_request(body, endpoint, limits);
     if (auto* e = std::get_if<ProtocolError>(&parsed)) return Rejection{*e, "invalid_request"};
+    CompletionRequest request = std::get<CompletionRequest>(std::move(parsed));
+    std::vector<CompletionRequest> prompts;
+    if (request.batch.empty()) {
+      prompts.push_back(std::move(request));
+    } else {
+      for (auto& p : request.batch) {
+        CompletionRequest one = request;
+        one.batch.clear();
+        if (auto* text = std::get_if<std::string>(&p)) {
+          one.prompt_text = *text;
+        } else {
+          one.prompt_token_ids = std::get<std::vector<int>>(p);
+        }
+        prompts.push_back(std::move(one));
+      }
+    }
+    std::vector<AdmittedRequest> parts;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto part = admit_prompt(std::move(prompts[i]), endpoint, t_arrival);
+      if (auto* no = std::get_if<Rejection>(&part)) {
+        if (prompts.size() > 1) no->error.message = fmt::format("prompt {}: {}", i, no->error.message);
+        return *no;
+      }
+      parts.push_back(std::get<AdmittedRequest>(std::move(part)));
+      parts.back().meta = parts.front().meta;
+    }
+    return parts;
+  }
+
+  std::variant<AdmittedRequest, Rejection> admit_prompt(CompletionRequest request, Endpoint endpoint,
+                                                         Clock::time_point t_arrival) {
     AdmittedRequest req;
-    req.request = std::get<CompletionRequest>(std::move(parsed));
+    req.request = std::move(request);
     const CompletionRequest& r = req.request;
     auto tokens = prompt_tokens(r, req.prompt_text);
     if (auto* e = std::get_if<ProtocolError>(&tokens)) return Rejection{*e, "invalid_request"};
@@ -620,18 +729,27 @@ struct RouterServer::Impl {
     return req;
   }
 
-  // Runs the request's choices, on a thread each when there are several.
-  std::vector<ChoiceOutcome> run_choices(RequestContext& ctx, const AdmittedRequest& req, Responder* stream) {
+  // Runs every part's choices, on a thread each when there are several. Choice i of part p
+  // is reported as index p·n + i (OpenAI's order) and sampled as choice i of a single
+  // request, so a list of prompts answers as the same prompts sent one by one.
+  std::vector<ChoiceOutcome> run_choices(RequestContext& ctx, const std::vector<AdmittedRequest>& parts,
+                                         Responder* stream) {
     RequestGauge gauge(waiting, running);
-    const int n = req.request.n;
-    std::vector<ChoiceOutcome> outcomes(static_cast<size_t>(n));
-    if (n == 1) {
-      outcomes[0] = run_choice(ctx, req, 0, gauge, stream);
+    const int n = parts.front().request.n;
+    const size_t total = parts.size() * static_cast<size_t>(n);
+    std::vector<ChoiceOutcome> outcomes(total);
+    if (total == 1) {
+      outcomes[0] = run_choice(ctx, parts[0], 0, 0, gauge, stream);
       return outcomes;
     }
     std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] { outcomes[static_cast<size_t>(i)] = run_choice(ctx, req, i, gauge, stream); });
+    for (size_t p = 0; p < parts.size(); ++p) {
+      for (int i = 0; i < n; ++i) {
+        const int index = static_cast<int>(p) * n + i;
+        threads.emplace_back([&, p, i, index] {
+          outcomes[static_cast<size_t>(index)] = run_choice(ctx, parts[p], i, index, gauge, stream);
+        });
+      }
     }
     for (std::thread& t : threads) t.join();
     return outcomes;
@@ -639,10 +757,10 @@ struct RouterServer::Impl {
 
   // Answers from the choices' outcomes: the first error, else the response (when streaming,
   // the end of the stream). Nothing once the client has gone.
-  void answer(Responder& res, const RequestContext& ctx, const AdmittedRequest& req,
+  void answer(Responder& res, const RequestContext& ctx, const AdmittedRequest& req, int prompt_tokens,
               std::vector<ChoiceOutcome> outcomes) {
     const CompletionRequest& r = req.request;
-    Usage usage{static_cast<int>(req.prompt.size()), 0};
+    Usage usage{prompt_tokens, 0};
     std::optional<ProtocolError> error;
     std::vector<Choice> choices;
     for (ChoiceOutcome& o : outcomes) {
@@ -687,13 +805,15 @@ struct RouterServer::Impl {
 
   // Runs one choice to its end, retrying once on other nodes while no token has been
   // produced. With `stream`, chunks are sent as text settles.
-  ChoiceOutcome run_choice(RequestContext& ctx, const AdmittedRequest& req, int index, RequestGauge& gauge,
-                           Responder* stream) {
+  // `index`: the choice's number within its prompt (its sampling seed); `reported`: its index
+  // in the response.
+  ChoiceOutcome run_choice(RequestContext& ctx, const AdmittedRequest& req, int index, int reported,
+                           RequestGauge& gauge, Responder* stream) {
     const CompletionRequest& r = req.request;
     const bool chat = r.endpoint == Endpoint::kChatCompletions;
     ChoiceOutcome out;
-    ChoiceRun run{req, gauge, choice_params(req.params, index), ChoiceStream(stream, req.meta, index, chat), out};
-    out.choice.index = index;
+    ChoiceRun run{req, gauge, choice_params(req.params, index), ChoiceStream(stream, req.meta, reported, chat), out};
+    out.choice.index = reported;
     if (run.params.logprobs >= 0) out.choice.logprobs.emplace();
     const std::string echo = r.echo && !chat ? req.prompt_text : std::string();
     if (!stream) out.choice.text = echo;

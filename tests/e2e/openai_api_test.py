@@ -30,6 +30,7 @@ import cluster
 MODEL = "hack-tiny"  # the served name: the model directory's name
 MAX_MODEL_LEN = 1024  # models/hack-tiny max_position_embeddings
 API_KEY = "sk-e2e-" + os.urandom(4).hex()
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # A reply to the router's end of a request that the nodes have to settle; slack for 2 loaded cores.
 SETTLE_S = 10.0
 
@@ -250,6 +251,43 @@ class OpenAIApiTest(ErrorBodyMixin, unittest.TestCase):
                 self.assertEqual(texts, {0: ref["text"]})
                 self.assertEqual(finish, {0: ref["finish_reason"]})
                 self.assertTrue(all(c.usage is None for c in chunks), "usage sent without include_usage")
+
+    def test_batched_prompts_equal_single_requests(self):
+        prompts = [PROMPT, "Hello there", "x"]
+        singles = [self.complete(prompt=p, max_tokens=6, temperature=0, n=2).choices for p in prompts]
+        r = self.complete(prompt=prompts, max_tokens=6, temperature=0, n=2)
+        self.assertEqual([c.index for c in r.choices], list(range(6)))
+        for p, single in enumerate(singles):
+            for i in range(2):
+                self.assertEqual(r.choices[p * 2 + i].text, single[i].text)
+        self.assertEqual(r.usage.prompt_tokens, sum(len(tokenize(p)) for p in prompts))
+        # Sampled with a seed: choice i of prompt p is sampled as choice i of that prompt alone.
+        seeded = self.complete(prompt=[PROMPT, [1, 2, 3]], max_tokens=5, temperature=1.0, seed=11)
+        alone = self.complete(prompt=[1, 2, 3], max_tokens=5, temperature=1.0, seed=11)
+        self.assertEqual(seeded.choices[1].text, alone.choices[0].text)
+        texts, finish, _ = self.stream_completion(prompt=prompts, max_tokens=6, temperature=0)
+        self.assertEqual(texts, {p: singles[p][0].text for p in range(3)})
+
+    def test_model_by_id_tokenize_and_detokenize(self):
+        self.assertEqual(self.client.models.retrieve(MODEL).id, MODEL)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.models.retrieve("no-such-model")
+        status, _, body = raw_request(self.router.port, "POST", "/tokenize", {"prompt": PROMPT}, headers=AUTH)
+        self.assertEqual(status, 200, body)
+        t = json.loads(body)
+        self.assertEqual(t["tokens"], tokenize(PROMPT))
+        self.assertEqual(t["count"], len(t["tokens"]))
+        messages = [{"role": "user", "content": "Hello"}]
+        status, _, body = raw_request(self.router.port, "POST", "/tokenize", {"messages": messages}, headers=AUTH)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["tokens"], tokenize_chat(messages)["ids"])
+        status, _, body = raw_request(self.router.port, "POST", "/detokenize", {"tokens": t["tokens"][1:]}, headers=AUTH)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["prompt"], PROMPT)
+        for path, bad in (("/tokenize", {"prompt": 5}), ("/detokenize", {"tokens": [-1]}),
+                          ("/detokenize", {"tokens": "x"}), ("/tokenize", "not json")):
+            status, _, body = raw_request(self.router.port, "POST", path, bad, headers=AUTH)
+            self.assertEqual(status, 400, (path, bad, body))
 
     def test_logit_bias_bans_and_forces_tokens(self):
         ref = hack_run(PROMPT, max_tokens=4)
@@ -734,7 +772,8 @@ class MalformedRequestTest(ErrorBodyMixin, unittest.TestCase):
             ("prompt empty list", "POST", C, {"prompt": []}, 400, "prompt"),
             ("prompt id out of vocab", "POST", C, {"prompt": [1, 99999]}, 400, "prompt"),
             ("prompt negative id", "POST", C, {"prompt": [-1]}, 400, "prompt"),
-            ("batched prompts", "POST", C, {"prompt": ["a", "b"]}, 400, "prompt"),
+            ("batched prompts, one empty", "POST", C, {"prompt": ["a", []]}, 400, "prompt"),
+            ("batched prompts, too many", "POST", C, {"prompt": ["a"] * 65}, 400, "prompt"),
             ("max_tokens string", "POST", C, {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
             ("max_tokens float", "POST", C, {"prompt": "x", "max_tokens": 2.5}, 400, "max_tokens"),
             ("max_tokens negative", "POST", C, {"prompt": "x", "max_tokens": -5}, 400, "max_tokens"),

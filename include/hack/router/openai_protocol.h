@@ -58,13 +58,18 @@ struct ChatMessage {
 
 /// A validated request of either endpoint. Optional fields are unset when the body omits
 /// them (or sends null); to_sampling_params fills them from the model's defaults.
+/// Most prompts in one /v1/completions request (choices = prompts × n).
+inline constexpr size_t kMaxBatchPrompts = 64;
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  ///< as sent, or the first served model when omitted
 
-  // /v1/completions: exactly one of prompt_text / prompt_token_ids is set.
+  // /v1/completions: exactly one of prompt_text / prompt_token_ids is set, or — a list of
+  // two or more prompts — neither, and `batch` holds them (each a text or token ids).
   std::optional<std::string> prompt_text;
   std::optional<std::vector<int>> prompt_token_ids;
+  std::vector<std::variant<std::string, std::vector<int>>> batch;
   bool echo = false;
 
   // /v1/chat/completions.
@@ -203,5 +208,9 @@ size_t count_code_points(std::string_view text);
 
 /// GET /v1/models body.
 std::string models_response(std::span<const std::string> models, int64_t created, int max_model_len);
+/// GET /v1/models/{id}: one model object.
+std::string model_response(const std::string& model, int64_t created, int max_model_len);
+/// 404 model_not_found, as OpenAI answers an unknown model id.
+ProtocolError model_not_found_error(std::string_view model);
 
 }  // namespace hack::server

@@ -174,8 +174,8 @@ TEST_CASE("malformed requests: status and param of each") {
       {kCmpl, R"({"prompt":"x","model":"gpt-4"})", 404, "model", "does not exist"},
       {kCmpl, R"({"prompt":"x","model":5})", 400, "model", "string"},
       // Prompt.
-      {kCmpl, R"({"prompt":["a","b"]})", 400, "prompt", "batched prompts not supported"},
-      {kCmpl, R"({"prompt":[[1],[2]]})", 400, "prompt", "batched prompts not supported"},
+      {kCmpl, R"({"prompt":["a",5]})", 400, "prompt", "each prompt of a list"},
+      {kCmpl, R"({"prompt":[[1],[]]})", 400, "prompt", "each prompt of a list"},
       {kCmpl, R"({"prompt":[]})", 400, "prompt", "empty"},
       {kCmpl, R"({"prompt":[[]]})", 400, "prompt", "empty"},
       {kCmpl, R"({"prompt":42})", 400, "prompt", "must be a string"},
