@@ -8,8 +8,8 @@
 // vocabulary. Scratch memory grows on first use only: none for greedy, 8 bytes per
 // candidate otherwise, plus a copy of the logits when logprobs are requested.
 //
-// Reported logprobs are the log-softmax of the raw logits (before penalties and
-// temperature), as vLLM reports by default ("raw_logprobs"); they are computed only when
+// Reported logprobs are the log-softmax of the logits with logit_bias added (as OpenAI
+// reports them) but before penalties and temperature, as vLLM reports by default; they are computed only when
 // params.logprobs >= 0, otherwise SampleResult::logprob is 0.
 #include "hack/model/sampler.h"
 
@@ -110,7 +110,6 @@ void Sampler::record_token(int token) {
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
-  for (const auto& [t, bias] : params_.logit_bias) logits[static_cast<size_t>(t)] += bias;
   // Repetition (HF/CTRL): over prompt and output, positive logits divided, others multiplied.
   const float rep = params_.repetition_penalty;
   if (rep != 1.0f) {
@@ -132,6 +131,8 @@ SampleResult Sampler::sample(std::span<float> logits) {
              logits.size(), vocab_size_);
   SampleResult result;
   const bool want_logprobs = params_.logprobs >= 0;
+  // logit_bias first: the reported logprobs are of the biased distribution, as OpenAI's are.
+  for (const auto& [t, bias] : params_.logit_bias) logits[static_cast<size_t>(t)] += bias;
   if (want_logprobs) raw_logits_.assign(logits.begin(), logits.end());
 
   apply_penalties(logits);

@@ -304,6 +304,9 @@ class OpenAIApiTest(ErrorBodyMixin, unittest.TestCase):
             self.assertEqual(r.choices[0].text, one * 4)
         texts, _, _ = self.stream_completion(prompt=PROMPT, max_tokens=4, temperature=0, logit_bias={str(first): 100})
         self.assertEqual(texts, {0: one * 4})
+        # Reported logprobs are of the biased distribution (OpenAI's): a +100 token is certain.
+        r = self.complete(prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1, logit_bias={str(first): 100})
+        self.assertGreater(r.choices[0].logprobs.token_logprobs[0], -1e-3)
         c = self.chat(messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
                       logit_bias={str(first): 100})
         self.assertEqual(c.choices[0].message.content, one * 3)

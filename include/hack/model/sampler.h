@@ -27,7 +27,7 @@ struct SamplingParams {
   std::vector<int> stop_token_ids;  ///< generation ends after emitting one of these
   /// OpenAI logit_bias: (token, bias in [-100, 100]) added to the token's logit before
   /// penalties, temperature and truncation (±100 in effect bans or forces the token).
-  /// Reported logprobs stay those of the raw logits.
+  /// Reported logprobs include it (the biased distribution, as OpenAI reports).
   std::vector<std::pair<int, float>> logit_bias;
   bool ignore_eos = false;
   int logprobs = -1;  ///< -1: none (SampleResult::logprob left 0); 0: the sampled token's; k > 0: also the top k
