@@ -189,9 +189,10 @@ ready() {  # NAME PATTERN: prints the ready line (waits 120 s)
 
 start_cluster() {  # KV
   local kv=$1 secret
-  secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  secret="$LOGS/secret-$kv"  # a file: daemons take secrets from files, never argv
+  (umask 077 && head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$secret")
   local node=(--model "$ROOT/$MODEL" --kv "$kv" --kv-dtype "$KV_DTYPE" --threads "$THREADS"
-    --max-model-len "$MAX_MODEL_LEN" --secret "$secret" --port 0 --log-level warn)
+    --max-model-len "$MAX_MODEL_LEN" --secret-file "$secret" --port 0 --log-level warn)
   start "decode-$kv" "$NS_D" UCX_TLS=tcp "UCX_NET_DEVICES=$VETH_D" -- \
     "$BIN/hack-decode" "${node[@]}" --host "$IP_D" --ucx-port 0
   DEC_PORT=$(ready "decode-$kv" 'hack-decode ready' | awk '{print $4}')
@@ -200,7 +201,7 @@ start_cluster() {  # KV
   PRE_PORT=$(ready "prefill-$kv" 'hack-prefill ready' | awk '{print $4}')
   start "router-$kv" "$NS_P" -- "$BIN/hack-router" --model "$ROOT/$MODEL" --port 0 \
     --max-model-len "$MAX_MODEL_LEN" --prefill "127.0.0.1:$PRE_PORT" --decode "$IP_D:$DEC_PORT" \
-    --secret "$secret" --log-level warn
+    --secret-file "$secret" --log-level warn
   RT_PORT=$(ready "router-$kv" 'hack-router ready' | awk '{print $4}')
   for _ in $(seq 100); do
     in_p curl -fsS -o /dev/null "http://127.0.0.1:$RT_PORT/health" 2>/dev/null && return 0

@@ -23,7 +23,7 @@
 //   node_direct_bench --prefill HOST:PORT --decode HOST:PORT [--router HOST:PORT]
 //                     [--modes direct,router] [--concurrency 1,2,4,8,16,32]
 //                     [--requests 400] [--warmup 20] [--prompt-tokens 8] [--max-tokens 1]
-//                     [--min-id 100] [--max-id 4000] [--secret S] [--timeout 60] [--seed 1]
+//                     [--min-id 100] [--max-id 4000] [--secret-file F] [--timeout 60] [--seed 1]
 //                     [--json]
 #include <algorithm>
 #include <atomic>
@@ -79,7 +79,7 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_string("prefill", &a.prefill, "prefill node HTTP host:port");
   flags.add_string("decode", &a.decode, "decode node HTTP host:port (its UCX address is read from /health)");
   flags.add_string("router", &a.router, "hack-router host:port (needed for --modes router)");
-  flags.add_string("secret", &a.secret, "the nodes' shared secret (X-Hack-Secret)");
+  flags.add_secret("secret", &a.secret, "the nodes' shared secret (X-Hack-Secret)");
   flags.add_string("modes", &modes, "direct and/or router");
   flags.add_string("concurrency", &concurrency, "closed-loop concurrency levels, comma-separated");
   flags.add_int("requests", &a.requests, "measured requests per (concurrency, mode)");

@@ -71,13 +71,15 @@ ready() {
 }
 
 SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-NODE=(--model "$MODEL" --kv "$KV" --threads "$THREADS" --secret "$SECRET" --port 0 --log-level warn)
+SECRET_FILE="$LOGS/secret"  # daemons take secrets from files, never argv
+(umask 077 && echo "$SECRET" >"$SECRET_FILE")
+NODE=(--model "$MODEL" --kv "$KV" --threads "$THREADS" --secret-file "$SECRET_FILE" --port 0 --log-level warn)
 start decode "$BIN/hack-decode" "${NODE[@]}" --ucx-port 0
 DEC_PORT=$(ready decode 'hack-decode ready' | awk '{print $4}')
 start prefill "$BIN/hack-prefill" "${NODE[@]}"
 PRE_PORT=$(ready prefill 'hack-prefill ready' | awk '{print $4}')
 start router "$BIN/hack-router" --model "$MODEL" --port 0 --prefill "127.0.0.1:$PRE_PORT" \
-  --decode "127.0.0.1:$DEC_PORT" --secret "$SECRET" --http-threads "$ROUTER_HTTP_THREADS" --log-level warn
+  --decode "127.0.0.1:$DEC_PORT" --secret-file "$SECRET_FILE" --http-threads "$ROUTER_HTTP_THREADS" --log-level warn
 RT_PORT=$(ready router 'hack-router ready' | awk '{print $4}')
 # The router routes only after its first successful health poll of each node (/health: 200).
 for _ in $(seq 100); do
@@ -88,5 +90,5 @@ done
 echo "router_overhead: kv $KV, model $MODEL, $THREADS compute thread(s) per node, $(nproc) cores;" \
   "prefill :$PRE_PORT, decode :$DEC_PORT, router :$RT_PORT (UCX_TLS=$UCX_TLS)"
 "$BIN/node_direct_bench" --prefill "127.0.0.1:$PRE_PORT" --decode "127.0.0.1:$DEC_PORT" \
-  --router "127.0.0.1:$RT_PORT" --secret "$SECRET" --concurrency "$CONCURRENCY" --requests "$REQUESTS" \
+  --router "127.0.0.1:$RT_PORT" --secret-file "$SECRET_FILE" --concurrency "$CONCURRENCY" --requests "$REQUESTS" \
   --warmup "$WARMUP" --prompt-tokens "$PROMPT_TOKENS" --max-tokens "$MAX_TOKENS" "$@"

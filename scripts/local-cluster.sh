@@ -80,11 +80,13 @@ start_all() {
   mkdir -p "$STATE_DIR"
   : >"$STATE_DIR/pids"
   SECRET=${SECRET:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
-  local node_flags=(--model "$MODEL" --kv "$KV" --threads "$THREADS" --secret "$SECRET")
+  # Daemons read the secret from a file only they can read (argv is visible to every user).
+  (umask 077 && echo "$SECRET" >"$STATE_DIR/secret")
+  local node_flags=(--model "$MODEL" --kv "$KV" --threads "$THREADS" --secret-file "$STATE_DIR/secret")
   local prefill_list="" decode_list="" vault_flags=()
   if [ "$VAULT" = 1 ]; then
     start_daemon vault "$BIN/hack-vault" --port "$VAULT_PORT" --ucx-port $((VAULT_PORT + 1)) --max-bytes "$VAULT_BYTES" \
-      --secret "$SECRET"
+      --secret-file "$STATE_DIR/secret"
     wait_http "http://127.0.0.1:$VAULT_PORT/health" 60 || { echo "local-cluster: the vault did not start:" >&2; cat "$STATE_DIR/vault.log" >&2; stop_all; exit 1; }
     vault_flags=(--vault "127.0.0.1:$((VAULT_PORT + 1))")
   fi
@@ -103,7 +105,7 @@ start_all() {
     wait_http "http://127.0.0.1:$((DECODE_PORT + i))/health" 120 || { echo "local-cluster: decode$i did not start:" >&2; cat "$STATE_DIR/decode$i.log" >&2; stop_all; exit 1; }
   done
   start_daemon router "$BIN/hack-router" --model "$MODEL" --port "$PORT" --prefill "$prefill_list" \
-    --decode "$decode_list" --secret "$SECRET" ${EXTRA_ROUTER_FLAGS:-}
+    --decode "$decode_list" --secret-file "$STATE_DIR/secret" ${EXTRA_ROUTER_FLAGS:-}
   wait_http "http://127.0.0.1:$PORT/health" 60 || { echo "local-cluster: the router did not become ready:" >&2; cat "$STATE_DIR/router.log" >&2; stop_all; exit 1; }
   echo "local-cluster: ready — OpenAI API at http://127.0.0.1:$PORT/v1 ($PREFILL prefill, $DECODE decode, vault $VAULT, kv $KV, model $MODEL); logs in $STATE_DIR/"
 }

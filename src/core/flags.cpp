@@ -105,6 +105,27 @@ std::string FlagSet::env_name(const std::string& flag) const {
   return e;
 }
 
+void FlagSet::add_secret(std::string name, std::string* target, std::string help) {
+  const std::string env = env_name(name);
+  Flag& f = add(name, help + " (never on the command line: set " + env + " or use --" + name + "-file)", "");
+  f.set = [target, name, env](const std::string& value, const std::string& source) {
+    HACK_CHECK(source != "command line",
+               "--{} on the command line is visible to every user of this machine (ps); set {} in the environment, "
+               "put it in the --config file, or use --{}-file PATH",
+               name, env, name);
+    *target = value;
+  };
+  Flag& file = add(name + "-file", "file whose first line is the " + name + " (keep it readable by this user only)", "");
+  file.set = [target, name](const std::string& path, const std::string& source) {
+    std::ifstream in(path);
+    HACK_CHECK(in.good(), "{}: --{}-file {}: cannot read the file", source, name, path);
+    std::string line;
+    std::getline(in, line);
+    *target = trim(line);
+    HACK_CHECK(!target->empty(), "{}: --{}-file {}: the file is empty", source, name, path);
+  };
+}
+
 void FlagSet::apply(Flag& f, const std::string& value, const std::string& source) {
   f.set(value, source);
   set_[f.name] = true;

@@ -26,7 +26,7 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_string("host", &c.host, "address to bind HTTP and UCX to");
   flags.add_int("port", &c.port, "HTTP port of the internal API (0 = any free port)");
   flags.add_int("ucx-port", &c.ucx_port, "UCX listener port for KV from prefill nodes (0 = any free port)");
-  flags.add_string("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
+  flags.add_secret("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
   flags.add_int("reserve-ahead", &c.reserve_ahead_tokens, "KV reservation step in tokens beyond a request's length");

@@ -17,7 +17,7 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
   add_served_name_flag(flags, c.model);
   flags.add_string("host", &c.host, "address to bind HTTP to");
   flags.add_int("port", &c.port, "HTTP port of the internal API (0 = any free port)");
-  flags.add_string("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
+  flags.add_secret("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_int64("window-mb", &c.window_mb, "KV bytes in flight per decode node before sends wait (MiB)");
   flags.add_float("send-timeout", &c.send_timeout_s, "seconds a job's KV may take to leave after its prefill");

@@ -45,7 +45,7 @@ void add_router_flags(FlagSet& flags, RouterConfig& c) {
   flags.add_int("max-model-len", &c.max_model_len, "longest prompt + completion; 0 = max_position_embeddings");
   flags.add_list("api-key", &c.api_keys, "accepted API key (Authorization: Bearer); repeatable; none = no auth");
   flags.add_string("api-key-file", &c.api_key_file, "file with one accepted API key per line");
-  flags.add_string("secret", &c.secret, "shared secret of the nodes' internal endpoints");
+  flags.add_secret("secret", &c.secret, "shared secret of the nodes' internal endpoints");
   flags.add_float("health-interval", &c.health_interval_s, "seconds between health polls of every node");
   flags.add_float("request-timeout", &c.request_timeout_s, "seconds a node connection may stay silent");
   flags.add_int64("max-queue-tokens", &c.max_queue_tokens,

@@ -34,7 +34,7 @@ void add_vault_flags(FlagSet& flags, VaultServerConfig& c) {
   flags.add_string("data-dir", &c.data_dir, "persist blocks in append-only segment files here (empty = memory only)");
   flags.add_bool("fsync", &c.fsync, "fdatasync after every stored record (durable across power loss, slower)");
   flags.add_float("orphan-timeout", &c.orphan_timeout_s, "seconds a block waits for its parent before it is dropped");
-  flags.add_string("secret", &c.secret, "shared secret required on internal HTTP endpoints (X-Hack-Secret); empty = none");
+  flags.add_secret("secret", &c.secret, "shared secret required on internal HTTP endpoints (X-Hack-Secret); empty = none");
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks,
                  "serve POST /internal/test/corrupt and GET /internal/test/keys for fault tests; never in production");

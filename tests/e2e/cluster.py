@@ -202,6 +202,10 @@ class Cluster:
                  decode_flags=(), prefill_flags=(), vault=False, vault_flags=()):
         self.secret = secrets.token_hex(8)
         self.log_dir = tempfile.mkdtemp(prefix="hack-e2e-")
+        # Daemons read the secret from a file (never from argv, where `ps` shows it).
+        self.secret_file = os.path.join(self.log_dir, "secret")
+        with open(os.open(self.secret_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(self.secret + "\n")
         self.env = dict(os.environ)
         self.env.setdefault("UCX_TLS", "tcp")
         self.prefill, self.decode, self.routers = [], [], []
@@ -209,7 +213,7 @@ class Cluster:
         self._vault_flags = list(vault_flags)
         self._stopped = False
         _clusters.add(self)
-        node_args = ["--model", MODEL_DIR, "--threads", str(threads), "--kv", kv, "--secret", self.secret,
+        node_args = ["--model", MODEL_DIR, "--threads", str(threads), "--kv", kv, "--secret-file", self.secret_file,
                      "--port", "0", *node_flags]
         try:
             vault_args = []
@@ -231,7 +235,7 @@ class Cluster:
 
     def add_router(self, flags=(), wait_healthy=True):
         """Another hack-router over the same nodes, with extra `flags`; waits for /health 200."""
-        argv = [binary("hack-router"), "--model", MODEL_DIR, "--port", "0", "--secret", self.secret,
+        argv = [binary("hack-router"), "--model", MODEL_DIR, "--port", "0", "--secret-file", self.secret_file,
                 "--prefill", ",".join(p.address for p in self.prefill),
                 "--decode", ",".join(d.address for d in self.decode), *flags]
         r = Daemon(f"router{len(self.routers)}", argv, self.log_dir, self.env)
@@ -255,7 +259,7 @@ class Cluster:
     def start_vault(self, ucx_port=0):
         """(Re)starts hack-vault with the cluster's vault_flags; ucx_port pins its UCX port (a
         restarted vault must come back where the prefill nodes look for it)."""
-        argv = [binary("hack-vault"), "--port", "0", "--ucx-port", str(ucx_port), "--secret", self.secret,
+        argv = [binary("hack-vault"), "--port", "0", "--ucx-port", str(ucx_port), "--secret-file", self.secret_file,
                 "--enable-test-hooks", *self._vault_flags]
         self.vault = Daemon(f"vault{len([d for d in os.listdir(self.log_dir) if d.startswith('vault')])}", argv,
                             self.log_dir, self.env)

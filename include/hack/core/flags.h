@@ -28,6 +28,10 @@ class FlagSet {
   void add_bool(std::string name, bool* target, std::string help);  ///< `--x`, `--x=false`
   /// Repeatable flag; each occurrence appends.
   void add_list(std::string name, std::vector<std::string>* target, std::string help);
+  /// A secret: from its environment mirror, the config file, or `--NAME-file PATH` (the
+  /// file's first line) — never from the command line itself, where every user of the
+  /// machine reads it with `ps`. Registers both NAME and NAME-file.
+  void add_secret(std::string name, std::string* target, std::string help);
   /// Optional value: stays unset unless given.
   void add_optional_uint64(std::string name, std::optional<uint64_t>* target, std::string help);
 

@@ -79,3 +79,56 @@ TEST_CASE("flags: token id lists in every form users type", "[core][flags]") {
   REQUIRE(parse_id_list(" [ ] ", "prompt-ids").empty());
   REQUIRE_THROWS_WITH(parse_id_list("[1, 2.5]", "prompt-ids"), Catch::Contains("--prompt-ids"));
 }
+
+TEST_CASE("flags: a secret comes from a file, the environment or the config, never argv", "[core][flags]") {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto file = dir / "hack_flags_secret";
+  {
+    std::ofstream out(file);
+    out << "s3cret \n";
+  }
+  std::string secret;
+  auto make_secret = [&] {
+    FlagSet f("t", "test", "HACK_FLAGTEST");
+    f.add_secret("secret", &secret, "shared secret");
+    return f;
+  };
+  {
+    FlagSet f = make_secret();
+    const std::string path = file.string();
+    const char* argv[] = {"t", "--secret-file", path.c_str()};
+    REQUIRE(f.parse(3, argv));
+    CHECK(secret == "s3cret");
+  }
+  {
+    FlagSet f = make_secret();
+    const char* argv[] = {"t", "--secret", "visible-in-ps"};
+    CHECK_THROWS_WITH(f.parse(3, argv), Catch::Contains("visible to every user") && Catch::Contains("HACK_FLAGTEST_SECRET"));
+  }
+  {
+    ::setenv("HACK_FLAGTEST_SECRET", "from-env", 1);
+    FlagSet f = make_secret();
+    const char* argv[] = {"t"};
+    REQUIRE(f.parse(1, argv));
+    CHECK(secret == "from-env");
+    ::unsetenv("HACK_FLAGTEST_SECRET");
+  }
+  {
+    const auto cfg = dir / "hack_flags_secret.conf";
+    {
+      std::ofstream out(cfg);
+      out << "secret = from-config\n";
+    }
+    FlagSet f = make_secret();
+    const std::string cfg_s = cfg.string();
+    const char* argv[] = {"t", "--config", cfg_s.c_str()};
+    REQUIRE(f.parse(3, argv));
+    CHECK(secret == "from-config");
+  }
+  {
+    FlagSet f = make_secret();
+    const char* argv[] = {"t", "--secret-file", "/nonexistent/secret"};
+    CHECK_THROWS_WITH(f.parse(3, argv), Catch::Contains("cannot read"));
+  }
+  std::filesystem::remove(file);
+}
