@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
     std::printf("hack-decode ready: http %d ucx %s\n", server.port(), server.ucx_address().c_str());
     std::fflush(stdout);
     signal.wait();
+    server.drain(config.drain_timeout_s);  // SIGTERM: finish what runs, take nothing new
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hack-decode: error: %s\n", e.what());

@@ -34,6 +34,8 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks, "honour --test-step-delay-ms; never in production");
   flags.add_int("test-step-delay-ms", &c.test_step_delay_ms,
                 "with --enable-test-hooks: sleep this long after each decode step (long streams for routing tests)");
+  flags.add_float("drain-timeout", &c.drain_timeout_s,
+                  "on SIGTERM: seconds to finish running requests (taking no new ones) before exiting");
   add_vault_flags(flags, c.vault, /*restores=*/false);
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
@@ -49,6 +51,7 @@ struct DecodeServer::Impl {
   DType vault_dtype = DType::bf16;
   BlockKey vault_root{};
   std::atomic<uint64_t> blocks_stored{0};
+  std::atomic<bool> draining{false};
   std::unique_ptr<DecodeScheduler> scheduler;
   std::unique_ptr<net::KvReceiver> receiver;
   Metrics metrics;
@@ -157,6 +160,7 @@ struct DecodeServer::Impl {
     h.role = "decode";
     h.model = rt->name;
     h.ucx_address = ucx_address();
+    h.draining = draining;
     h.queue_tokens = st.queue_tokens;
     h.running = st.running;
     h.waiting = st.waiting;
@@ -170,6 +174,10 @@ struct DecodeServer::Impl {
   void handle(HttpRequest req, std::shared_ptr<Responder> res) {
     if (answer_common_node_request(req, *res, endpoints)) return;
     if (req.method == "POST" && req.path == "/internal/generate") {
+      if (draining) {
+        res->send(503, "application/json", node_error_body("this decode node is draining (shutting down)", "unavailable"));
+        return;
+      }
       generate(req, res);
     } else if (req.method == "POST" && req.path == "/internal/cancel") {
       if (const auto id = cancel_request_id(req, *res)) {
@@ -285,5 +293,18 @@ DecodeServer::DecodeServer(const DecodeServerConfig& config) : impl_(std::make_u
 DecodeServer::~DecodeServer() = default;
 int DecodeServer::port() const { return impl_->http->port(); }
 std::string DecodeServer::ucx_address() const { return impl_->ucx_address(); }
+
+bool DecodeServer::drain(double timeout_s) {
+  impl_->draining = true;
+  const DecodeSchedulerStats st = impl_->scheduler->stats();
+  spdlog::info("hack-decode: draining: {} running, {} waiting; up to {} s", st.running, st.waiting, timeout_s);
+  const bool idle = impl_->scheduler->wait_idle(timeout_s);
+  if (idle) {
+    spdlog::info("hack-decode: drained");
+  } else {
+    spdlog::warn("hack-decode: requests still open after {} s; they end with an error", timeout_s);
+  }
+  return idle;
+}
 
 }  // namespace hack::server

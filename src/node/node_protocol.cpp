@@ -176,7 +176,8 @@ std::string to_json(const NodeEvent& e) {
 }
 
 std::string to_json(const NodeHealth& h) {
-  return json{{"status", "ok"},
+  return json{{"status", h.draining ? "draining" : "ok"},
+              {"draining", h.draining},
               {"role", h.role},
               {"model", h.model},
               {"ucx_address", h.ucx_address},
@@ -282,6 +283,7 @@ NodeHealth parse_node_health(std::string_view text) {
   h.kv_bytes_transferred = field_or<uint64_t>(j, what, "kv_bytes_transferred", 0);
   h.kv_sequences = field_or<int64_t>(j, what, "kv_sequences", 0);
   h.kv_bytes_used = field_or<uint64_t>(j, what, "kv_bytes_used", 0);
+  h.draining = field_or<bool>(j, what, "draining", false);
   return h;
 }
 

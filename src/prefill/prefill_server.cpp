@@ -2,6 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "hack/net/ucx_worker.h"
 #include "hack/http/http_server.h"
 #include "hack/node/metrics.h"
@@ -32,6 +36,8 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                  "bit-identical to no cache (default: any whole block — more reuse, the rest of the prompt may round "
                  "differently in its last bits)");
   add_vault_flags(flags, c.vault, /*restores=*/true);
+  flags.add_float("drain-timeout", &c.drain_timeout_s,
+                  "on SIGTERM: seconds to finish queued and running prefills (taking no new ones) before exiting");
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
   flags.add_string("log-level", &c.log_level, "trace|debug|info|warn|error|off");
 }
@@ -55,6 +61,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<net::UcxWorker> ucx;
   std::unique_ptr<PrefillWorker> worker;
   bool worker_has_prefix_cache = false;
+  std::atomic<bool> draining{false};
   int block_tokens = 64;
   Metrics metrics;
   NodeEndpoints endpoints;
@@ -121,6 +128,7 @@ struct PrefillServer::Impl {
   NodeHealth health() const {
     NodeHealth h;
     h.role = "prefill";
+    h.draining = draining;
     h.model = rt->name;
     h.queue_tokens = worker->queue_tokens();
     h.running = h.queue_tokens > 0 ? 1 : 0;
@@ -134,6 +142,10 @@ struct PrefillServer::Impl {
   void handle(HttpRequest req, std::shared_ptr<Responder> res) {
     if (answer_common_node_request(req, *res, endpoints)) return;
     if (req.method == "POST" && req.path == "/internal/prefill") {
+      if (draining) {
+        res->send(503, "application/json", node_error_body("this prefill node is draining (shutting down)", "unavailable"));
+        return;
+      }
       prefill(req, res);
     } else if (req.method == "POST" && req.path == "/internal/cancel") {
       if (const auto id = cancel_request_id(req, *res)) {
@@ -199,5 +211,21 @@ struct PrefillServer::Impl {
 PrefillServer::PrefillServer(const PrefillServerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
 PrefillServer::~PrefillServer() = default;
 int PrefillServer::port() const { return impl_->http->port(); }
+
+bool PrefillServer::drain(double timeout_s) {
+  impl_->draining = true;
+  spdlog::info("hack-prefill: draining: {} tokens queued or running; up to {} s", impl_->worker->queue_tokens(),
+               timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (impl_->worker->queue_tokens() > 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      spdlog::warn("hack-prefill: jobs still open after {} s; they end with an error", timeout_s);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  spdlog::info("hack-prefill: drained");
+  return true;
+}
 
 }  // namespace hack::server

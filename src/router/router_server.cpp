@@ -397,7 +397,11 @@ struct RouterServer::Impl {
       uint64_t& seen = kv_bytes_seen[node.name];
       if (h.kv_bytes_transferred > seen) metrics.add_kv_bytes_transferred(node.name, h.kv_bytes_transferred - seen);
       seen = h.kv_bytes_transferred;
-      pool.report_success(node.name, h.queue_tokens);
+      if (h.draining) {
+        pool.report_draining(node.name);
+      } else {
+        pool.report_success(node.name, h.queue_tokens);
+      }
     } catch (const std::exception& e) {
       spdlog::debug("health of {} node {}: {}", role, node.name, e.what());
       pool.report_failure(node.name);

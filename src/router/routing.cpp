@@ -171,6 +171,15 @@ void NodePool::report_failure(std::string_view name) {
   if (n->healthy && n->consecutive_failures >= state_->policy.failures_to_leave) n->healthy = false;
 }
 
+void NodePool::report_draining(std::string_view name) {
+  std::lock_guard lock(state_->mutex);
+  Node* n = state_->find(name);
+  if (!n) return;
+  n->consecutive_successes = 0;
+  n->consecutive_failures = std::max(n->consecutive_failures, state_->policy.failures_to_leave);
+  n->healthy = false;
+}
+
 std::optional<NodeAddress> NodePool::pick(const std::set<std::string>& exclude) {
   std::lock_guard lock(state_->mutex);
   const size_t i = state_->choose(exclude);

@@ -1035,6 +1035,45 @@ class RoutingTest(ErrorBodyMixin, unittest.TestCase):
         second.close()
         self.assert_nodes_idle()
 
+    def test_sigterm_drains_a_decode_node(self):
+        # SIGTERM on the decode node running a long stream: the stream still ends normally
+        # (every token, finish_reason length), new requests go to the other node at once, and
+        # the drained node exits 0 once its stream is done.
+        c = self.start(["--health-interval", "0.1"], decode_flags=["--enable-test-hooks", "--test-step-delay-ms", "3"])
+        body = dict(LONG, max_tokens=300, stream_options={"include_usage": True})
+        long = SseStream(self.port, "/v1/completions", body)
+        self.addCleanup(long.close)
+        self.assertEqual(long.status, 200)
+        first = long.next_event()
+        self.assertIsInstance(first, dict)
+        busy = self.running_node(c.decode)
+        busy.terminate()
+        wait_for(lambda: busy.health()["draining"], SETTLE_S, "the node to say it is draining")
+        ref = hack_run(PROMPT, max_tokens=8)["text"]
+        for i in range(4):
+            status, out = self.complete()
+            self.assertEqual(status, 200, f"request {i} during the drain: {out[:300]!r}")
+            self.assertEqual(json.loads(out)["choices"][0]["text"], ref)
+        events = [first] + long.read_all()
+        self.assertTrue(long.done)
+        text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+        finish = [e["choices"][0]["finish_reason"] for e in events if e.get("choices") and e["choices"][0]["finish_reason"]]
+        self.assertEqual(finish, ["length"])
+        self.assertTrue(text)
+        usage = [e["usage"] for e in events if e.get("usage")]
+        self.assertEqual(usage[-1]["completion_tokens"], 300)
+        self.assertEqual(busy.proc.wait(30), 0)
+
+    def test_sigterm_on_an_idle_prefill_node_exits_at_once_and_routing_goes_on(self):
+        c = self.start(["--health-interval", "0.1"])
+        c.prefill[0].terminate()
+        self.assertEqual(c.prefill[0].proc.wait(10), 0)
+        ref = hack_run(PROMPT, max_tokens=8)["text"]
+        for i in range(4):
+            status, out = self.complete()
+            self.assertEqual(status, 200, f"request {i}: {out[:300]!r}")
+            self.assertEqual(json.loads(out)["choices"][0]["text"], ref)
+
     def test_killed_decode_node_is_avoided(self):
         c = self.start(["--health-interval", "0.2"])
         ref = hack_run(PROMPT, max_tokens=8)["text"]

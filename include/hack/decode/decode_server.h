@@ -27,6 +27,7 @@ struct DecodeServerConfig {
   float kv_timeout_s = 120;
   bool enable_test_hooks = false;  ///< honour --test-step-delay-ms
   int test_step_delay_ms = 0;
+  float drain_timeout_s = 20;      ///< SIGTERM: seconds to finish running requests before exiting
   VaultFlags vault;                ///< --vault*: store finished conversations' new blocks (node/vault_flags.h)
   bool json_logs = false;
   std::string log_level = "info";
@@ -46,6 +47,10 @@ class DecodeServer {
 
   int port() const;
   std::string ucx_address() const;
+  /// Drains (what SIGTERM does before the destructor): refuses new requests with 503, tells
+  /// /health it is draining (routers stop sending at once), and waits up to timeout_s for the
+  /// running ones to finish. True when they all did.
+  bool drain(double timeout_s);
 
  private:
   struct Impl;

@@ -81,6 +81,7 @@ struct NodeHealth {
   uint64_t kv_bytes_transferred = 0;
   int64_t kv_sequences = 0;   ///< sequences holding KV now (0 when idle: accounting check)
   uint64_t kv_bytes_used = 0; ///< KV bytes held now
+  bool draining = false;      ///< SIGTERM: finishing what it runs, taking nothing new (routers skip it)
 };
 
 std::string to_json(const SamplingParams& params);

@@ -25,7 +25,8 @@ struct PrefillServerConfig {
   bool enable_test_hooks = false;  ///< honour test_corrupt_page; --test-layer-delay-ms
   int test_layer_delay_ms = 0;
   std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none
-  bool prefix_whole_chunks = false;  ///< restore whole prefill chunks only (bit-identical to no cache)
+  bool prefix_whole_chunks = false;
+  float drain_timeout_s = 20;      ///< SIGTERM: seconds to finish queued and running jobs before exiting  ///< restore whole prefill chunks only (bit-identical to no cache)
   VaultFlags vault;                ///< --vault* (node/vault_flags.h)
   bool json_logs = false;
   std::string log_level = "info";
@@ -42,6 +43,10 @@ class PrefillServer {
   PrefillServer& operator=(const PrefillServer&) = delete;
 
   int port() const;
+  /// Drains (what SIGTERM does before the destructor): refuses new prefills with 503, tells
+  /// /health it is draining, and waits up to timeout_s for queued and running jobs. True when
+  /// they all finished.
+  bool drain(double timeout_s);
 
  private:
   struct Impl;

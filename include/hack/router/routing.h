@@ -73,6 +73,9 @@ class NodePool {
   void report_success(std::string_view name, int64_t queue_tokens);
   /// A poll failed or a request could not reach the node.
   void report_failure(std::string_view name);
+  /// The node says it is draining (SIGTERM): out of the pool at once, back like a failed
+  /// node once it answers healthy again (a restarted process).
+  void report_draining(std::string_view name);
 
   /// Router-side accounting of one request on a node: `tokens` count in the node's load
   /// from acquire until the lease ends (destroyed or released).
