@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -298,8 +300,20 @@ bool DecodeServer::drain(double timeout_s) {
   impl_->draining = true;
   const DecodeSchedulerStats st = impl_->scheduler->stats();
   spdlog::info("hack-decode: draining: {} running, {} waiting; up to {} s", st.running, st.waiting, timeout_s);
-  const bool idle = impl_->scheduler->wait_idle(timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool idle = impl_->scheduler->wait_idle(timeout_s);
+  // Then every stream's last event handed to its connection...
+  while (idle) {
+    {
+      std::lock_guard lock(impl_->streams_mutex);
+      if (impl_->streams.empty()) break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) idle = false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (idle) {
+    // ...and a moment for those bytes to leave before the server closes its sockets.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     spdlog::info("hack-decode: drained");
   } else {
     spdlog::warn("hack-decode: requests still open after {} s; they end with an error", timeout_s);

@@ -62,6 +62,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<PrefillWorker> worker;
   bool worker_has_prefix_cache = false;
   std::atomic<bool> draining{false};
+  std::atomic<int> replies_pending{0};  // accepted prefills whose HTTP reply is not yet sent
   int block_tokens = 64;
   Metrics metrics;
   NodeEndpoints endpoints;
@@ -179,6 +180,10 @@ struct PrefillServer::Impl {
     }
     const uint64_t id = job.request_id;
     job.on_done = [this, res](uint64_t request_id, PrefillOutcome outcome) {
+      struct Sent {  // the reply is handed to the connection when this goes out of scope
+        std::atomic<int>& pending;
+        ~Sent() { --pending; }
+      } sent{replies_pending};
       if (auto* r = std::get_if<PrefillResult>(&outcome)) {
         metrics.add_kv_bytes_transferred("prefill", r->kv_bytes);
         metrics.add_prompt_tokens(r->prompt_tokens);
@@ -203,8 +208,12 @@ struct PrefillServer::Impl {
     res->on_client_closed([this, id] {
       if (worker->cancel(id)) spdlog::info("request {}: caller went away, prefill cancelled", id);
     });
+    ++replies_pending;
     const Status st = worker->submit(std::move(job));
-    if (!st) res->send(400, "application/json", node_error_body(st.message(), "invalid_request_error"));
+    if (!st) {
+      --replies_pending;  // on_done never runs for a refused job
+      res->send(400, "application/json", node_error_body(st.message(), "invalid_request_error"));
+    }
   }
 };
 
@@ -217,13 +226,14 @@ bool PrefillServer::drain(double timeout_s) {
   spdlog::info("hack-prefill: draining: {} tokens queued or running; up to {} s", impl_->worker->queue_tokens(),
                timeout_s);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (impl_->worker->queue_tokens() > 0) {
+  while (impl_->worker->queue_tokens() > 0 || impl_->replies_pending > 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       spdlog::warn("hack-prefill: jobs still open after {} s; they end with an error", timeout_s);
       return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the last replies leave their sockets
   spdlog::info("hack-prefill: drained");
   return true;
 }
