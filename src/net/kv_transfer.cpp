@@ -20,18 +20,6 @@ namespace {
 // ends. A message with seq 0 starts the id afresh.
 constexpr size_t kEndedIdsKept = 4096;
 
-std::vector<std::byte> encode(const WireHeader& header) {
-  std::vector<std::byte> out(kWireHeaderBytes);
-  encode_wire_header(header, std::span<std::byte, kWireHeaderBytes>(out.data(), kWireHeaderBytes));
-  return out;
-}
-
-std::vector<std::byte> text_bytes(std::string_view text) {
-  text = text.substr(0, kWireMaxErrorBytes);
-  const auto* begin = reinterpret_cast<const std::byte*>(text.data());
-  return {begin, begin + text.size()};
-}
-
 std::string bytes_text(std::span<const std::byte> bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
@@ -80,8 +68,8 @@ struct KvReceiver::State {
     spdlog::warn("kv receiver: request {} failed: {}", id, error.message());
     if (callbacks.on_request_error) callbacks.on_request_error(id, error);
     // Tell the sender, so it stops streaming and ends the request.
-    const auto text = text_bytes(error.message());
-    auto header = encode(make_wire_header(WireType::request_error, id, 0, 0, text));
+    const auto text = wire_text(error.message());
+    auto header = encode_wire_header(make_wire_header(WireType::request_error, id, 0, 0, text));
     worker.send(request.from, kKvReplyAmId, std::move(header), text);
   }
 
@@ -434,7 +422,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       ++request.in_flight;
       request.ended = end;
-      enqueue(peer, Outgoing{id, true, encode(header), std::move(payload)});
+      enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
     }
     drain(peer);
     return Status::ok();
@@ -443,8 +431,8 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   // A request_cancel outside any request's sequence (the receiver handles it on arrival);
   // it follows the request's earlier messages through the same queue.
   void send_cancel(EndpointId peer, uint64_t id, std::string_view reason) {
-    auto payload = text_bytes(reason);
-    auto header = encode(make_wire_header(WireType::request_cancel, id, 0, 0, payload));
+    auto payload = wire_text(reason);
+    auto header = encode_wire_header(make_wire_header(WireType::request_cancel, id, 0, 0, payload));
     {
       std::lock_guard lock(mutex);
       enqueue(peer, Outgoing{id, false, std::move(header), std::move(payload)});

@@ -24,13 +24,6 @@ Clock::time_point deadline_after(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-std::vector<std::byte> header_bytes(WireType type, uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
-  std::vector<std::byte> out(kWireHeaderBytes);
-  encode_wire_header(make_wire_header(type, id, layer, 0, payload),
-                     std::span<std::byte, kWireHeaderBytes>(out.data(), kWireHeaderBytes));
-  return out;
-}
-
 }  // namespace
 
 // One call waiting for its reply (or replies: a promote's head and layers).
@@ -267,7 +260,7 @@ void VaultClient::store(const std::string& name_space, const BlockKey& key, cons
     shared_->stats.store_bytes += value.size();
   }
   std::vector<std::byte> payload = encode_vault_store(m);
-  std::vector<std::byte> header = header_bytes(WireType::vault_store, 0, 0, payload);
+  std::vector<std::byte> header = encode_wire_header(make_wire_header(WireType::vault_store, 0, 0, 0, payload));
   std::weak_ptr<Shared> weak = shared_;
   const size_t bytes = value.size();
   worker_.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, bytes](const Status& s) {
@@ -315,7 +308,7 @@ std::pair<uint64_t, std::shared_ptr<VaultCall>> start_call(VaultClient::Shared& 
     call->endpoint = *ep;
     s.calls[id] = call;
   }
-  std::vector<std::byte> header = header_bytes(type, id, 0, payload);
+  std::vector<std::byte> header = encode_wire_header(make_wire_header(type, id, 0, 0, payload));
   std::weak_ptr<VaultClient::Shared> weak = owner;
   worker.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, id](const Status& st) {
     if (st) return;

@@ -66,6 +66,18 @@ void encode_wire_header(const WireHeader& header, std::span<std::byte, kWireHead
   put_le(out.data(), at, header.payload_checksum);
 }
 
+std::vector<std::byte> encode_wire_header(const WireHeader& header) {
+  std::vector<std::byte> out(kWireHeaderBytes);
+  encode_wire_header(header, std::span<std::byte, kWireHeaderBytes>(out.data(), kWireHeaderBytes));
+  return out;
+}
+
+std::vector<std::byte> wire_text(std::string_view text) {
+  text = text.substr(0, kWireMaxErrorBytes);
+  const auto* begin = reinterpret_cast<const std::byte*>(text.data());
+  return {begin, begin + text.size()};
+}
+
 Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out) {
   if (bytes.size() != kWireHeaderBytes)
     return Status::error(fmt::format("wire header is {} bytes, expected {}", bytes.size(), kWireHeaderBytes));

@@ -66,19 +66,6 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::vector<std::byte> wire_header(WireType type, uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
-  std::vector<std::byte> out(net::kWireHeaderBytes);
-  net::encode_wire_header(net::make_wire_header(type, id, layer, 0, payload),
-                          std::span<std::byte, net::kWireHeaderBytes>(out.data(), net::kWireHeaderBytes));
-  return out;
-}
-
-std::vector<std::byte> text_bytes(std::string_view text) {
-  text = text.substr(0, net::kWireMaxErrorBytes);
-  const auto* b = reinterpret_cast<const std::byte*>(text.data());
-  return {b, b + text.size()};
-}
-
 nlohmann::json stats_json(const BlockStoreStats& s) {
   return {{"blocks", s.blocks},
           {"bytes", s.bytes},
@@ -203,7 +190,7 @@ struct VaultServer::Impl {
 
   void reply(net::EndpointId to, WireType type, uint64_t id, uint32_t layer, std::vector<std::byte> payload,
              net::UcxWorker::SendCallback done = {}) {
-    std::vector<std::byte> header = wire_header(type, id, layer, payload);  // before payload is moved from
+    std::vector<std::byte> header = net::encode_wire_header(net::make_wire_header(type, id, layer, 0, payload));  // before payload is moved from
     ucx->send(to, net::kVaultReplyAmId, std::move(header), std::move(payload), std::move(done));
   }
 
@@ -249,7 +236,7 @@ struct VaultServer::Impl {
       ++bad_messages;
       spdlog::warn("vault: call {} ({}) from endpoint {} failed: {}", h.request_id, net::wire_type_name(h.type), from,
                    e.what());
-      if (h.type != WireType::vault_store) reply(from, WireType::vault_error, h.request_id, 0, text_bytes(e.what()));
+      if (h.type != WireType::vault_store) reply(from, WireType::vault_error, h.request_id, 0, net::wire_text(e.what()));
     }
   }
 

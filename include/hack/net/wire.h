@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "hack/core/error.h"
 
@@ -75,6 +77,13 @@ WireHeader make_wire_header(WireType type, uint64_t request_id, uint32_t layer, 
 
 /// Writes the 40-byte encoding into out (out.size() must be kWireHeaderBytes).
 void encode_wire_header(const WireHeader& header, std::span<std::byte, kWireHeaderBytes> out);
+
+/// The header as a freshly allocated 40-byte buffer (what UcxWorker::send takes).
+std::vector<std::byte> encode_wire_header(const WireHeader& header);
+
+/// A UTF-8 message as a payload (request_error, request_cancel, vault_error), cut to
+/// kWireMaxErrorBytes.
+std::vector<std::byte> wire_text(std::string_view text);
 
 /// Decodes and validates a header: size, magic, version, known type, payload length within
 /// the limit of its type. On failure returns an error and leaves `out` untouched.
