@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "hack/core/dtype.h"
 #include "hack/core/error.h"
 #include "hack/decode/decode_scheduler.h"
 #include "hack/kv/kv_stream.h"
@@ -46,23 +45,8 @@ void KvRecorder::add_exact_message(int layer, std::span<const std::byte> message
   HACK_CHECK(h.num_kv_heads == shape_.num_kv_heads && h.head_dim == shape_.head_dim,
              "kv recorder: message of {} heads × {} dims, cache has {} × {}", h.num_kv_heads, h.head_dim,
              shape_.num_kv_heads, shape_.head_dim);
-  const size_t elem = dtype_size(h.dtype);
-  const size_t n = static_cast<size_t>(h.n_tokens) * token_floats_;
-  const std::byte* kp = message.data() + kExactTokensHeaderBytes;
-  const std::byte* vp = kp + n * elem;
-  std::vector<float> k(n), v(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (h.dtype == DType::f32) {
-      std::memcpy(&k[i], kp + i * 4, 4);
-      std::memcpy(&v[i], vp + i * 4, 4);
-    } else {
-      uint16_t kb, vb;
-      std::memcpy(&kb, kp + i * 2, 2);
-      std::memcpy(&vb, vp + i * 2, 2);
-      k[i] = bf16_to_f32(kb);
-      v[i] = bf16_to_f32(vb);
-    }
-  }
+  std::vector<float> k, v;
+  exact_tokens_f32(h, message, k, v);
   on_append(layer, static_cast<int>(h.first_token), static_cast<int>(h.n_tokens), k.data(), v.data());
 }
 

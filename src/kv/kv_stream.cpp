@@ -147,6 +147,16 @@ void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExpo
   if (final) cursor.finished[l] = 1;
 }
 
+void exact_tokens_f32(const ExactTokensHeader& header, std::span<const std::byte> payload, std::vector<float>& k,
+                      std::vector<float>& v) {
+  const size_t elems = static_cast<size_t>(header.n_tokens) * header.num_kv_heads * header.head_dim;
+  const std::byte* kp = payload.data() + kExactTokensHeaderBytes;
+  k.resize(elems);
+  v.resize(elems);
+  convert_to_f32(header.dtype, kp, k.data(), elems);
+  convert_to_f32(header.dtype, kp + elems * dtype_size(header.dtype), v.data(), elems);
+}
+
 void import_message(PagedKvCache& cache, int seq_id, int layer, KvMessageKind kind, std::span<const std::byte> payload) {
   const KvShape& shape = cache.shape();
   HACK_CHECK(layer >= 0 && layer < shape.num_layers, "import: layer {} out of range (the cache has {})", layer,
@@ -192,22 +202,8 @@ void import_message(PagedKvCache& cache, int seq_id, int layer, KvMessageKind ki
                  length, length + n, length, o.recent_tokens);
     }
   }
-  const size_t elems = static_cast<size_t>(n) * shape.num_kv_heads * shape.head_dim;
-  const std::byte* k = payload.data() + kExactTokensHeaderBytes;
-  const std::byte* v = k + elems * dtype_size(h.dtype);
-  std::vector<float> kf(elems), vf(elems);
-  if (h.dtype == DType::f32) {
-    std::memcpy(kf.data(), k, elems * 4);
-    std::memcpy(vf.data(), v, elems * 4);
-  } else {
-    for (size_t i = 0; i < elems; ++i) {
-      uint16_t kb, vb;
-      std::memcpy(&kb, k + 2 * i, 2);
-      std::memcpy(&vb, v + 2 * i, 2);
-      kf[i] = bf16_to_f32(kb);  // back to the same bf16 bits in append (exact round trip)
-      vf[i] = bf16_to_f32(vb);
-    }
-  }
+  std::vector<float> kf, vf;
+  exact_tokens_f32(h, payload, kf, vf);  // bf16 comes back as the same bits in append (exact round trip)
   cache.append(layer, seq_id, length, n, kf.data(), vf.data());
 }
 

@@ -60,6 +60,11 @@ struct ExactTokensHeader {
 /// Throws hack::Error naming the first problem.
 ExactTokensHeader decode_exact_header(std::span<const std::byte> payload);
 
+/// The K and V of a decoded exact message as f32 ([n_tokens][num_kv_heads][head_dim] each);
+/// `payload` must be the message decode_exact_header accepted.
+void exact_tokens_f32(const ExactTokensHeader& header, std::span<const std::byte> payload, std::vector<float>& k,
+                      std::vector<float>& v);
+
 /// Where the export of one sequence stands, per layer. Start with a default one; one
 /// cursor per sequence.
 struct KvExportCursor {
