@@ -52,7 +52,6 @@ struct DecodeServer::Impl {
   BlockCodec vault_codec = BlockCodec::int8_head;
   DType vault_dtype = DType::bf16;
   BlockKey vault_root{};
-  std::atomic<uint64_t> blocks_stored{0};
   std::atomic<bool> draining{false};
   std::unique_ptr<DecodeScheduler> scheduler;
   std::unique_ptr<net::KvReceiver> receiver;
@@ -121,7 +120,6 @@ struct DecodeServer::Impl {
                                                         static_cast<uint8_t>(vault_codec), value);
                                          });
     if (n > 0) spdlog::debug("request {}: {} blocks of the conversation sent to the vault", f.id, n);
-    blocks_stored += static_cast<uint64_t>(n);
   }
 
   net::KvReceiverCallbacks receiver_callbacks() {

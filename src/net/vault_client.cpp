@@ -114,8 +114,8 @@ struct VaultClient::Shared {
     changed.notify_all();
   }
 
-  // Waits until `call` is answered or failed; removes it from `calls` unless keep.
-  Status wait(uint64_t id, const std::shared_ptr<VaultCall>& call, double timeout_s, bool keep) {
+  // Waits until `call` is answered or failed, then forgets it.
+  Status wait(uint64_t id, const std::shared_ptr<VaultCall>& call, double timeout_s) {
     std::unique_lock lock(mutex);
     const bool done = changed.wait_until(lock, deadline_after(timeout_s), [&] { return call->answered || call->failed; });
     Status s;
@@ -125,7 +125,7 @@ struct VaultClient::Shared {
       s = Status::error(fmt::format("vault did not answer within {} s", timeout_s));
     }
     if (!s) ++stats.call_errors;
-    if (!s || !keep) calls.erase(id);
+    calls.erase(id);
     return s;
   }
 };
@@ -329,7 +329,7 @@ Status VaultClient::lookup(const std::string& name_space, std::span<const BlockK
   auto [id, call] = start_call(*shared_, worker_, options_, shared_, WireType::vault_lookup, WireType::vault_count,
                                encode_vault_keys({name_space, 0, {keys.begin(), keys.end()}}));
   if (call->failed) return call->error;
-  const Status s = shared_->wait(id, call, timeout_s, false);
+  const Status s = shared_->wait(id, call, timeout_s);
   if (!s) return s;
   if (call->count > keys.size())
     return Status::error(fmt::format("vault lookup: {} blocks found of {} asked", call->count, keys.size()));
@@ -350,7 +350,7 @@ Status VaultClient::remove(const std::string& name_space, const BlockKey& key, d
   auto [id, call] = start_call(*shared_, worker_, options_, shared_, WireType::vault_delete, WireType::vault_count,
                                encode_vault_keys({name_space, 0, {key}}));
   if (call->failed) return call->error;
-  const Status s = shared_->wait(id, call, timeout_s, false);
+  const Status s = shared_->wait(id, call, timeout_s);
   if (s) removed = static_cast<size_t>(call->count);
   return s;
 }
@@ -359,7 +359,7 @@ Status VaultClient::stats_json(double timeout_s, std::string& json) {
   auto [id, call] = start_call(*shared_, worker_, options_, shared_, WireType::vault_stats,
                                WireType::vault_stats_reply, {});
   if (call->failed) return call->error;
-  const Status s = shared_->wait(id, call, timeout_s, false);
+  const Status s = shared_->wait(id, call, timeout_s);
   if (s) json = call->text;
   return s;
 }

@@ -133,8 +133,6 @@ PrefillWorkerStats PrefillWorker::stats() const {
   return stats_;
 }
 
-PrefixCacheStats PrefillWorker::prefix_stats() const { return prefix_ ? prefix_->stats() : PrefixCacheStats{}; }
-
 net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
   if (peer.endpoint) return *peer.endpoint;
   const std::string key = peer_key(peer);
@@ -172,7 +170,6 @@ void PrefillWorker::run() {
       if (const auto* r = std::get_if<PrefillResult>(&outcome)) {
         ++stats_.jobs_done;
         stats_.kv_bytes_sent += r->kv_bytes;
-        stats_.prefix_tokens_restored += static_cast<uint64_t>(r->prefix.tokens);
       } else {
         ++stats_.jobs_failed;
       }

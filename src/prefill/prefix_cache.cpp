@@ -66,9 +66,6 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
   std::unique_ptr<net::VaultPromotion> promotion;
   if (vault_ && rest >= static_cast<size_t>(options_.vault_min_blocks)) {
     promotion = vault_->promote(options_.name_space, keys.subspan(local.size()));
-  } else if (vault_ && rest > 0) {
-    std::lock_guard lock(stats_mutex_);
-    ++stats_.vault_lookups_skipped;
   }
   int vault_blocks = 0;
   // One deadline for the whole restore from the vault: a vault that answers slowly but
@@ -142,27 +139,15 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
     for (int i = 0; i < vault_blocks && complete; ++i) {
       const KvBlockHeader& h = head.headers[static_cast<size_t>(i)];
       const size_t index = local.size() + static_cast<size_t>(i);
-      vault::Block b;
-      b.name_space = options_.name_space;
-      b.key = keys[index];
-      b.parent = index == 0 ? root_ : keys[index - 1];
-      b.first = index == 0;
-      b.codec = static_cast<uint8_t>(h.codec);
-      b.value = assemble_kv_block(h.codec, h.dtype, shape_, h.first_token, h.tokens, block_slices[static_cast<size_t>(i)]);
-      b.checksum = vault::block_checksum(b.value);
-      local_->put(std::move(b));
+      put_local(keys[index], index == 0 ? root_ : keys[index - 1], index == 0,
+                assemble_kv_block(h.codec, h.dtype, shape_, h.first_token, h.tokens, block_slices[static_cast<size_t>(i)]));
     }
   }
   r.local_blocks = static_cast<int>(local.size());
   r.vault_blocks = vault_blocks;
   r.tokens = (r.local_blocks + r.vault_blocks) * block_tokens_;
   r.restore_s = now_s() - t0;
-  std::lock_guard lock(stats_mutex_);
-  stats_.local_hit_blocks += static_cast<uint64_t>(r.local_blocks);
-  stats_.vault_hit_blocks += static_cast<uint64_t>(r.vault_blocks);
-  stats_.miss_blocks += keys.size() - static_cast<size_t>(r.local_blocks + r.vault_blocks);
   if (!r.vault_error.empty()) {
-    ++stats_.vault_errors;
     spdlog::warn("prefix cache: vault not used, recomputing: {}", r.vault_error);
   }
   return r;
@@ -199,35 +184,24 @@ int PrefixCache::finish_capture() {
   }
   capture_slices_.clear();
   capture_first_ = capture_end_ = 0;
-  std::lock_guard lock(stats_mutex_);
-  stats_.blocks_stored += static_cast<uint64_t>(stored);
   return stored;
 }
 
 void PrefixCache::store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value) {
   if (vault_) vault_->store(options_.name_space, key, parent, first, static_cast<uint8_t>(options_.codec), value);
-  if (local_) {
-    vault::Block b;
-    b.name_space = options_.name_space;
-    b.key = key;
-    b.parent = parent;
-    b.first = first;
-    b.codec = static_cast<uint8_t>(options_.codec);
-    b.checksum = vault::block_checksum(value);
-    b.value = std::move(value);
-    local_->put(std::move(b));
-  }
+  if (local_) put_local(key, parent, first, std::move(value));
 }
 
-PrefixCacheStats PrefixCache::stats() const {
-  PrefixCacheStats s;
-  {
-    std::lock_guard lock(stats_mutex_);
-    s = stats_;
-  }
-  if (local_) s.local = local_->stats();
-  if (vault_) s.vault = vault_->stats();
-  return s;
+void PrefixCache::put_local(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value) {
+  vault::Block b;
+  b.name_space = options_.name_space;
+  b.key = key;
+  b.parent = parent;
+  b.first = first;
+  b.codec = static_cast<uint8_t>(options_.codec);
+  b.checksum = vault::block_checksum(value);
+  b.value = std::move(value);
+  local_->put(std::move(b));
 }
 
 }  // namespace hack::server

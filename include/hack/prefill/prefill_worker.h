@@ -95,7 +95,6 @@ struct PrefillWorkerStats {
   uint64_t jobs_done = 0;
   uint64_t jobs_failed = 0;        ///< cancelled ones included
   uint64_t kv_bytes_sent = 0;      ///< KV payload bytes of jobs that succeeded
-  uint64_t prefix_tokens_restored = 0;  ///< prompt tokens restored from the prefix cache, not computed
   int64_t kv_sequences = 0;        ///< sequences in the prefill cache after the last job (0: all freed)
   size_t kv_bytes_used = 0;        ///< its bytes then
 };
@@ -125,8 +124,6 @@ class PrefillWorker {
   PrefillWorkerStats stats() const;
   /// The cache (for tests and metrics; touched by the engine thread only while jobs run).
   const PagedKvCache& kv() const { return *kv_; }
-  /// Prefix cache counters (zero without one). Thread-safe.
-  PrefixCacheStats prefix_stats() const;
 
  private:
   struct Queued {
@@ -144,7 +141,7 @@ class PrefillWorker {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<net::KvSender> sender_;
-  std::unique_ptr<PrefixCache> prefix_;  // engine thread, but for stats()
+  std::unique_ptr<PrefixCache> prefix_;  // engine thread only
   int disconnect_token_ = 0;
 
   mutable std::mutex mutex_;

@@ -26,7 +26,6 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -65,14 +64,7 @@ struct PrefixRestoreResult {
   std::string vault_error; ///< why vault blocks were not used ("" when they were or none were asked)
 };
 
-struct PrefixCacheStats {
-  uint64_t local_hit_blocks = 0, vault_hit_blocks = 0, miss_blocks = 0;
-  uint64_t blocks_stored = 0, vault_errors = 0, vault_lookups_skipped = 0;
-  vault::BlockStoreStats local;
-  net::VaultClientStats vault;
-};
-
-/// Used by one thread (the prefill worker's engine thread); stats() from any thread.
+/// Used by one thread (the prefill worker's engine thread).
 class PrefixCache {
  public:
   /// `ucx` (for the vault client) must outlive the cache when options.vault is set.
@@ -96,7 +88,6 @@ class PrefixCache {
   /// Stores the captured blocks locally and in the vault. Returns how many.
   int finish_capture();
 
-  PrefixCacheStats stats() const;
   const PrefixCacheOptions& options() const { return options_; }
   const BlockKey& root() const { return root_; }
 
@@ -104,6 +95,8 @@ class PrefixCache {
   void restore_local_layer(PagedKvCache& cache, int seq_id, int layer, std::span<const vault::BlockPtr> blocks,
                            std::span<const KvBlockHeader> headers);
   void store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value);
+  // Into the local LRU (its checksum computed here); a block of this cache's codec.
+  void put_local(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value);
 
   KvShape shape_;
   int block_tokens_;
@@ -118,8 +111,6 @@ class PrefixCache {
   int capture_first_ = 0;
   int capture_end_ = 0;
   std::vector<std::vector<std::vector<std::byte>>> capture_slices_;
-  mutable std::mutex stats_mutex_;
-  PrefixCacheStats stats_;  // counters, under stats_mutex_
 };
 
 }  // namespace hack::server
