@@ -134,6 +134,11 @@ struct BlockStore::Impl {
     const auto it = ns.nodes.find(key);
     return it == ns.nodes.end() ? nullptr : &it->second;
   }
+  // The visible block (name_space, key), or nullptr.
+  Node* find(const std::string& name_space, const BlockKey& key) {
+    const auto ns = namespaces.find(name_space);
+    return ns == namespaces.end() ? nullptr : find(ns->second, key);
+  }
 
   void add_leaf(Node* node) {
     leaves.emplace(node->last_use, node);
@@ -495,8 +500,7 @@ std::vector<BlockPtr> BlockStore::promote(const std::string& name_space, std::sp
   if (good < blocks.size()) {
     const BlockPtr bad = blocks[good];
     blocks.resize(good);  // before removal, so the store does not count our copies as pinned
-    const auto ns = s.namespaces.find(name_space);
-    Impl::Node* node = ns == s.namespaces.end() ? nullptr : s.find(ns->second, bad->key);
+    Impl::Node* node = s.find(name_space, bad->key);
     if (node != nullptr && node->block == bad) {
       spdlog::warn("vault: block {} of namespace '{}' fails its checksum; removed with its descendants",
                    to_hex(bad->key), name_space);
@@ -512,8 +516,7 @@ std::vector<BlockPtr> BlockStore::promote(const std::string& name_space, std::sp
 size_t BlockStore::remove(const std::string& name_space, const BlockKey& key) {
   std::lock_guard lock(impl_->mutex);
   Impl& s = *impl_;
-  const auto ns = s.namespaces.find(name_space);
-  Impl::Node* node = ns == s.namespaces.end() ? nullptr : s.find(ns->second, key);
+  Impl::Node* node = s.find(name_space, key);
   if (node == nullptr) return 0;
   const size_t removed = s.remove_subtree(node, true);
   s.counters.deletes += removed;
@@ -549,8 +552,7 @@ BlockStoreStats BlockStore::stats() const {
 bool BlockStore::corrupt_for_test(const std::string& name_space, const BlockKey& key) {
   std::lock_guard lock(impl_->mutex);
   Impl& s = *impl_;
-  const auto ns = s.namespaces.find(name_space);
-  Impl::Node* node = ns == s.namespaces.end() ? nullptr : s.find(ns->second, key);
+  Impl::Node* node = s.find(name_space, key);
   if (node == nullptr) return false;
   Block& block = *node->block;
   if (block.value.empty())
