@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "hack/core/clock.h"
 #include "hack/core/flags.h"
 #include "hack/kv/kv_block.h"
 #include "hack/net/vault_client.h"
@@ -22,8 +23,6 @@
 using namespace hack;
 
 namespace {
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -68,7 +67,7 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> normal;
     std::vector<float> k(static_cast<size_t>(block_tokens * kv_heads * head_dim)), v(k.size());
     size_t value_bytes = 0;
-    const double t_store = now_s();
+    const double t_store = monotonic_s();
     for (int b = 0; b < blocks; ++b) {
       std::vector<std::vector<std::byte>> slices(static_cast<size_t>(layers));
       for (auto& s : slices) {
@@ -86,7 +85,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     HACK_CHECK(server.stats().blocks == static_cast<uint64_t>(blocks), "only {} of {} blocks stored",
                server.stats().blocks, blocks);
-    const double store_s = now_s() - t_store;
+    const double store_s = monotonic_s() - t_store;
     std::printf("vault_bench: %d blocks of %s, %d layers x %d kv heads x %d dims x %d tokens: %.1f MB (%.0f KB/block), "
                 "stored in %.3f s (incl. encoding)\n",
                 blocks, codec_name.c_str(), layers, kv_heads, head_dim, block_tokens, value_bytes / 1e6,
@@ -95,9 +94,9 @@ int main(int argc, char** argv) {
     std::vector<double> lat;
     for (int i = 0; i < lookups; ++i) {
       size_t found = 0;
-      const double t0 = now_s();
+      const double t0 = monotonic_s();
       if (const Status s = client.lookup("default", keys, 5.0, found); !s) fail("{}", s.message());
-      lat.push_back(now_s() - t0);
+      lat.push_back(monotonic_s() - t0);
       HACK_CHECK(found == keys.size(), "lookup found {} of {}", found, keys.size());
     }
     std::printf("lookup (%d-block chain, one round trip): p50 %.1f us, p99 %.1f us, max %.1f us over %d calls "
@@ -107,7 +106,7 @@ int main(int argc, char** argv) {
     std::vector<double> times, first_layer;
     size_t payload = 0;
     for (int i = 0; i < promotes; ++i) {
-      const double t0 = now_s();
+      const double t0 = monotonic_s();
       auto p = client.promote("default", keys);
       if (const Status s = p->wait_head(30); !s) fail("{}", s.message());
       HACK_CHECK(p->head().headers.size() == keys.size(), "promote returned {} blocks", p->head().headers.size());
@@ -115,10 +114,10 @@ int main(int argc, char** argv) {
       for (int l = 0; l < layers; ++l) {
         std::vector<std::span<const std::byte>> slices;
         if (const Status s = p->wait_layer(l, 30, slices); !s) fail("{}", s.message());
-        if (l == 0) first_layer.push_back(now_s() - t0);
+        if (l == 0) first_layer.push_back(monotonic_s() - t0);
         for (auto s : slices) payload += s.size();
       }
-      times.push_back(now_s() - t0);
+      times.push_back(monotonic_s() - t0);
     }
     const double med = percentile(times, 0.5);
     std::printf("promote (all %d blocks, %d layer messages, checksums verified): median %.1f ms = %.2f GB/s of "

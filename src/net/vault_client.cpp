@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "hack/core/clock.h"
 #include "hack/net/wire.h"
 
 namespace hack::net {
@@ -17,8 +18,6 @@ namespace hack::net {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 Clock::time_point deadline_after(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -217,8 +216,8 @@ std::optional<EndpointId> endpoint_of(VaultClient::Shared& s, UcxWorker& worker,
     std::unique_lock lock(s.mutex);
     s.changed.wait(lock, [&] { return !s.dialling; });
     if (s.endpoint) return s.endpoint;
-    if (now_s() - s.last_dial_s < o.reconnect_interval_s) return std::nullopt;
-    s.last_dial_s = now_s();
+    if (monotonic_s() - s.last_dial_s < o.reconnect_interval_s) return std::nullopt;
+    s.last_dial_s = monotonic_s();
     s.dialling = true;
   }
   // Not under the lock: connect waits for the progress thread, whose handlers take it.

@@ -8,16 +8,13 @@
 #include <cmath>
 #include <numeric>
 
+#include "hack/core/clock.h"
 #include "hack/kv/kv_stream.h"
 #include "hack/node/node_protocol.h"
 
 namespace hack::server {
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // How often a job waiting for its KV to leave looks at its cancel flag.
 constexpr double kDrainPollS = 0.02;
@@ -97,7 +94,7 @@ Status PrefillWorker::submit(PrefillJob job) {
                                    [&](const Queued& q) { return q.job.request_id == job.request_id; });
     if (known) return Status::error(fmt::format("request {} is already queued or running", job.request_id));
     queued_tokens_ += static_cast<int64_t>(job.tokens.size());
-    queue_.push_back(Queued{std::move(job), now_s()});
+    queue_.push_back(Queued{std::move(job), monotonic_s()});
   }
   wake_.notify_one();
   return Status::ok();
@@ -184,7 +181,7 @@ void PrefillWorker::run() {
 PrefillOutcome PrefillWorker::run_job(Queued& queued) {
   PrefillJob& job = queued.job;
   const uint64_t id = job.request_id;
-  const double t_start = now_s();
+  const double t_start = monotonic_s();
   const int seq = next_seq_id_++;
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   std::optional<net::EndpointId> peer;
@@ -243,7 +240,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
       }
     });
-    const double t_prefilled = now_s();
+    const double t_prefilled = monotonic_s();
 
     // The first token, as generate() samples it.
     const std::span<float> row(logits.data(), vocab);
@@ -257,16 +254,16 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     if (prefix_) prefix_->finish_capture();
 
     // Success only once every message has left (a lost peer fails the job instead).
-    const double deadline = now_s() + options_.send_timeout_s;
+    const double deadline = monotonic_s() + options_.send_timeout_s;
     for (;;) {
       if (cancel_running_) fail("request {} was cancelled", id);
       const Status s = sender_->wait_request(id, kDrainPollS);
       if (s) break;
       if (!sender_->request_pending(id)) throw Error(s.message());
-      if (now_s() > deadline)
+      if (monotonic_s() > deadline)
         fail("request {}: KV not sent after {} s ({} bytes)", id, options_.send_timeout_s, cursor.bytes);
     }
-    const double t_end = now_s();
+    const double t_end = monotonic_s();
     result.timings.queue_s = t_start - queued.submitted_s;
     result.timings.prefill_s = t_prefilled - t_start;
     result.timings.drain_s = t_end - t_prefilled;

@@ -2,21 +2,12 @@
 #include "hack/prefill/prefix_cache.h"
 
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
-#include <chrono>
+#include <algorithm>
 
-#include "hack/backend/backend.h"
+#include "hack/core/clock.h"
 
 namespace hack::server {
-
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 PrefixCache::PrefixCache(const KvFingerprint& fingerprint, const KvShape& shape, int block_tokens, DType exact_dtype,
                          PrefixCacheOptions options, net::UcxWorker* ucx)
@@ -59,7 +50,7 @@ void PrefixCache::restore_local_layer(PagedKvCache& cache, int seq_id, int layer
 
 PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::span<const BlockKey> keys) {
   PrefixRestoreResult r;
-  const double t0 = now_s();
+  const double t0 = monotonic_s();
   std::vector<vault::BlockPtr> local;
   if (local_ && !keys.empty()) local = local_->promote(options_.name_space, keys);
   const size_t rest = keys.size() - local.size();
@@ -71,7 +62,7 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
   // One deadline for the whole restore from the vault: a vault that answers slowly but
   // steadily still costs the request at most vault_timeout_s before it recomputes.
   const double deadline = t0 + options_.vault_timeout_s;
-  auto left_s = [&] { return std::max(0.0, deadline - now_s()); };
+  auto left_s = [&] { return std::max(0.0, deadline - monotonic_s()); };
   if (promotion) {
     if (const Status s = promotion->wait_head(left_s()); !s) {
       r.vault_error = s.message();
@@ -146,7 +137,7 @@ PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::s
   r.local_blocks = static_cast<int>(local.size());
   r.vault_blocks = vault_blocks;
   r.tokens = (r.local_blocks + r.vault_blocks) * block_tokens_;
-  r.restore_s = now_s() - t0;
+  r.restore_s = monotonic_s() - t0;
   if (!r.vault_error.empty()) {
     spdlog::warn("prefix cache: vault not used, recomputing: {}", r.vault_error);
   }

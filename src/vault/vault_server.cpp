@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "hack/core/clock.h"
 #include "hack/http/http_server.h"
 #include "hack/kv/kv_block.h"
 #include "hack/net/ucx_worker.h"
@@ -61,10 +62,6 @@ BlockStoreOptions store_options(const VaultServerConfig& c) {
 }
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 nlohmann::json stats_json(const BlockStoreStats& s) {
   return {{"blocks", s.blocks},
@@ -270,7 +267,7 @@ struct VaultServer::Impl {
   }
 
   void on_promote(net::EndpointId from, uint64_t id, std::span<const std::byte> payload) {
-    const double t0 = now_s();
+    const double t0 = monotonic_s();
     const net::VaultKeysMessage m = net::decode_vault_keys(payload);
     const std::vector<BlockPtr> blocks =
         store.promote(m.name_space, m.keys, m.max_blocks == 0 ? SIZE_MAX : static_cast<size_t>(m.max_blocks));
@@ -339,7 +336,7 @@ struct VaultServer::Impl {
         net::UcxWorker::SendCallback done;
         if (l + 1 == layers) {
           done = [this, t0 = job.t0](const Status& s) {
-            if (s) metrics.observe_vault_restore_s(now_s() - t0);
+            if (s) metrics.observe_vault_restore_s(monotonic_s() - t0);
           };
         }
         try {
