@@ -145,8 +145,8 @@ class Promotion final : public VaultPromotion {
     std::unique_lock lock(shared_->mutex);
     const bool done = shared_->changed.wait_until(lock, deadline_after(timeout_s),
                                                   [&] { return call_->answered || call_->failed; });
-    if (call_->failed) return call_->error;
-    if (!done) return Status::error(fmt::format("vault promote: no answer within {} s", timeout_s));
+    if (call_->failed) return count_error(call_->error);
+    if (!done) return count_error(Status::error(fmt::format("vault promote: no answer within {} s", timeout_s)));
     return Status::ok();
   }
   const VaultPromoteHead& head() const override {
@@ -159,22 +159,32 @@ class Promotion final : public VaultPromotion {
     const bool done = shared_->changed.wait_until(lock, deadline_after(timeout_s), [&] {
       return call_->failed || (call_->head && call_->layers.contains(layer));
     });
-    if (call_->failed) return call_->error;
-    if (!done) return Status::error(fmt::format("vault promote: layer {} not received within {} s", layer, timeout_s));
+    if (call_->failed) return count_error(call_->error);
+    if (!done)
+      return count_error(Status::error(fmt::format("vault promote: layer {} not received within {} s", layer, timeout_s)));
     try {
       slices = split_vault_promote_layer(*call_->head, layer, call_->layers.at(layer));
     } catch (const std::exception& e) {
       shared_->fail_call(*call_, e.what());
-      return call_->error;
+      return count_error(call_->error);
     }
     return Status::ok();
   }
 
  private:
+  // Counts a failed promotion once in the client's call errors (the lock is held). A failure
+  // before the send was counted when the call started.
+  Status count_error(Status s) {
+    if (!counted_) ++shared_->stats.call_errors;
+    counted_ = true;
+    return s;
+  }
+
   std::shared_ptr<VaultClient::Shared> shared_;
   uint64_t id_;
   std::shared_ptr<VaultCall> call_;
   Status start_error_;
+  bool counted_ = false;
 };
 
 }  // namespace
@@ -276,7 +286,13 @@ namespace {
 
 // Registers a call and sends its request; the call fails at once when there is no
 // connection or the send fails.
-std::pair<uint64_t, std::shared_ptr<VaultCall>> start_call(VaultClient::Shared& s, UcxWorker& worker,
+struct StartedCall {
+  uint64_t id = 0;
+  std::shared_ptr<VaultCall> call;
+  Status error;  // set when the call failed before it was sent; read without the lock
+};
+
+StartedCall start_call(VaultClient::Shared& s, UcxWorker& worker,
                                                            const VaultClientOptions& o,
                                                            const std::shared_ptr<VaultClient::Shared>& owner,
                                                            WireType type, WireType reply,
@@ -302,7 +318,7 @@ std::pair<uint64_t, std::shared_ptr<VaultCall>> start_call(VaultClient::Shared& 
     }
     if (call->failed) {
       ++s.stats.call_errors;
-      return {id, call};
+      return {id, call, call->error};
     }
     call->endpoint = *ep;
     s.calls[id] = call;
@@ -317,7 +333,7 @@ std::pair<uint64_t, std::shared_ptr<VaultCall>> start_call(VaultClient::Shared& 
     if (auto it = sh->calls.find(id); it != sh->calls.end()) sh->fail_call(*it->second, "vault send failed: " + st.message());
     sh->changed.notify_all();
   });
-  return {id, call};
+  return {id, call, Status::ok()};
 }
 
 }  // namespace
@@ -325,41 +341,41 @@ std::pair<uint64_t, std::shared_ptr<VaultCall>> start_call(VaultClient::Shared& 
 Status VaultClient::lookup(const std::string& name_space, std::span<const BlockKey> keys, double timeout_s,
                            size_t& found) {
   found = 0;
-  auto [id, call] = start_call(*shared_, worker_, options_, shared_, WireType::vault_lookup, WireType::vault_count,
+  const StartedCall started = start_call(*shared_, worker_, options_, shared_, WireType::vault_lookup, WireType::vault_count,
                                encode_vault_keys({name_space, 0, {keys.begin(), keys.end()}}));
-  if (call->failed) return call->error;
-  const Status s = shared_->wait(id, call, timeout_s);
+  if (!started.error) return started.error;
+  const Status s = shared_->wait(started.id, started.call, timeout_s);
   if (!s) return s;
-  if (call->count > keys.size())
-    return Status::error(fmt::format("vault lookup: {} blocks found of {} asked", call->count, keys.size()));
-  found = static_cast<size_t>(call->count);
+  if (started.call->count > keys.size())
+    return Status::error(fmt::format("vault lookup: {} blocks found of {} asked", started.call->count, keys.size()));
+  found = static_cast<size_t>(started.call->count);
   return Status::ok();
 }
 
 std::unique_ptr<VaultPromotion> VaultClient::promote(const std::string& name_space, std::span<const BlockKey> keys,
                                                      uint32_t max_blocks) {
-  auto [id, call] = start_call(*shared_, worker_, options_, shared_, WireType::vault_promote,
+  const StartedCall started = start_call(*shared_, worker_, options_, shared_, WireType::vault_promote,
                                WireType::vault_promote_head,
                                encode_vault_keys({name_space, max_blocks, {keys.begin(), keys.end()}}));
-  return std::make_unique<Promotion>(shared_, id, call, call->failed ? call->error : Status::ok());
+  return std::make_unique<Promotion>(shared_, started.id, started.call, started.error);
 }
 
 Status VaultClient::remove(const std::string& name_space, const BlockKey& key, double timeout_s, size_t& removed) {
   removed = 0;
-  auto [id, call] = start_call(*shared_, worker_, options_, shared_, WireType::vault_delete, WireType::vault_count,
+  const StartedCall started = start_call(*shared_, worker_, options_, shared_, WireType::vault_delete, WireType::vault_count,
                                encode_vault_keys({name_space, 0, {key}}));
-  if (call->failed) return call->error;
-  const Status s = shared_->wait(id, call, timeout_s);
-  if (s) removed = static_cast<size_t>(call->count);
+  if (!started.error) return started.error;
+  const Status s = shared_->wait(started.id, started.call, timeout_s);
+  if (s) removed = static_cast<size_t>(started.call->count);
   return s;
 }
 
 Status VaultClient::stats_json(double timeout_s, std::string& json) {
-  auto [id, call] = start_call(*shared_, worker_, options_, shared_, WireType::vault_stats,
+  const StartedCall started = start_call(*shared_, worker_, options_, shared_, WireType::vault_stats,
                                WireType::vault_stats_reply, {});
-  if (call->failed) return call->error;
-  const Status s = shared_->wait(id, call, timeout_s);
-  if (s) json = call->text;
+  if (!started.error) return started.error;
+  const Status s = shared_->wait(started.id, started.call, timeout_s);
+  if (s) json = started.call->text;
   return s;
 }
 
