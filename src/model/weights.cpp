@@ -6,6 +6,8 @@
 #include <string>
 #include <unordered_set>
 
+#include <xxhash.h>
+
 #include "hack/core/error.h"
 #include "hack/model/safetensors.h"
 
@@ -123,6 +125,32 @@ size_t Model::weight_bytes() const {
   add(weights.final_norm);
   add(weights.lm_head);
   return total;
+}
+
+// xxh3 over every weight tensor (name order fixed by the struct), with its shape and dtype.
+// The weights are the operator's, not an adversary's, so a fast hash suffices; the prefix
+// cache's chain keys themselves are SHA-256.
+std::string weights_digest(const Model& model) {
+  XXH3_state_t* state = XXH3_createState();
+  HACK_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK, "weights digest: cannot initialise xxh3");
+  auto add = [&](const Tensor& t) {
+    if (!t.defined()) return;
+    const std::string d = t.describe();
+    XXH3_64bits_update(state, d.data(), d.size());
+    XXH3_64bits_update(state, t.raw(), t.bytes());
+  };
+  const ModelWeights& w = model.weights;
+  add(w.embed);
+  for (const LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm,
+                            &l.k_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+      add(*t);
+  }
+  add(w.final_norm);
+  add(w.lm_head);
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}", h);
 }
 
 }  // namespace hack

@@ -16,8 +16,10 @@
 
 namespace hack {
 
-/// The KV cache shape a model needs.
+/// The KV cache shape a model needs (without FDC).
 KvShape kv_shape(const ModelConfig& config);
+/// The KV cache shape a model needs, with its FDC ranks as per-head dims when model.fdc is set.
+KvShape kv_shape(const Model& model);
 
 enum class DeviceKind { cpu, cuda };
 DeviceKind parse_device(const std::string& name);
@@ -36,6 +38,12 @@ struct SequenceChunk {
 /// KV while later layers run). On the host the KV is final when it is called; a device
 /// backend synchronises its stream first (it is only called when set).
 using LayerDoneFn = std::function<void(int layer)>;
+
+/// Sees, per layer of a forward, every row's post-RoPE queries [rows][q_dim] and keys
+/// [rows][kv_dim] and its values [rows][kv_dim], before FDC compresses any of them (what
+/// hack-calibrate captures). Runs on the forward's thread before the layer's attention.
+using ActivationObserverFn =
+    std::function<void(int layer, size_t rows, const float* q, const float* k, const float* v)>;
 
 class Backend {
  public:
@@ -56,6 +64,10 @@ class Backend {
   /// aborts the forward (the KV of the layers done so far stays stored).
   virtual size_t forward(std::span<const SequenceChunk> batch, std::vector<float>& logits,
                          const LayerDoneFn& on_layer_done = {}) = 0;
+
+  /// Sets (or with an empty function clears) the activation observer. Backends that cannot
+  /// show activations throw hack::Error.
+  virtual void set_activation_observer(ActivationObserverFn fn);
 };
 
 /// The CPU reference backend over `kv` (fp or HACK pages). `pool` runs every kernel; the

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hack {
 
@@ -17,7 +18,20 @@ struct KvShape {
   int num_kv_heads = 0;
   int head_dim = 0;
   int group_size = 1;  ///< query heads per KV head (GQA)
+  /// Per (layer, KV head) dims the cache stores, [layer · num_kv_heads + head], each a
+  /// multiple of 16 in [16, head_dim]; empty = head_dim everywhere. FDC (model/fdc.h) sets
+  /// them: a head's K'/V' are the first k_dim/v_dim entries of its head_dim slot in every
+  /// append/read (the rest are 0 there) and only those are stored and attended to.
+  std::vector<int> k_dims, v_dims;
   bool operator==(const KvShape&) const = default;
+
+  int k_dim(int layer, int head) const {
+    return k_dims.empty() ? head_dim : k_dims[static_cast<size_t>(layer * num_kv_heads + head)];
+  }
+  int v_dim(int layer, int head) const {
+    return v_dims.empty() ? head_dim : v_dims[static_cast<size_t>(layer * num_kv_heads + head)];
+  }
+  bool compressed() const { return !k_dims.empty(); }
 };
 
 struct KvCacheStats {

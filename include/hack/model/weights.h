@@ -13,6 +13,8 @@
 
 namespace hack {
 
+struct FdcRuntime;  // model/fdc.h
+
 /// Matrices keep the checkpoint's dtype (f32, f16 or bf16) and HF's [out_features, in_features]
 /// row-major layout. Vectors (norms, biases) are always f32.
 struct LayerWeights {
@@ -41,6 +43,9 @@ struct Model {
   ModelConfig config;
   ModelWeights weights;
   std::filesystem::path directory;  ///< empty for synthetic models
+  /// FDC applied (model/fdc.h apply_fdc): per-head ranks and the post-RoPE Q/K projection
+  /// the backend runs; null for a plain model.
+  std::shared_ptr<const FdcRuntime> fdc;
 
   /// Loads config.json and model.safetensors (or the sharded index) from a Hugging Face
   /// model directory. Errors name the file and tensor (missing, mis-shaped, truncated,
@@ -52,5 +57,10 @@ struct Model {
   /// Bytes of all weights (tied lm_head counted once).
   size_t weight_bytes() const;
 };
+
+/// A digest of a model's weights (xxh3 over every tensor's shape, dtype and bytes; hex):
+/// what an FDC artifact records as the model it was calibrated on, and part of the prefix
+/// cache's fingerprint. ~30 ms for SmolLM2's 270 MB.
+std::string weights_digest(const Model& model);
 
 }  // namespace hack
