@@ -36,7 +36,7 @@ DecodePathReference::DecodePathReference(const Model& model, ThreadPool& pool, s
   fp.fp_dtype = DType::f32;
   size_t n = 0;
   for (const auto& w : windows_) {
-    ref_.push_back(run(fp, w));
+    ref_.push_back(run(model_, fp, w));
     for (size_t i = 0; i < ref_.back().size(); ++i) {
       ref_nll_ -= ref_.back()[i][static_cast<size_t>(w[static_cast<size_t>(prefill_tokens_) + i])];
       ++n;
@@ -47,13 +47,13 @@ DecodePathReference::DecodePathReference(const Model& model, ThreadPool& pool, s
 
 // Prefill window[0, P), then decode window[P .. end−1) one token at a time: the log-probs
 // predicting window[P], ..., window[end−1] (the first from the prefill's last logits).
-std::vector<std::vector<float>> DecodePathReference::run(const KvCacheOptions& options,
+std::vector<std::vector<float>> DecodePathReference::run(const Model& model, const KvCacheOptions& options,
                                                          const std::vector<int>& window) const {
-  CpuEngine run = make_cpu_engine(model_, pool_, options, EngineOptions{prefill_chunk_});
+  CpuEngine run = make_cpu_engine(model, pool_, options, EngineOptions{prefill_chunk_});
   Engine& engine = *run.engine;
   const int seq = 0;
   engine.add_sequence(seq, static_cast<int>(window.size()));
-  const size_t vocab = static_cast<size_t>(model_.config.vocab_size);
+  const size_t vocab = static_cast<size_t>(model.config.vocab_size);
   std::vector<float> logits;
   engine.prefill(seq, std::span<const int>(window.data(), static_cast<size_t>(prefill_tokens_)), logits);
   std::vector<std::vector<float>> out;
@@ -66,10 +66,10 @@ std::vector<std::vector<float>> DecodePathReference::run(const KvCacheOptions& o
   return out;
 }
 
-DecodePathScore DecodePathReference::score(const KvCacheOptions& options) const {
+DecodePathScore DecodePathReference::score(const KvCacheOptions& options, const Model* model) const {
   DecodePathScore s;
   for (size_t w = 0; w < windows_.size(); ++w) {
-    const auto got = run(options, windows_[w]);
+    const auto got = run(model ? *model : model_, options, windows_[w]);
     for (size_t i = 0; i < got.size(); ++i) {
       const std::vector<float>& p = ref_[w][i];
       const std::vector<float>& q = got[i];

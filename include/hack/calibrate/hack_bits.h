@@ -38,13 +38,15 @@ class DecodePathReference {
   /// `model` and `pool` must outlive the reference.
   DecodePathReference(const Model& model, ThreadPool& pool, std::vector<std::vector<int>> windows, int prefill_tokens,
                       int prefill_chunk);
-  /// Scores `options` (a hack or fp configuration) on the same windows.
-  DecodePathScore score(const KvCacheOptions& options) const;
+  /// Scores `options` (a hack or fp configuration) on the same windows, running `model`
+  /// (e.g. the reference model with FDC applied) or, when null, the reference model.
+  DecodePathScore score(const KvCacheOptions& options, const Model* model = nullptr) const;
   double reference_nll() const { return ref_nll_; }
   int prefill_tokens() const { return prefill_tokens_; }
 
  private:
-  std::vector<std::vector<float>> run(const KvCacheOptions& options, const std::vector<int>& window) const;
+  std::vector<std::vector<float>> run(const Model& model, const KvCacheOptions& options,
+                                      const std::vector<int>& window) const;
 
   const Model& model_;
   ThreadPool& pool_;

@@ -74,10 +74,13 @@ struct FdcArtifact {
   const float* v(int layer, int head) const;   ///< U of (layer, head)
 };
 
-/// Reads and validates an artifact (shapes, version, finite values, ranks multiples of 16
-/// within [16, head_dim]); throws hack::Error naming the file and the first problem.
+/// Reads and validates an artifact (version, shapes, finite values, singular values
+/// descending and non-negative, bases orthonormal within 1e-3, head_dim a multiple of 16,
+/// ranks multiples of 16 within [16, head_dim]); throws hack::Error naming the file and the
+/// first problem.
 FdcArtifact load_fdc_artifact(const std::filesystem::path& path);
-/// Writes `artifact` (and sets its digest to the written file's).
+/// Validates and writes `artifact` (atomically: a temporary file renamed over `path`) and
+/// sets its digest to the written file's. calibration_json, when set, must be a JSON object.
 void save_fdc_artifact(FdcArtifact& artifact, const std::filesystem::path& path);
 
 /// Ranks every head gets at removal rate r ∈ [0, 1) from the artifact's singular values.
@@ -91,8 +94,10 @@ struct FdcRuntime {
   int num_layers = 0, num_kv_heads = 0, head_dim = 0;
   std::vector<FdcRanks> ranks;   ///< [layer · num_kv_heads + head]
   std::vector<float> qk_proj;    ///< [layer][head][head_dim][head_dim]: R with columns ≥ d_qk zeroed
-  std::string digest;            ///< the artifact's
-  double removal_rate = 0;
+  /// The artifact's digest; with ranks other than the artifact's (apply_fdc's `ranks`), the
+  /// SHA-256 of that digest and the ranks, since the ranks change the KV bytes.
+  std::string digest;
+  double removal_rate = 0;       ///< the artifact's r (informational)
 
   const FdcRanks& rank(int layer, int head) const { return ranks[static_cast<size_t>(layer * num_kv_heads + head)]; }
   const float* proj(int layer, int head) const {
@@ -103,9 +108,10 @@ struct FdcRuntime {
 /// A copy of `base` with FDC applied: `ranks` per head (default: the artifact's), W_V of
 /// every layer replaced by U[:, :d_v]ᵀ·W_V per KV head (rows ≥ d_v of a head's slot zero),
 /// W_O by W_O·U[:, :d_v] per query head (columns ≥ d_v zero), both f32, and model.fdc set.
-/// The other weights are shared with base. Throws hack::Error when the artifact does not
-/// fit the model (dims, or a model digest that differs: the artifact was calibrated on
-/// another model).
+/// The other weights are shared with base; bv (attention_bias) is projected like W_V. Throws
+/// hack::Error when the artifact does not fit the model (dims, or a model digest that differs:
+/// the artifact was calibrated on another model), when a rank is invalid, or when base
+/// already has FDC applied.
 Model apply_fdc(const Model& base, const FdcArtifact& artifact, const std::vector<FdcRanks>& ranks = {});
 
 }  // namespace hack
