@@ -1,0 +1,265 @@
+#include "hack/kv/page_selection.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "hack/core/error.h"
+#include "hack/kernels/cpu/page_bound.h"
+#include "hack/kv/paged_kv_cache.h"
+
+namespace hack {
+
+PageScore parse_page_score(std::string_view name) {
+  for (const PageScore s : {PageScore::quest, PageScore::mpcache, PageScore::streaming, PageScore::random, PageScore::oracle})
+    if (name == page_score_name(s)) return s;
+  fail("--kv-select-bound must be quest or mpcache (baselines: streaming, random, oracle), got '{}'", name);
+}
+
+std::string_view page_score_name(PageScore score) {
+  switch (score) {
+    case PageScore::quest: return "quest";
+    case PageScore::mpcache: return "mpcache";
+    case PageScore::streaming: return "streaming";
+    case PageScore::random: return "random";
+    case PageScore::oracle: return "oracle";
+  }
+  return "?";
+}
+
+void validate(const PageSelectOptions& o) {
+  HACK_CHECK(o.ratio >= 0 && o.ratio <= 1, "--kv-select-ratio must be in (0, 1] (0 = off), got {}", o.ratio);
+  HACK_CHECK(o.tokens >= 0, "--kv-select-tokens must be a token count (0 = off), got {}", o.tokens);
+  HACK_CHECK(o.ratio == 0 || o.tokens == 0, "give --kv-select-ratio or --kv-select-tokens, not both");
+  HACK_CHECK(o.alpha >= 0 && o.alpha <= 1, "--kv-select-alpha must be in [0, 1], got {}", o.alpha);
+  HACK_CHECK(o.group_pages >= 1 && o.group_pages <= 1024, "--kv-select-group must be in [1, 1024] pages, got {}",
+             o.group_pages);
+  HACK_CHECK(o.coarse_ratio > 0 && o.coarse_ratio <= 1, "--kv-select-coarse must be in (0, 1], got {}", o.coarse_ratio);
+  HACK_CHECK(o.dense_layers >= 0, "--kv-select-dense must not be negative, got {}", o.dense_layers);
+  HACK_CHECK(o.share_layers >= 1, "--kv-select-share must be at least 1, got {}", o.share_layers);
+}
+
+std::string describe(const PageSelectOptions& o) {
+  if (!o.enabled()) return "";
+  std::string s = o.tokens > 0 ? fmt::format(" select={}tok", o.tokens) : fmt::format(" select={:g}", o.ratio);
+  s += fmt::format(" {}", page_score_name(o.score));
+  if (o.score == PageScore::mpcache) s += fmt::format(" alpha={:g}", o.alpha);
+  if (o.score == PageScore::quest || o.score == PageScore::mpcache)
+    s += fmt::format(" group={} coarse={:g}", o.group_pages, o.coarse_ratio);
+  s += fmt::format(" dense={} share={}", o.dense_layers, o.share_layers);
+  return s;
+}
+
+PageSelector::PageSelector(const PageSelectOptions& options) : options_(options) { validate(options_); }
+
+namespace {
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Moves the k best of idx (by score, descending; ties to the lower index) to its front.
+void best_first(std::vector<int>& idx, const float* score, int k) {
+  if (k <= 0 || k >= static_cast<int>(idx.size())) return;
+  std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), [&](int a, int b) {
+    return score[a] != score[b] ? score[a] > score[b] : a < b;
+  });
+}
+
+}  // namespace
+
+void PageSelector::score_random(int seq_id, int pos, int layer, int head, int n) {
+  const uint64_t base = mix64(options_.seed ^ mix64(static_cast<uint64_t>(seq_id) << 32 ^ static_cast<uint64_t>(pos)) ^
+                              mix64(static_cast<uint64_t>(layer) << 16 ^ static_cast<uint64_t>(head)));
+  for (int p = 0; p < n; ++p) scores_[static_cast<size_t>(p)] = static_cast<float>(mix64(base + static_cast<uint64_t>(p)) >> 40);
+}
+
+void PageSelector::score_oracle(const PagedKvCache& kv, int layer, int head, int n) {
+  // Attention mass of each page for each query row (softmax over the candidate pages,
+  // dequantized K as attention sees it), summed over the rows.
+  const HackPageLayout& layout = kv.hack_layout(layer);
+  const int T = layout.block_tokens(), kd = layout.head(head).k_dim, G = kv.shape().group_size;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kv.shape().head_dim));
+  std::vector<float> logits(static_cast<size_t>(n) * static_cast<size_t>(T) * static_cast<size_t>(G));  // bench only
+  dequant_.resize(static_cast<size_t>(T) * static_cast<size_t>(kd));
+  for (int p = 0; p < n; ++p) {
+    dequantize_k_block(layout, head, pages_[static_cast<size_t>(p)], dequant_.data());
+    for (int t = 0; t < T; ++t)
+      for (int g = 0; g < G; ++g) {
+        double s = 0;
+        for (int d = 0; d < kd; ++d) s += static_cast<double>(q_[static_cast<size_t>(g * kd + d)]) * dequant_[static_cast<size_t>(t * kd + d)];
+        logits[(static_cast<size_t>(p) * T + static_cast<size_t>(t)) * G + static_cast<size_t>(g)] = static_cast<float>(s) * scale;
+      }
+  }
+  std::fill(scores_.begin(), scores_.begin() + n, 0.0f);
+  for (int g = 0; g < G; ++g) {
+    float m = -INFINITY;
+    for (size_t i = static_cast<size_t>(g); i < logits.size(); i += static_cast<size_t>(G)) m = std::max(m, logits[i]);
+    double z = 0;
+    for (size_t i = static_cast<size_t>(g); i < logits.size(); i += static_cast<size_t>(G)) z += std::exp(logits[i] - m);
+    for (int p = 0; p < n; ++p) {
+      double mass = 0;
+      for (int t = 0; t < T; ++t) mass += std::exp(logits[(static_cast<size_t>(p) * T + static_cast<size_t>(t)) * G + static_cast<size_t>(g)] - m);
+      scores_[static_cast<size_t>(p)] += static_cast<float>(mass / z);
+    }
+  }
+}
+
+int PageSelector::choose(const PagedKvCache& kv, const AttentionPlan& plan, int item, int head, int layer,
+                         const float* q, size_t q_stride) {
+  const PlanItem& it = plan.items[static_cast<size_t>(item)];
+  const std::span<const PlanSegment> segs = plan.segments_of(item);
+  const int T = kv.options().block_tokens;
+  // Candidates: the closed pages but the newest; everything else is always kept.
+  int first_closed = -1, closed = 0, must = 0;
+  for (int s = 0; s < static_cast<int>(segs.size()); ++s) {
+    if (segs[static_cast<size_t>(s)].slot == SegmentSlot::closed) {
+      if (first_closed < 0) first_closed = s;
+      ++closed;
+    } else {
+      must += segs[static_cast<size_t>(s)].tokens;
+    }
+  }
+  const int C = std::max(0, closed - 1);
+  if (closed > 0) must += segs[static_cast<size_t>(first_closed + closed - 1)].tokens;
+  const int context = it.start_pos + it.n_tokens;
+  const double budget = options_.tokens > 0 ? options_.tokens : std::ceil(options_.ratio * context);
+  const int k = std::clamp(static_cast<int>(std::lround((budget - must) / T)), 0, C);
+
+  keep_.assign(static_cast<size_t>(C), 0);
+  if (k == C) {
+    std::fill(keep_.begin(), keep_.end(), 1);
+  } else if (k > 0) {
+    const std::span<const PageRef> refs = kv.hack_pages(it.seq_id, layer);
+    HACK_CHECK(static_cast<int>(refs.size()) == closed, "page selection: sequence {} layer {} holds {} pages, the plan {}",
+               it.seq_id, layer, refs.size(), closed);
+    pages_.resize(static_cast<size_t>(C));
+    for (int p = 0; p < C; ++p) pages_[static_cast<size_t>(p)] = refs[static_cast<size_t>(p)].data;
+    // The query group's rows (the first k_dim entries of each head_dim slot).
+    const HackPageLayout& layout = kv.hack_layout(layer);
+    const HackHeadLayout& hl = layout.head(head);
+    const int G = kv.shape().group_size, hd = kv.shape().head_dim, kd = hl.k_dim;
+    HACK_CHECK(G <= 64, "page selection: query groups above 64 heads are not supported, got {}", G);
+    q_.resize(static_cast<size_t>(G * kd));
+    qsum_.assign(static_cast<size_t>(kd), 0.0f);
+    const float* src = q + static_cast<size_t>(it.row) * q_stride + static_cast<size_t>(head * G * hd);
+    for (int g = 0; g < G; ++g)
+      for (int d = 0; d < kd; ++d) {
+        q_[static_cast<size_t>(g * kd + d)] = src[g * hd + d];
+        qsum_[static_cast<size_t>(d)] += src[g * hd + d];
+      }
+    scores_.resize(static_cast<size_t>(C));
+    const bool bound = options_.score == PageScore::quest || options_.score == PageScore::mpcache;
+    cpu::PageBoundArgs args;
+    args.k_min_offset = hl.k_min;
+    args.k_scale_offset = hl.k_scale;
+    args.k_dim = kd;
+    args.levels = static_cast<float>((1 << layout.k_bits()) - 1);
+    args.linear = options_.score == PageScore::mpcache;
+    args.alpha = options_.alpha;
+    args.q = q_.data();
+    args.rows = G;
+    args.qsum = qsum_.data();
+    const cpu::PageBoundFn score = cpu::page_bound_kernel(kv.isa());
+    order_.clear();
+    groups_.clear();
+    const int P = options_.group_pages, groups = (C + P - 1) / P;
+    const int keep_groups = std::min(groups, std::max(static_cast<int>(std::ceil(options_.coarse_ratio * groups)),
+                                                      (k + P - 1) / P + 1));
+    if (bound && P > 1 && keep_groups < groups) {
+      // Coarse: groups on their envelope; fine: pages of the surviving groups.
+      group_scores_.resize(static_cast<size_t>(groups));
+      args.pages = pages_.data();
+      args.n_pages = C;
+      args.span = P;
+      score(args, group_scores_.data());
+      for (int g = 0; g < groups; ++g) groups_.push_back(g);
+      best_first(groups_, group_scores_.data(), keep_groups);
+      args.span = 1;
+      for (int i = 0; i < keep_groups; ++i) {
+        const int g = groups_[static_cast<size_t>(i)];
+        args.pages = pages_.data() + static_cast<size_t>(g * P);
+        args.n_pages = std::min(P, C - g * P);
+        score(args, scores_.data() + static_cast<size_t>(g * P));
+        for (int p = g * P; p < g * P + args.n_pages; ++p) order_.push_back(p);
+      }
+    } else {
+      if (bound) {
+        args.pages = pages_.data();
+        args.n_pages = C;
+        args.span = 1;
+        score(args, scores_.data());
+      } else if (options_.score == PageScore::streaming) {
+        for (int p = 0; p < C; ++p) scores_[static_cast<size_t>(p)] = static_cast<float>(p);
+      } else if (options_.score == PageScore::random) {
+        score_random(it.seq_id, it.start_pos, layer, head, C);
+      } else {
+        score_oracle(kv, layer, head, C);
+      }
+      for (int p = 0; p < C; ++p) order_.push_back(p);
+    }
+    best_first(order_, scores_.data(), k);
+    for (int i = 0; i < std::min(k, static_cast<int>(order_.size())); ++i) keep_[static_cast<size_t>(order_[static_cast<size_t>(i)])] = 1;
+  }
+  chosen_.clear();
+  int tokens = 0;
+  for (int s = 0; s < static_cast<int>(segs.size()); ++s) {
+    const bool candidate = segs[static_cast<size_t>(s)].slot == SegmentSlot::closed && s - first_closed < C;
+    if (candidate && !keep_[static_cast<size_t>(s - first_closed)]) continue;
+    chosen_.push_back(s);
+    tokens += segs[static_cast<size_t>(s)].tokens;
+  }
+  stats_.context_tokens += context;
+  stats_.selected_tokens += tokens;
+  ++stats_.selections;
+  return tokens;
+}
+
+void PageSelector::select(const PagedKvCache& kv, AttentionPlan& plan, const PlanPolicy& policy, int layer,
+                          const float* q, size_t q_stride) {
+  const int H = plan.num_kv_heads;
+  const size_t cells = plan.items.size() * static_cast<size_t>(H);
+  plan.selection_offsets.resize(cells + 1);
+  plan.selected.reserve(plan.segments.capacity() * static_cast<size_t>(H));
+  plan.selected.clear();
+  plan.selection_offsets[0] = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i)
+    for (int h = 0; h < H; ++h) {
+      if (plan.items[i].n_tokens == 1) {
+        choose(kv, plan, static_cast<int>(i), h, layer, q, q_stride);
+        plan.selected.insert(plan.selected.end(), chosen_.begin(), chosen_.end());
+      }
+      plan.selection_offsets[i * static_cast<size_t>(H) + static_cast<size_t>(h) + 1] = static_cast<int>(plan.selected.size());
+    }
+  build_plan_tasks(plan, policy);
+}
+
+void PageSelector::measure_sharing(const PagedKvCache& kv, const AttentionPlan& plan, int layer, const float* q,
+                                   size_t q_stride) {
+  const PageSelectStats keep = stats_;
+  double hits = 0, pages = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    if (plan.items[i].n_tokens != 1) continue;
+    const std::span<const PlanSegment> segs = plan.segments_of(static_cast<int>(i));
+    for (int h = 0; h < plan.num_kv_heads; ++h) {
+      shared_.assign(segs.size(), 0);
+      for (const int s : plan.selection_of(static_cast<int>(i), h)) shared_[static_cast<size_t>(s)] = 1;
+      choose(kv, plan, static_cast<int>(i), h, layer, q, q_stride);
+      int last_closed = -1;
+      for (int s = 0; s < static_cast<int>(segs.size()); ++s)
+        if (segs[static_cast<size_t>(s)].slot == SegmentSlot::closed) last_closed = s;
+      for (const int s : chosen_) {
+        if (segs[static_cast<size_t>(s)].slot != SegmentSlot::closed || s == last_closed) continue;  // always kept
+        pages += 1;
+        hits += shared_[static_cast<size_t>(s)];
+      }
+    }
+  }
+  stats_ = keep;
+  stats_.shared_hits += hits;
+  stats_.shared_pages += pages;
+}
+
+}  // namespace hack
