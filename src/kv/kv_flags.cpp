@@ -30,6 +30,23 @@ void add_kv_flags(FlagSet& flags, KvFlags& c) {
   flags.add_int("hack-v-group", &c.hack_v_group, "channels per V partition (V min/scale group), multiple of 16");
   flags.add_string("hack-rounding", &c.hack_rounding, "HACK rounding: nearest or stochastic");
   flags.add_string("kv-dtype", &c.kv_dtype, "element type of --kv fp pages: bf16 or f32");
+  flags.add_float("kv-select-ratio", &c.kv_select_ratio,
+                  "MPCache page selection in decode (--kv hack): each decode token attends to this fraction of its "
+                  "context — sinks, exact blocks, the newest page and the best-scoring pages; 0 = off (all pages). "
+                  "Measured on SmolLM2-135M in bench/RESULTS.md");
+  flags.add_int("kv-select-tokens", &c.kv_select_tokens,
+                "instead of --kv-select-ratio: the selection budget in tokens; 0 = off");
+  flags.add_string("kv-select-bound", &c.kv_select_bound,
+                   "page score: quest (exact upper bound of q·k from the page's K min/max) or mpcache "
+                   "(Σ q·(α·max + (1−α)·min))");
+  flags.add_float("kv-select-alpha", &c.kv_select_alpha, "α of --kv-select-bound mpcache, in [0, 1]");
+  flags.add_int("kv-select-group", &c.kv_select_group,
+                "pages per coarse group of the coarse-to-fine selection; 1 = pages only");
+  flags.add_float("kv-select-coarse", &c.kv_select_coarse,
+                  "fraction of coarse groups kept before pages are chosen among them, (0, 1]");
+  flags.add_int("kv-select-dense", &c.kv_select_dense, "leading layers that attend to every page");
+  flags.add_int("kv-select-share", &c.kv_select_share,
+                "layers (after the dense ones) that share one selection, made in the first of them");
 }
 
 KvCacheOptions kv_options_from(const KvFlags& c, const std::string& model_dir, int num_layers) {
@@ -53,6 +70,18 @@ KvCacheOptions kv_options_from(const KvFlags& c, const std::string& model_dir, i
   o.fp_dtype = parse_dtype(c.kv_dtype);
   HACK_CHECK(o.fp_dtype == DType::bf16 || o.fp_dtype == DType::f32, "--kv-dtype must be bf16 or f32, got {}",
              c.kv_dtype);
+  o.select.ratio = c.kv_select_ratio;
+  o.select.tokens = c.kv_select_tokens;
+  o.select.score = parse_page_score(c.kv_select_bound);
+  HACK_CHECK(o.select.score == PageScore::quest || o.select.score == PageScore::mpcache,
+             "--kv-select-bound must be quest or mpcache, got '{}'", c.kv_select_bound);
+  o.select.alpha = c.kv_select_alpha;
+  o.select.group_pages = c.kv_select_group;
+  o.select.coarse_ratio = c.kv_select_coarse;
+  o.select.dense_layers = c.kv_select_dense;
+  o.select.share_layers = c.kv_select_share;
+  validate(o.select);
+  HACK_CHECK(!o.select.enabled() || o.mode == KvMode::hack, "--kv-select-ratio / --kv-select-tokens need --kv hack");
   std::string file;
   if (c.hack_allocation == "auto") {
     const std::filesystem::path p = std::filesystem::path(model_dir) / kHackAllocationFile;

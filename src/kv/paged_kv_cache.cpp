@@ -58,6 +58,7 @@ std::string describe(const KvCacheOptions& o) {
   if (o.recent_tokens > 0) s += fmt::format(" recent={}", o.recent_tokens);
   if (!o.exact_prefill) s += " quantized-prefill";
   if (o.attention != HackAttention::homomorphic) s += fmt::format(" {}", hack_attention_name(o.attention));
+  s += describe(o.select);
   return s;
 }
 
@@ -71,6 +72,9 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
              shape.num_kv_heads, shape.head_dim, shape.group_size);
   HACK_CHECK(options.block_tokens >= 16 && options.block_tokens % 16 == 0 && options.block_tokens <= 4096,
              "--hack-block must be a multiple of 16 in [16, 4096], got {}", options.block_tokens);
+  validate(options.select);
+  HACK_CHECK(!options.select.enabled() || options.mode == KvMode::hack,
+             "--kv-select-ratio / --kv-select-tokens need --kv hack (page selection reads HACK pages' K ranges)");
   const size_t H = static_cast<size_t>(shape.num_kv_heads);
   const size_t T = static_cast<size_t>(options.block_tokens);
   const size_t dims = static_cast<size_t>(shape.num_layers) * H;
@@ -914,6 +918,12 @@ size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
 int PagedKvCache::hack_page_count(int seq_id, int layer) const {
   HACK_CHECK(options_.mode == KvMode::hack, "hack_page_count: cache is in fp mode");
   return static_cast<int>(get(seq_id).layers[static_cast<size_t>(layer)].pages.size());
+}
+
+std::span<const PageRef> PagedKvCache::hack_pages(int seq_id, int layer) const {
+  HACK_CHECK(options_.mode == KvMode::hack, "hack_pages: cache is in fp mode");
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "hack_pages: layer {} out of range", layer);
+  return get(seq_id).layers[static_cast<size_t>(layer)].pages;
 }
 
 std::span<const std::byte> PagedKvCache::hack_page(int seq_id, int layer, int index) const {

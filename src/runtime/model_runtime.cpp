@@ -119,7 +119,11 @@ std::string kv_format(const ModelRuntime& rt) {
     // The ranks follow from the artifact and the removal rate.
     fdc = fmt::format("{}@{}", rt.model.fdc->digest.substr(0, 16), rt.model.fdc->removal_rate);
   }
-  return fmt::format("{} fdc={}", describe(rt.kv_options), fdc);
+  // Page selection changes which pages decode reads, never their bytes, and prefill never
+  // selects: a prefill node pairs with decode nodes of any selection.
+  KvCacheOptions bytes = rt.kv_options;
+  bytes.select = {};
+  return fmt::format("{} fdc={}", describe(bytes), fdc);
 }
 
 void build_engine(const ModelRuntimeConfig& c, ModelRuntime& rt, int device_kv_tokens) {

@@ -68,6 +68,14 @@ class Backend {
   /// Sets (or with an empty function clears) the activation observer. Backends that cannot
   /// show activations throw hack::Error.
   virtual void set_activation_observer(ActivationObserverFn fn);
+
+  /// What MPCache page selection (--kv-select-*) attended to so far; nullptr when the backend
+  /// does not select. reset clears the counts.
+  virtual const PageSelectStats* page_select_stats() const { return nullptr; }
+  virtual void reset_page_select_stats() {}
+  /// Bench only: in every layer that reuses a selection, also measure how much of the
+  /// layer's own selection the shared one holds (PageSelectStats::shared_*). Slow.
+  virtual void set_measure_sharing(bool) {}
 };
 
 /// The CPU reference backend over `kv` (fp or HACK pages). `pool` runs every kernel; the

@@ -25,6 +25,15 @@ struct KvFlags {
   std::string hack_rounding = "nearest";
   std::string kv_dtype = "bf16";    ///< element type of --kv fp pages
   std::string hack_allocation = "auto";  ///< auto (the model's hack_kv.json if present) | none | FILE
+  // MPCache page selection in decode (kv/page_selection.h); off unless a budget is given.
+  float kv_select_ratio = 0;        ///< budget as a fraction of the context, (0, 1]
+  int kv_select_tokens = 0;         ///< budget in tokens
+  std::string kv_select_bound = "quest";  ///< quest | mpcache
+  float kv_select_alpha = 0.6f;
+  int kv_select_group = 2;          ///< pages per coarse group (1 = one level)
+  float kv_select_coarse = 0.5f;    ///< fraction of groups the coarse level keeps
+  int kv_select_dense = 2;          ///< leading layers that attend to everything
+  int kv_select_share = 2;          ///< layers sharing one selection
 };
 
 /// Registers the flags on `flags`; the values already in `config` are the defaults shown.

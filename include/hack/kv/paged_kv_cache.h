@@ -34,6 +34,7 @@
 #include "hack/kv/hack_page.h"
 #include "hack/kv/kv_cache.h"
 #include "hack/kv/page_pool.h"
+#include "hack/kv/page_selection.h"
 
 namespace hack {
 
@@ -72,6 +73,7 @@ struct KvCacheOptions {
   bool exact_prefill = true;    ///< prefill attends to the whole prompt exactly (begin_prefill)
   HackAttention attention = HackAttention::homomorphic;
   std::optional<CpuIsa> isa;    ///< kernel ISA; default cpu_isa()
+  PageSelectOptions select;     ///< --kv-select-*: MPCache page selection in decode (hack mode)
 };
 
 KvMode parse_kv_mode(std::string_view name);        ///< "fp" | "hack"
@@ -206,6 +208,9 @@ class PagedKvCache final : public KvCache {
 
   /// Full HACK pages of a sequence's layer, as opaque bytes (hack mode).
   int hack_page_count(int seq_id, int layer) const;
+  /// The closed HACK pages of a sequence's layer, in order (hack mode; valid until the next
+  /// append or removal). Page selection reads their K ranges through these.
+  std::span<const PageRef> hack_pages(int seq_id, int layer) const;
   std::span<const std::byte> hack_page(int seq_id, int layer, int index) const;
   int page_ref_count(int seq_id, int layer, int index) const;
   /// Appends a received HACK page (validated: layout, layer, first token) as the next

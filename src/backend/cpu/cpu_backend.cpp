@@ -23,7 +23,12 @@ constexpr size_t kParallelRowsMin = 32;
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv)
-      : model_(model), cfg_(model.config), pool_(pool), kv_(kv), inv_freq_(rope_inv_freq(model.config)) {
+      : model_(model),
+        cfg_(model.config),
+        pool_(pool),
+        kv_(kv),
+        inv_freq_(rope_inv_freq(model.config)),
+        selector_(kv.options().select) {
     const KvShape& ks = kv.shape();
     HACK_CHECK(ks == kv_shape(model),
                "CPU backend: KV cache shape (layers {}, KV heads {}, head_dim {}, group {}{}) does not match the model{}",
@@ -35,13 +40,18 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return cfg_; }
   KvCache& kv() override { return kv_; }
   void set_activation_observer(ActivationObserverFn fn) override { observer_ = std::move(fn); }
+  const PageSelectStats* page_select_stats() const override { return selector_.active() ? &selector_.stats() : nullptr; }
+  void reset_page_select_stats() override { selector_.reset_stats(); }
+  void set_measure_sharing(bool on) override { measure_sharing_ = on; }
 
   size_t forward(std::span<const SequenceChunk> batch, std::vector<float>& logits,
                  const LayerDoneFn& on_layer_done) override {
     size_t total = 0;
     size_t logit_rows = 0;
+    bool decoding = false;  // some chunk is one token: page selection has something to do
     plan_items_.clear();
     for (const SequenceChunk& c : batch) {
+      decoding |= c.tokens.size() == 1;
       HACK_CHECK(!c.tokens.empty(), "sequence {}: empty chunk", c.seq_id);
       plan_items_.push_back(PlanItem{c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()), static_cast<int>(total)});
       total += c.tokens.size();
@@ -100,7 +110,20 @@ class CpuBackend final : public Backend {
         kv_.append(l, c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()), &k_[t0 * kvd], &v_[t0 * kvd]);
         t0 += c.tokens.size();
       }
-      kv_.run(plan_, l, q_.data(), qd, attn_.data(), qd, scale, pool_, attention_ws_);
+      // MPCache (kv/page_selection.h): past the dense layers, decode tokens attend to the
+      // pages their q selects, chosen here every share_layers layers and reused in between;
+      // plan_ stays unselected (dense layers, the next step).
+      const AttentionPlan* run_plan = &plan_;
+      if (decoding && selector_.active() && !selector_.dense(l)) {
+        if (selector_.selects_in(l)) {
+          selected_plan_ = plan_;
+          selector_.select(kv_, selected_plan_, PlanPolicy{}, l, q_.data(), qd);
+        } else if (measure_sharing_) {
+          selector_.measure_sharing(kv_, selected_plan_, l, q_.data(), qd);
+        }
+        run_plan = &selected_plan_;
+      }
+      kv_.run(*run_plan, l, q_.data(), qd, attn_.data(), qd, scale, pool_, attention_ws_);
       if (on_layer_done) on_layer_done(l);
 
       cpu::matmul(attn_.data(), total, w.wo, tmp_.data(), pool_, mm_ws_);
@@ -209,6 +232,9 @@ class CpuBackend final : public Backend {
   std::vector<int> positions_;    // [T] position of each row
   std::vector<PlanItem> plan_items_;  // [chunks] the forward's chunks as the plan sees them
   AttentionPlan plan_;                // this forward's attention plan, run by every layer
+  AttentionPlan selected_plan_;       // plan_ with the decode items' page selection (MPCache)
+  PageSelector selector_;
+  bool measure_sharing_ = false;
   AttentionWorkspace attention_ws_;
   ActivationObserverFn observer_;
 };
