@@ -40,6 +40,28 @@ size_t plan_head_state_floats(int rows, int v_dim) {
   return align16(3 * r) + align16(r * static_cast<size_t>(v_dim));
 }
 
+void copy_plan(const AttentionPlan& from, AttentionPlan& to) {
+  auto copy = [](const auto& a, auto& b) {
+    b.reserve(a.capacity());
+    b.assign(a.begin(), a.end());
+  };
+  to.num_kv_heads = from.num_kv_heads;
+  to.group_size = from.group_size;
+  copy(from.items, to.items);
+  copy(from.segment_offsets, to.segment_offsets);
+  copy(from.segments, to.segments);
+  copy(from.k_dims, to.k_dims);
+  copy(from.v_dims, to.v_dims);
+  copy(from.selection_offsets, to.selection_offsets);
+  copy(from.selected, to.selected);
+  copy(from.tasks, to.tasks);
+  copy(from.order, to.order);
+  to.state_floats = from.state_floats;
+  to.state_v_dim = from.state_v_dim;
+  to.max_task_rows = from.max_task_rows;
+  to.num_layers = from.num_layers;
+}
+
 void select_segments(AttentionPlan& plan, int item, int head, std::span<const int> chosen) {
   const size_t H = static_cast<size_t>(plan.num_kv_heads);
   HACK_CHECK(item >= 0 && static_cast<size_t>(item) < plan.items.size() && head >= 0 && head < plan.num_kv_heads,
@@ -159,7 +181,9 @@ void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
       continue;
     }
     const int blocks = (it.n_tokens + policy.row_block - 1) / policy.row_block;
-    if (policy.balance) {
+    if (it.n_tokens == 1) {  // a decode item cut per head (selection, or unequal heads): no row cuts
+      cuts.clear();
+    } else if (policy.balance) {
       equal_cost_rows(it.start_pos, it.n_tokens, blocks, cuts);
     } else {
       cuts.clear();

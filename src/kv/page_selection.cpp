@@ -123,6 +123,14 @@ int PageSelector::choose(const PagedKvCache& kv, const AttentionPlan& plan, int 
     }
   }
   const int C = std::max(0, closed - 1);
+  // Scratch sized for the sequence's longest context once, so decode steps allocate nothing.
+  const size_t most = static_cast<size_t>(kv.max_tokens(it.seq_id) / T + 3);
+  if (keep_.capacity() < most) {
+    for (auto* v : {&order_, &groups_, &chosen_}) v->reserve(most);
+    for (auto* v : {&scores_, &group_scores_}) v->reserve(most);
+    keep_.reserve(most);
+    pages_.reserve(most);
+  }
   if (closed > 0) must += segs[static_cast<size_t>(first_closed + closed - 1)].tokens;
   const int context = it.start_pos + it.n_tokens;
   const double budget = options_.tokens > 0 ? options_.tokens : std::ceil(options_.ratio * context);

@@ -131,6 +131,10 @@ double plan_imbalance(const AttentionPlan& plan, int layer, int workers);
 /// Softmax state floats of `rows` query rows of one head with value width v_dim.
 size_t plan_head_state_floats(int rows, int v_dim);
 
+/// to = from, keeping to's buffers and reserving them to from's capacities first, so copying
+/// a step's plan (to select in it) allocates nothing once to has seen the longest context.
+void copy_plan(const AttentionPlan& from, AttentionPlan& to);
+
 /// Sets the selection of (item, head) to `segments` (indices within the item, ascending,
 /// each < the item's segment count). Call build_plan_tasks afterwards.
 void select_segments(AttentionPlan& plan, int item, int head, std::span<const int> segments);

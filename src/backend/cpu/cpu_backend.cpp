@@ -116,7 +116,7 @@ class CpuBackend final : public Backend {
       const AttentionPlan* run_plan = &plan_;
       if (decoding && selector_.active() && !selector_.dense(l)) {
         if (selector_.selects_in(l)) {
-          selected_plan_ = plan_;
+          copy_plan(plan_, selected_plan_);
           selector_.select(kv_, selected_plan_, PlanPolicy{}, l, q_.data(), qd);
         } else if (measure_sharing_) {
           selector_.measure_sharing(kv_, selected_plan_, l, q_.data(), qd);

@@ -3,7 +3,9 @@
 /// K min and scale (bf16) — every dequantized K of the page lies in [lo_d, hi_d] with
 /// lo_d = min_d, hi_d = min_d + scale_d·(2^b − 1) — one small dot per page scores it for a
 /// query group:
-///   quest:   Σ_r Σ_d max(q_rd·hi_d, q_rd·lo_d)   (≥ q_r·k for every k of the page)
+///   quest:   Σ_r Σ_d max(q_rd·hi_d, q_rd·lo_d)   (≥ q_r·k for every dequantized k of the page —
+///            what attention reads; 2-bit nearest rounding clips K's range, so an outlier of
+///            the exact K may exceed it)
 ///   mpcache: Σ_d qsum_d·(α·hi_d + (1 − α)·lo_d)  (the linearized similarity, qsum = Σ_r q_r)
 /// A box of several consecutive pages (a coarse group) is scored on the envelope of its
 /// pages' ranges (lo = min of lo, hi = max of hi), a bound of every page in it.
