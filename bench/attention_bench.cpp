@@ -16,6 +16,10 @@
 // per head, every layer), as an FDC artifact's per-head ranks do; --balance 0 turns off the
 // plan's load balancing (fixed row blocks, all heads in one decode task, plan order).
 // (--layers forces the number of layers cycled; 1 keeps small KV in cache, for diagnosis)
+// A HACK mode with the suffix "+qNN" or "+mNN" (hack2+q20) runs MPCache page selection at a
+// budget of NN % of the context (Quest or MPCache scores), a new selection every
+// --select-share layers as the backend makes it (no dense layers here); its step time
+// includes that share of the scoring, and select_us is one selection (all KV heads) alone.
 #include <immintrin.h>
 #include <unistd.h>
 
@@ -86,6 +90,7 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_bool("json", &a.json, "JSON output");
   flags.add_string("fdc-dims", &fdc_dims, "k_dim:v_dim of each of the 8 KV heads for '+fdc' modes (multiples of 16)");
   flags.add_bool("balance", &a.balance, "balance the attention plan (equal-cost tasks, longest first)");
+  flags.add_int("select-share", &g_select_share, "'+qNN' / '+mNN' modes: layers sharing one page selection");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.contexts = parse_int_list(contexts, "contexts");
   a.batches = parse_int_list(batches, "batch");
@@ -121,6 +126,7 @@ struct Mode {
   KvCacheOptions options;
   bool fdc = false;
 };
+int g_select_share = 2;  // --select-share (read by run_one)
 
 // The bench's shape (8 KV heads × 128, group 4) over `layers` layers, with the FDC dims.
 KvShape bench_shape(int layers, const Mode& mode, const Args& args) {
@@ -135,10 +141,18 @@ KvShape bench_shape(int layers, const Mode& mode, const Args& args) {
 }
 
 Mode make_mode(std::string name, int block) {
-  const bool fdc = name.size() > 4 && name.ends_with("+fdc");
   const std::string full_name = name;
-  if (fdc) name.resize(name.size() - 4);
   KvCacheOptions o;
+  if (const size_t plus = name.find("+q") != std::string::npos ? name.find("+q") : name.find("+m");
+      plus != std::string::npos) {  // hack2+q20: page selection at 20 %
+    o.select.score = name[plus + 1] == 'q' ? PageScore::quest : PageScore::mpcache;
+    o.select.ratio = std::stod(name.substr(plus + 2)) / 100.0;
+    o.select.dense_layers = 0;
+    o.select.share_layers = g_select_share;
+    name = name.substr(0, plus) + name.substr(std::min(name.size(), name.find('+', plus + 1)));
+  }
+  const bool fdc = name.size() > 4 && name.ends_with("+fdc");
+  if (fdc) name.resize(name.size() - 4);
   o.block_tokens = block;
   if (name == "fp32" || name == "bf16") {
     o.mode = KvMode::fp;
@@ -162,6 +176,7 @@ struct Result {
   int context = 0, batch = 0, layers = 0, threads = 0;
   double step_us = 0, kv_bytes = 0, gbs = 0, bw_share = 0, bytes_per_token = 0;
   double imbalance = 1;  // plan_imbalance of layer 0 on the pool's threads
+  double select_us = 0, selected = 1;  // one selection's time; tokens attended / context
   bool skipped = false;
 };
 
@@ -263,7 +278,32 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   for (int s = 0; s < batch; ++s) r.kv_bytes += static_cast<double>(cache->attend_bytes(s, 0));
   AttentionWorkspace ws;
   const float scale = 1.0f / std::sqrt(128.0f);
-  auto step = [&](int layer) { cache->run(plan, layer, q.data(), q_floats, out.data(), q_floats, scale, pool, ws); };
+  PageSelector selector(mode.options.select);
+  AttentionPlan selected;
+  auto step = [&](int layer) {
+    if (!selector.active()) {
+      cache->run(plan, layer, q.data(), q_floats, out.data(), q_floats, scale, pool, ws);
+      return;
+    }
+    if (selector.selects_in(layer % r.layers) || selected.items.empty()) {
+      copy_plan(plan, selected);
+      selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, layer,
+                      q.data(), q_floats);
+    }
+    cache->run(selected, layer, q.data(), q_floats, out.data(), q_floats, scale, pool, ws);
+  };
+  if (selector.active()) {  // one selection alone, best of many
+    double best_sel = 1e30;
+    for (int i = 0; i < 50; ++i) {
+      const auto t0 = Clock::now();
+      copy_plan(plan, selected);
+      selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, i % r.layers,
+                      q.data(), q_floats);
+      best_sel = std::min(best_sel, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    r.select_us = best_sel * 1e6;
+    r.selected = selector.stats().selected_tokens / selector.stats().context_tokens;
+  }
   for (int l = 0; l < r.layers; ++l) step(l);  // warm up
   // Best of 7 trials, each cycling all layers for min_time/7: on a shared machine the best
   // trial is the one least disturbed by other processes (the bandwidth is measured alike).
@@ -326,8 +366,11 @@ int main(int argc, char** argv) {
         if (!args.json) {
           if (r.skipped) std::printf("%-10s %7d %5d   (skipped: KV exceeds --max-gb)\n", m.c_str(), context, batch);
           else
-            std::printf("%-10s %7d %5d %6d %11.1f %11.2f %8.1f %6.0f%% %8.2fx %9.3f\n", m.c_str(), context, batch, r.layers,
+            std::printf("%-10s %7d %5d %6d %11.1f %11.2f %8.1f %6.0f%% %8.2fx %9.3f", m.c_str(), context, batch, r.layers,
                         r.step_us, r.kv_bytes / 1e6, r.gbs, 100 * r.bw_share, speedup, r.imbalance);
+          if (!r.skipped && r.select_us > 0)
+            std::printf("  select_us %.1f attended %.1f%%", r.select_us, 100 * r.selected);
+          std::printf("\n");
           std::fflush(stdout);
         }
         results.push_back({{"mode", m}, {"context", context}, {"batch", batch}, {"block", args.block},
@@ -335,6 +378,7 @@ int main(int argc, char** argv) {
                            {"step_us", r.step_us}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                            {"bandwidth_share", r.bw_share}, {"speedup_vs_fp32", speedup},
                            {"plan_imbalance", r.imbalance}, {"balance", args.balance},
+                           {"select_us", r.select_us}, {"selected_share", r.selected},
                            {"kv_bytes_per_token_layer", r.bytes_per_token},
                            {"kv_bytes_vs_bf16", r.bytes_per_token / bf16_per_token}});
       }

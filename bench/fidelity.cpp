@@ -96,6 +96,16 @@ hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions 
       o.layer_bits = a.layers;
       if (a.recent_tokens) o.recent_tokens = *a.recent_tokens;
     }
+    // MPCache page selection (kv/page_selection.h): "select=0.2 bound=quest|mpcache share=2",
+    // baselines at the same budget "select=0.2 select-baseline=streaming|random|oracle".
+    else if (key == "select") o.select.ratio = std::stod(val);
+    else if (key == "select-tokens") o.select.tokens = std::stoi(val);
+    else if (key == "bound" || key == "select-baseline") o.select.score = hack::parse_page_score(val);
+    else if (key == "alpha") o.select.alpha = std::stof(val);
+    else if (key == "group") o.select.group_pages = std::stoi(val);
+    else if (key == "coarse") o.select.coarse_ratio = std::stod(val);
+    else if (key == "dense") o.select.dense_layers = std::stoi(val);
+    else if (key == "share") o.select.share_layers = std::stoi(val);
     else if (key == "bf16") {
       o.mode = hack::KvMode::fp;
       o.fp_dtype = hack::DType::bf16;
@@ -165,6 +175,8 @@ struct Bench {
   std::vector<int> eos_ids;
   size_t vocab = 0;
   double bf16_bytes_per_token = 0;  // 2 (K, V) · layers · kv_heads · head_dim · 2 bytes
+  bool measure_sharing = false;      // --measure-sharing (page selection's layer commonality)
+  bool question_decode = false;      // --passkey-question-decode
 };
 
 // Log-probabilities, [positions][vocab].
@@ -208,6 +220,7 @@ Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOption
   hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(tokens.size()));
+  e.backend->set_measure_sharing(b.measure_sharing);
   Run run;
   run.logprobs.vocab = b.vocab;
   std::vector<float> logits;
@@ -225,6 +238,14 @@ Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOption
     }
   }
   run.attend_bytes_per_token = attend_bytes_per_token(*e.kv, 0, b.shape.num_layers);
+  if (const hack::PageSelectStats* st = e.backend->page_select_stats(); st && st->context_tokens > 0) {
+    // Selection: the share of the context the selecting layers attended to, and (with
+    // --measure-sharing) how much of each sharing layer's own choice the shared one held.
+    std::fprintf(stderr, "  [%s] selected %.1f %% of the context", hack::describe(opt).c_str(),
+                 100 * st->selected_tokens / st->context_tokens);
+    if (st->shared_pages > 0) std::fprintf(stderr, "; sharing: %.1f %% of a layer's own pages", 100 * st->shared_hits / st->shared_pages);
+    std::fprintf(stderr, "\n");
+  }
   return run;
 }
 
@@ -238,6 +259,27 @@ std::vector<int> greedy(const Bench& b, const hack::Model& model, const hack::Kv
   sp.temperature = 0;
   sp.max_tokens = max_tokens;
   return hack::generate(engine, 0, prompt, sp, b.eos_ids).tokens;
+}
+
+// Greedy continuation of prefix + question where the question goes through the decode path
+// one token at a time (so decode-time page selection reads it, as a chat turn would).
+std::vector<int> greedy_question_decode(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt,
+                                        std::span<const int> prefix, std::span<const int> question, int max_tokens) {
+  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
+  hack::Engine& engine = *e.engine;
+  engine.add_sequence(0, static_cast<int>(prefix.size() + question.size()) + max_tokens);
+  std::vector<float> logits;
+  engine.prefill(0, prefix, logits);
+  const int seq = 0;
+  for (size_t t = 0; t < question.size(); ++t) engine.decode(std::span<const int>(&seq, 1), question.subspan(t, 1), logits);
+  std::vector<int> out;
+  for (int i = 0; i < max_tokens; ++i) {
+    const int next = static_cast<int>(std::max_element(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(b.vocab)) - logits.begin());
+    out.push_back(next);
+    if (std::find(b.eos_ids.begin(), b.eos_ids.end(), next) != b.eos_ids.end() || i + 1 == max_tokens) break;
+    engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&next, 1), logits);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- scoring and statistics
@@ -509,7 +551,8 @@ void report_copy(const Output& out, const std::vector<Config>& configs, const st
 
 // The classic passkey prompt (Mohtashami & Jaggi) as plain text: instruction, filler
 // sentences, the key at `depth` of the filler, the question. About `length` tokens.
-std::vector<int> passkey_prompt(const Bench& b, int bos, int length, double depth, const std::string& key) {
+std::vector<int> passkey_prompt(const Bench& b, int bos, int length, double depth, const std::string& key,
+                                size_t* question_tokens = nullptr) {
   const auto enc = [&](const std::string& s) { return b.tok.encode(s, false); };
   const std::vector<int> head = enc(
       "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -527,6 +570,7 @@ std::vector<int> passkey_prompt(const Bench& b, int bos, int length, double dept
     if (u < units) out.insert(out.end(), unit.begin(), unit.end());
   }
   out.insert(out.end(), question.begin(), question.end());
+  if (question_tokens) *question_tokens = question.size();
   return out;
 }
 
@@ -543,9 +587,15 @@ void run_passkey(const Bench& b, const Output& out, const std::vector<Config>& c
     for (double depth : depths) {
       for (int k = 0; k < keys; ++k) {
         const std::string key = std::to_string(digits(rng));
-        const std::vector<int> prompt = passkey_prompt(b, bos, lengths[li], depth, key);
+        size_t q_tokens = 0;
+        const std::vector<int> prompt = passkey_prompt(b, bos, lengths[li], depth, key, &q_tokens);
+        const std::span<const int> all(prompt);
         for (size_t r = 0; r < rows.size(); ++r) {
-          const std::string answer = b.tok.decode(greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8), true);
+          const std::vector<int> ids =
+              b.question_decode ? greedy_question_decode(b, model_of(b, rows[r]), rows[r].options,
+                                                         all.first(all.size() - q_tokens), all.last(q_tokens), 8)
+                                : greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8);
+          const std::string answer = b.tok.decode(ids, true);
           hits[r][li] += answer.find(key) != std::string::npos;
         }
       }
@@ -629,7 +679,7 @@ int main(int argc, char** argv) {
   std::string passkey_lengths = "1024,2048,4096,7168", passkey_depths = "0.1,0.5,0.9";
   int windows = 4, prefill_tokens = 1024, decode_tokens = 256, prefill_chunk = 512, threads = 0, sinks = 4;
   int copy_span = 64, copy_probes_n = 4, copy_gap = 1024, passkey_keys = 2, chats = 8, chat_tokens = 64;
-  bool json = false, ablation = false;
+  bool json = false, ablation = false, measure_sharing = false, question_decode = false;
   std::string fdc_path;
   hack::FlagSet flags("fidelity", "KV compression vs the fp32 cache on the real decode and prefill paths.", "HACK_FIDELITY");
   flags.add_string("model", &model_dir, "model directory (Hugging Face layout)");
@@ -652,6 +702,10 @@ int main(int argc, char** argv) {
   flags.add_int("sinks", &sinks, "bf16 sink tokens (configs may override)");
   flags.add_int("threads", &threads, "threads (0 = all)");
   flags.add_bool("json", &json, "JSON lines instead of tables");
+  flags.add_bool("measure-sharing", &measure_sharing,
+                 "configs with select=: measure how much of each sharing layer's own page choice the shared one holds");
+  flags.add_bool("passkey-question-decode", &question_decode,
+                 "passkey: feed the question through the decode path token by token (page selection reads it)");
   flags.add_string("fdc", &fdc_path, "FDC artifact for configs with fdc=R (hack-calibrate --fdc); default <model>/fdc.safetensors");
   try {
     if (!flags.parse(argc, argv)) return 0;
@@ -696,6 +750,8 @@ int main(int argc, char** argv) {
     Bench b{model, pool, tok, hack::kv_shape(cfg)};
     b.prefill_chunk = prefill_chunk;
     b.eos_ids = hack::merge_eos_ids(cfg.eos_token_ids, hack::load_generation_config(model_dir), tok.eos_id());
+    b.measure_sharing = measure_sharing;
+    b.question_decode = question_decode;
     b.vocab = static_cast<size_t>(cfg.vocab_size);
     b.bf16_bytes_per_token = hack::bf16_kv_bytes_per_token(b.shape);
     const Output out{json};
