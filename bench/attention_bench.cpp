@@ -52,6 +52,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+int g_select_share = 2;  // --select-share (read by make_mode)
+
 struct Args {
   std::vector<int> contexts = {1024, 2048, 4096, 8192, 16384, 32768, 65536};
   std::vector<int> batches = {1, 8};
@@ -126,7 +128,6 @@ struct Mode {
   KvCacheOptions options;
   bool fdc = false;
 };
-int g_select_share = 2;  // --select-share (read by run_one)
 
 // The bench's shape (8 KV heads × 128, group 4) over `layers` layers, with the FDC dims.
 KvShape bench_shape(int layers, const Mode& mode, const Args& args) {
