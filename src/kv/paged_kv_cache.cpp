@@ -71,14 +71,47 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
              shape.num_kv_heads, shape.head_dim, shape.group_size);
   HACK_CHECK(options.block_tokens >= 16 && options.block_tokens % 16 == 0 && options.block_tokens <= 4096,
              "--hack-block must be a multiple of 16 in [16, 4096], got {}", options.block_tokens);
-  const size_t H = static_cast<size_t>(shape.num_kv_heads), d = static_cast<size_t>(shape.head_dim);
+  const size_t H = static_cast<size_t>(shape.num_kv_heads);
   const size_t T = static_cast<size_t>(options.block_tokens);
+  const size_t dims = static_cast<size_t>(shape.num_layers) * H;
+  HACK_CHECK((shape.k_dims.empty() && shape.v_dims.empty()) || (shape.k_dims.size() == dims && shape.v_dims.size() == dims),
+             "paged KV cache: per-head dims for {} (layer, KV head) pairs, got {} K and {} V", dims, shape.k_dims.size(),
+             shape.v_dims.size());
+  size_t widest_token = 0;  // K and V elements of one token in the widest layer
+  for (int l = 0; l < shape.num_layers; ++l) {
+    ExactLayout e;
+    size_t k_total = 0, v_total = 0;
+    for (int h = 0; h < shape.num_kv_heads; ++h) {
+      const int kd = shape.k_dim(l, h), vd = shape.v_dim(l, h);
+      for (const int dim : {kd, vd})
+        HACK_CHECK(dim > 0 && dim <= shape.head_dim && (dim == shape.head_dim || dim % 16 == 0),
+                   "paged KV cache: layer {} KV head {}: dim {} must be a multiple of 16 in [16, head_dim {}]", l, h, dim,
+                   shape.head_dim);
+      e.k_dim.push_back(kd);
+      e.v_dim.push_back(vd);
+      e.k_off.push_back(k_total);
+      k_total += static_cast<size_t>(kd);
+    }
+    for (int h = 0; h < shape.num_kv_heads; ++h) {
+      e.v_off.push_back(k_total + v_total);
+      v_total += static_cast<size_t>(e.v_dim[static_cast<size_t>(h)]);
+    }
+    e.token_elems = k_total + v_total;
+    widest_token = std::max(widest_token, e.token_elems);
+    exact_.push_back(std::move(e));
+  }
+  // Layers whose pages have the same size share a pool.
+  auto pool_for = [&](size_t page_bytes) {
+    for (const auto& p : block_pools_)
+      if (p->page_bytes() == page_bytes) return p.get();
+    block_pools_.push_back(std::make_unique<PagePool>(page_bytes));
+    return block_pools_.back().get();
+  };
   if (options.mode == KvMode::fp) {
     HACK_CHECK(options.fp_dtype == DType::bf16 || options.fp_dtype == DType::f32,
                "paged KV cache: fp pages hold bf16 or f32, not {}", dtype_name(options.fp_dtype));
     exact_elem_bytes_ = dtype_size(options.fp_dtype);
-    block_pools_.push_back(std::make_unique<PagePool>(2 * H * T * d * exact_elem_bytes_));
-    layer_pool_.assign(static_cast<size_t>(shape.num_layers), block_pools_.front().get());
+    for (const ExactLayout& e : exact_) layer_pool_.push_back(pool_for(T * e.token_elems * exact_elem_bytes_));
     return;
   }
   HACK_CHECK(options.sinks >= 0 && options.sinks <= 1024, "--hack-sinks must be in [0, 1024], got {}", options.sinks);
@@ -96,21 +129,14 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
     params.block_tokens = options.block_tokens;
     params.k_group = options.k_group;
     params.v_group = options.v_group;
-    params.heads.assign(H, HackHeadDims{shape.head_dim, shape.head_dim});
+    for (int h = 0; h < shape.num_kv_heads; ++h) params.heads.push_back({shape.k_dim(l, h), shape.v_dim(l, h)});
     layouts_.emplace_back(params);
-    // Layers of the same page size share a pool.
-    PagePool* pool = nullptr;
-    for (const auto& p : block_pools_)
-      if (p->page_bytes() == layouts_.back().page_bytes()) pool = p.get();
-    if (pool == nullptr) {
-      block_pools_.push_back(std::make_unique<PagePool>(layouts_.back().page_bytes()));
-      pool = block_pools_.back().get();
-    }
-    layer_pool_.push_back(pool);
+    layer_pool_.push_back(pool_for(layouts_.back().page_bytes()));
   }
   exact_elem_bytes_ = 2;
-  open_pool_ = std::make_unique<PagePool>(2 * H * T * d * 2);
-  if (options.sinks > 0) sink_pool_ = std::make_unique<PagePool>(2 * H * static_cast<size_t>(options.sinks) * d * 2);
+  // Exact pages are sized for the widest layer (all layers share these pools).
+  open_pool_ = std::make_unique<PagePool>(T * widest_token * 2);
+  if (options.sinks > 0) sink_pool_ = std::make_unique<PagePool>(static_cast<size_t>(options.sinks) * widest_token * 2);
 }
 
 PagedKvCache::~PagedKvCache() {
@@ -145,11 +171,11 @@ int PagedKvCache::full_blocks(int length) const {
 size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
   const int T = options_.block_tokens;
   size_t per_layer;
-  if (options_.mode == KvMode::fp) {
-    per_layer = static_cast<size_t>((max_tokens + T - 1) / T) * block_pools_.front()->page_bytes();
-    return per_layer * static_cast<size_t>(shape_.num_layers);
-  }
   size_t total = 0;
+  if (options_.mode == KvMode::fp) {
+    for (int l = 0; l < shape_.num_layers; ++l) total += static_cast<size_t>((max_tokens + T - 1) / T) * pages_of(l).page_bytes();
+    return total;
+  }
   for (int l = 0; l < shape_.num_layers; ++l) {
     // The recent window's full blocks are held as bf16 pages instead of HACK pages.
     const int blocks = full_blocks(max_tokens);
@@ -223,25 +249,33 @@ int PagedKvCache::length(int seq_id, int layer) const {
   return get(seq_id).layers[static_cast<size_t>(layer)].length;
 }
 
-namespace {
-
-// Writes one token's K or V ([heads][d] f32) into an exact page region of `capacity`
-// tokens per head ([heads][capacity][d]) at `slot`.
-void write_exact(std::byte* region, size_t elem_bytes, int heads, int capacity, int d, int slot, const float* x) {
-  for (int h = 0; h < heads; ++h) {
-    const float* src = x + static_cast<size_t>(h) * static_cast<size_t>(d);
-    const size_t at = (static_cast<size_t>(h) * static_cast<size_t>(capacity) + static_cast<size_t>(slot)) *
-                      static_cast<size_t>(d);
-    if (elem_bytes == 4) {
-      std::memcpy(reinterpret_cast<float*>(region) + at, src, static_cast<size_t>(d) * 4);
+void PagedKvCache::write_exact(int layer, std::byte* page, int capacity, int slot, const float* k, const float* v) const {
+  const ExactLayout& e = exact_[static_cast<size_t>(layer)];
+  const size_t cap = static_cast<size_t>(capacity), at = static_cast<size_t>(slot);
+  auto put = [&](size_t offset, const float* src, int n) {
+    if (exact_elem_bytes_ == 4) {
+      std::memcpy(reinterpret_cast<float*>(page) + offset, src, static_cast<size_t>(n) * 4);
     } else {
-      uint16_t* dst = reinterpret_cast<uint16_t*>(region) + at;
-      for (int c = 0; c < d; ++c) dst[c] = f32_to_bf16(src[c]);
+      uint16_t* dst = reinterpret_cast<uint16_t*>(page) + offset;
+      for (int c = 0; c < n; ++c) dst[c] = f32_to_bf16(src[c]);
     }
+  };
+  const size_t d = static_cast<size_t>(shape_.head_dim);
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    put(e.k_at(h, cap, at), k + static_cast<size_t>(h) * d, e.k_dim[static_cast<size_t>(h)]);
+    put(e.v_at(h, cap, at), v + static_cast<size_t>(h) * d, e.v_dim[static_cast<size_t>(h)]);
   }
 }
 
-}  // namespace
+void PagedKvCache::copy_exact_page(int layer, const std::byte* from, std::byte* to, int capacity, int count) const {
+  const ExactLayout& e = exact_[static_cast<size_t>(layer)];
+  const size_t cap = static_cast<size_t>(capacity), n = static_cast<size_t>(count);
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    const size_t k = e.k_at(h, cap, 0) * exact_elem_bytes_, v = e.v_at(h, cap, 0) * exact_elem_bytes_;
+    std::memcpy(to + k, from + k, n * static_cast<size_t>(e.k_dim[static_cast<size_t>(h)]) * exact_elem_bytes_);
+    std::memcpy(to + v, from + v, n * static_cast<size_t>(e.v_dim[static_cast<size_t>(h)]) * exact_elem_bytes_);
+  }
+}
 
 void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
   const int T = options_.block_tokens;
@@ -259,17 +293,16 @@ void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
 }
 
 void PagedKvCache::quantize_block(int layer, const std::byte* block, int64_t first, std::byte* page) const {
-  const int T = options_.block_tokens, d = shape_.head_dim, H = shape_.num_kv_heads;
+  const size_t T = static_cast<size_t>(options_.block_tokens);
   const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
+  const ExactLayout& e = exact_[static_cast<size_t>(layer)];
   std::memset(page, 0, layout.page_bytes());  // padding too: pages are compared and hashed as bytes
   layout.write_header(page, layer, first, options_.rounding);
   const RoundingSpec spec{options_.rounding, options_.seed, layer, first};
-  const uint16_t* k = reinterpret_cast<const uint16_t*>(block);
-  const uint16_t* v = k + static_cast<size_t>(H) * static_cast<size_t>(T) * static_cast<size_t>(d);
-  for (int h = 0; h < H; ++h) {
-    const size_t off = static_cast<size_t>(h) * static_cast<size_t>(T) * static_cast<size_t>(d);
-    quantize_k_block(layout, h, k + off, static_cast<size_t>(d), spec, page);
-    quantize_v_block(layout, h, v + off, static_cast<size_t>(d), spec, page);
+  const uint16_t* exact = reinterpret_cast<const uint16_t*>(block);
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    quantize_k_block(layout, h, exact + e.k_at(h, T, 0), static_cast<size_t>(e.k_dim[static_cast<size_t>(h)]), spec, page);
+    quantize_v_block(layout, h, exact + e.v_at(h, T, 0), static_cast<size_t>(e.v_dim[static_cast<size_t>(h)]), spec, page);
   }
 }
 
@@ -308,8 +341,8 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
              lp.length);
   HACK_CHECK(n_tokens >= 0 && lp.length + n_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}",
              seq_id, lp.length + n_tokens, s.max_tokens);
-  const int H = shape_.num_kv_heads, d = shape_.head_dim, T = options_.block_tokens;
-  const size_t token_floats = static_cast<size_t>(H) * static_cast<size_t>(d);
+  const int T = options_.block_tokens;
+  const size_t token_floats = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim);
   if (options_.mode == KvMode::hack && n_tokens > 0 && !s.prefilling) quantize_pending(layer, lp);
   if (s.observer != nullptr && n_tokens > 0) s.observer->on_append(layer, start_pos, n_tokens, k, v);
   for (int i = 0; i < n_tokens; ++i) {
@@ -319,20 +352,14 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
     if (options_.mode == KvMode::fp) {
       const int slot = pos % T;
       if (slot == 0) lp.pages.push_back(pages_of(layer).allocate());
-      std::byte* page = lp.pages.back().data;
-      write_exact(page, exact_elem_bytes_, H, T, d, slot, kt);
-      write_exact(page + token_floats * static_cast<size_t>(T) * exact_elem_bytes_, exact_elem_bytes_, H, T, d, slot,
-                  vt);
+      write_exact(layer, lp.pages.back().data, T, slot, kt, vt);
     } else if (pos < options_.sinks) {
       if (!lp.sink) lp.sink = sink_pool_->allocate();
-      const int S = options_.sinks;
-      write_exact(lp.sink.data, 2, H, S, d, pos, kt);
-      write_exact(lp.sink.data + token_floats * static_cast<size_t>(S) * 2, 2, H, S, d, pos, vt);
+      write_exact(layer, lp.sink.data, options_.sinks, pos, kt, vt);
     } else {
       const int rel = pos - options_.sinks, slot = rel % T;
       if (!lp.open) lp.open = open_pool_->allocate();
-      write_exact(lp.open.data, 2, H, T, d, slot, kt);
-      write_exact(lp.open.data + token_floats * static_cast<size_t>(T) * 2, 2, H, T, d, slot, vt);
+      write_exact(layer, lp.open.data, T, slot, kt, vt);
       if (slot == T - 1) {  // full: exact until an append finds it outside the recent window
         lp.pending.push_back(lp.open);
         lp.open = PageRef{};
@@ -374,17 +401,18 @@ PagedKvCache::Segment PagedKvCache::resolve(const LayerPages& lp, const PlanSegm
   return {s.first_token, s.tokens, false, lp.open.data, T};
 }
 
-cpu::ExactHeadView PagedKvCache::exact_view(const Segment& seg, int kv_head) const {
-  const size_t d = static_cast<size_t>(shape_.head_dim), cap = static_cast<size_t>(seg.capacity);
-  const size_t head_elems = cap * d;
-  const size_t v_region = static_cast<size_t>(shape_.num_kv_heads) * head_elems * exact_elem_bytes_;
+cpu::ExactHeadView PagedKvCache::exact_view(int layer, const Segment& seg, int kv_head) const {
+  const ExactLayout& e = exact_[static_cast<size_t>(layer)];
+  const size_t cap = static_cast<size_t>(seg.capacity);
   cpu::ExactHeadView view;
   view.bf16 = exact_elem_bytes_ == 2;
   view.tokens = seg.tokens;
-  view.k_dim = view.v_dim = shape_.head_dim;
-  view.k = seg.data + static_cast<size_t>(kv_head) * head_elems * exact_elem_bytes_;
-  view.v = seg.data + v_region + static_cast<size_t>(kv_head) * head_elems * exact_elem_bytes_;
-  view.k_stride = view.v_stride = d;
+  view.k_dim = e.k_dim[static_cast<size_t>(kv_head)];
+  view.v_dim = e.v_dim[static_cast<size_t>(kv_head)];
+  view.k = seg.data + e.k_at(kv_head, cap, 0) * exact_elem_bytes_;
+  view.v = seg.data + e.v_at(kv_head, cap, 0) * exact_elem_bytes_;
+  view.k_stride = static_cast<size_t>(view.k_dim);
+  view.v_stride = static_cast<size_t>(view.v_dim);
   return view;
 }
 
@@ -399,10 +427,11 @@ cpu::HackHeadView PagedKvCache::hack_view(int layer, const std::byte* page, int 
 
 size_t PagedKvCache::work_floats() const {
   size_t w = cpu::exact_block_work_floats(std::max(options_.block_tokens, options_.sinks));
-  if (options_.mode == KvMode::hack) {
-    const HackHeadLayout& hl = layouts_.front().head(0);
-    w = std::max(w, cpu::hack_block_work_floats(options_.block_tokens, hl.k_dim, hl.v_dim, hl.k_group, hl.v_group));
-  }
+  for (const HackPageLayout& layout : layouts_)
+    for (int h = 0; h < layout.num_heads(); ++h) {
+      const HackHeadLayout& hl = layout.head(h);
+      w = std::max(w, cpu::hack_block_work_floats(options_.block_tokens, hl.k_dim, hl.v_dim, hl.k_group, hl.v_group));
+    }
   return align16(w);
 }
 
@@ -443,7 +472,7 @@ void PagedKvCache::attend_segments(const LayerPages& lp, std::span<const PlanSeg
       sub.sum = rh.sum + r0;
       sub.acc = rh.acc + r0 * static_cast<size_t>(rh.v_dim);
       if (next && !next->quantized) {
-        const cpu::ExactHeadView v = exact_view(*next, h);
+        const cpu::ExactHeadView v = exact_view(lp.layer, *next, h);
         for (const void* base : {v.k, v.v})
           for (size_t off = 0; off < 1024; off += 64) _mm_prefetch(static_cast<const char*>(base) + off, _MM_HINT_T0);
       }
@@ -460,7 +489,7 @@ void PagedKvCache::attend_segments(const LayerPages& lp, std::span<const PlanSeg
           kernels_->hack_block(view, sub, work);
         }
       } else {
-        kernels_->exact_block(exact_view(seg, h), sub, work);
+        kernels_->exact_block(exact_view(lp.layer, seg, h), sub, work);
       }
     }
   }
@@ -497,8 +526,9 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
   HACK_CHECK(start_pos >= 0 && n_tokens > 0 && lp.length >= start_pos + n_tokens,
              "sequence {} layer {}: attention over {} tokens but {} stored", seq_id, layer, start_pos + n_tokens,
              lp.length);
-  const int G = shape_.group_size, d = shape_.head_dim;
-  const size_t rows_n = static_cast<size_t>(n_tokens) * static_cast<size_t>(G), ud = static_cast<size_t>(d);
+  // A head's q and output occupy the first k_dim / v_dim entries of head_dim-wide slots.
+  const int G = shape_.group_size, kd = shape_.k_dim(layer, kv_head), vd = shape_.v_dim(layer, kv_head);
+  const size_t rows_n = static_cast<size_t>(n_tokens) * static_cast<size_t>(G), ud = static_cast<size_t>(shape_.head_dim);
   float* qs = scratch;
   float* acc = qs + align16(rows_n * ud);
   int* visible = reinterpret_cast<int*>(acc + align16(rows_n * ud));
@@ -508,10 +538,10 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
   for (int t = 0; t < n_tokens; ++t)
     for (int g = 0; g < G; ++g) {
       const float* src = q + static_cast<size_t>(t) * q_row_stride + static_cast<size_t>(g) * ud;
-      float* dst = qs + (static_cast<size_t>(t) * static_cast<size_t>(G) + static_cast<size_t>(g)) * ud;
-      for (size_t c = 0; c < ud; ++c) dst[c] = src[c] * scale;
+      float* dst = qs + (static_cast<size_t>(t) * static_cast<size_t>(G) + static_cast<size_t>(g)) * static_cast<size_t>(kd);
+      for (int c = 0; c < kd; ++c) dst[c] = src[c] * scale;
     }
-  const cpu::AttentionRows rows{static_cast<int>(rows_n), d, d, qs, visible, mx, sum, acc};
+  const cpu::AttentionRows rows{static_cast<int>(rows_n), kd, vd, qs, visible, mx, sum, acc};
   cpu::attention_rows_reset(rows);
   std::vector<PlanSegment> segments;  // the reference path may allocate
   list_segments(start_pos + n_tokens, static_cast<int>(lp.pages.size()), segments);
@@ -522,8 +552,10 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
     tr.n = G;
     tr.max = mx + static_cast<size_t>(t) * static_cast<size_t>(G);
     tr.sum = sum + static_cast<size_t>(t) * static_cast<size_t>(G);
-    tr.acc = acc + static_cast<size_t>(t) * static_cast<size_t>(G) * ud;
-    cpu::attention_rows_finish(tr, out + static_cast<size_t>(t) * out_row_stride, ud);
+    tr.acc = acc + static_cast<size_t>(t) * static_cast<size_t>(G) * static_cast<size_t>(vd);
+    float* dst = out + static_cast<size_t>(t) * out_row_stride;
+    cpu::attention_rows_finish(tr, dst, ud);
+    for (int g = 0; g < G; ++g) std::fill(dst + static_cast<size_t>(g) * ud + static_cast<size_t>(vd), dst + (static_cast<size_t>(g) + 1) * ud, 0.0f);
   }
 }
 
@@ -537,8 +569,8 @@ void PagedKvCache::plan(std::span<const PlanItem> items, const PlanPolicy& polic
   for (int l = 0; l < shape_.num_layers; ++l)
     for (int h = 0; h < H; ++h) {
       const size_t at = static_cast<size_t>(l * H + h);
-      plan.k_dims[at] = options_.mode == KvMode::hack ? layouts_[static_cast<size_t>(l)].head(h).k_dim : shape_.head_dim;
-      plan.v_dims[at] = options_.mode == KvMode::hack ? layouts_[static_cast<size_t>(l)].head(h).v_dim : shape_.head_dim;
+      plan.k_dims[at] = shape_.k_dim(l, h);
+      plan.v_dims[at] = shape_.v_dim(l, h);
     }
   const int T = options_.block_tokens;
   // Room for every item's segments at its largest length, so a growing context does not
@@ -584,14 +616,15 @@ struct PagedKvCache::RunContext {
   float scale;
   int v_dim;         // plan.state_v_dim: the layout of the softmax states
   float* states;     // plan.state_floats
+  int layer;
 };
 
 cpu::AttentionRows PagedKvCache::task_rows(const RunContext& c, const PlanTask& t, int head, const float* qs) const {
   const int n = t.n_rows * shape_.group_size;
   const size_t un = static_cast<size_t>(n);
   float* st = c.states + t.state + static_cast<size_t>(head - t.head_begin) * plan_head_state_floats(n, c.v_dim);
-  return cpu::AttentionRows{n, shape_.head_dim, shape_.head_dim, qs, reinterpret_cast<int*>(st + 2 * un),
-                            st, st + un, st + align16(3 * un)};
+  return cpu::AttentionRows{n, shape_.k_dim(c.layer, head), shape_.v_dim(c.layer, head), qs,
+                            reinterpret_cast<int*>(st + 2 * un), st, st + un, st + align16(3 * un)};
 }
 
 void PagedKvCache::finish_rows(const RunContext& c, const PlanTask& t, const cpu::AttentionRows& rows, int head) const {
@@ -606,6 +639,9 @@ void PagedKvCache::finish_rows(const RunContext& c, const PlanTask& t, const cpu
     tr.acc = rows.acc + at * static_cast<size_t>(rows.v_dim);
     float* dst = c.out + static_cast<size_t>(it.row + t.row_begin + r) * c.out_stride + static_cast<size_t>(head) * G * d;
     cpu::attention_rows_finish(tr, dst, d);
+    // FDC: the head's output is its first v_dim entries; the rest of the slot is 0.
+    if (static_cast<size_t>(rows.v_dim) < d)
+      for (size_t g = 0; g < G; ++g) std::fill(dst + g * d + static_cast<size_t>(rows.v_dim), dst + (g + 1) * d, 0.0f);
   }
 }
 
@@ -634,11 +670,18 @@ void PagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float*
     const int h1 = std::min(t.head_end, h0 + kMaxDecodeHeads);
     for (int h = h0; h < h1; ++h) {
       // Scaled q of head h's rows: [n_rows][G][d], from the batch rows of the item.
+      // (FDC: a head's q is the first k_dim entries of each head_dim slot.)
+      const size_t kd = static_cast<size_t>(shape_.k_dim(c.layer, h));
       float* qh = qs + static_cast<size_t>(h - h0) * static_cast<size_t>(t.n_rows) * G * d;
       for (int r = 0; r < t.n_rows; ++r) {
         const float* src = c.q + static_cast<size_t>(it.row + t.row_begin + r) * c.q_stride + static_cast<size_t>(h) * G * d;
-        float* dst = qh + static_cast<size_t>(r) * G * d;
-        for (size_t i = 0; i < G * d; ++i) dst[i] = src[i] * c.scale;
+        float* dst = qh + static_cast<size_t>(r) * G * kd;
+        if (kd == d) {
+          for (size_t i = 0; i < G * d; ++i) dst[i] = src[i] * c.scale;
+        } else {
+          for (size_t g = 0; g < G; ++g)
+            for (size_t i = 0; i < kd; ++i) dst[g * kd + i] = src[g * d + i] * c.scale;
+        }
       }
       rows[h - h0] = task_rows(c, t, h, qh);
       cpu::attention_rows_reset(rows[h - h0]);
@@ -690,7 +733,7 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
   const size_t thread_floats = q_floats + work_floats();
   const size_t need = plan.state_floats + static_cast<size_t>(pool.size()) * thread_floats + 16;
   if (ws.floats.size() < need) ws.floats.resize(need);
-  const RunContext c{plan, ws, q, q_stride, out, out_stride, scale, plan.state_v_dim, ws.floats.data()};
+  const RunContext c{plan, ws, q, q_stride, out, out_stride, scale, plan.state_v_dim, ws.floats.data(), layer};
   float* threads_base = ws.floats.data() + plan.state_floats;
   std::atomic<size_t> next{0};
   pool.run([&](int thread, int) {
@@ -715,13 +758,6 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
   }
   add_sequence(dst_seq, max_tokens);
   Sequence& dst = get(dst_seq);
-  const size_t H = static_cast<size_t>(shape_.num_kv_heads), d = static_cast<size_t>(shape_.head_dim);
-  auto copy_tokens = [&](const std::byte* from, std::byte* to, size_t capacity, int count) {
-    for (size_t region = 0; region < 2 * H; ++region) {  // K and V of every head
-      const size_t off = region * capacity * d * exact_elem_bytes_;
-      std::memcpy(to + off, from + off, static_cast<size_t>(count) * d * exact_elem_bytes_);
-    }
-  };
   for (size_t l = 0; l < src.layers.size(); ++l) {
     const LayerPages& from = src.layers[l];
     LayerPages& to = dst.layers[l];
@@ -733,7 +769,7 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
       }
       if (tail > 0) {
         to.pages.push_back(pages_of(from.layer).allocate());
-        copy_tokens(from.pages[static_cast<size_t>(blocks)].data, to.pages.back().data, static_cast<size_t>(T), tail);
+        copy_exact_page(from.layer, from.pages[static_cast<size_t>(blocks)].data, to.pages.back().data, T, tail);
       }
       continue;
     }
@@ -743,7 +779,7 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
         to.sink = from.sink;
       } else {
         to.sink = sink_pool_->allocate();
-        copy_tokens(from.sink.data, to.sink.data, static_cast<size_t>(S), n_tokens);
+        copy_exact_page(from.layer, from.sink.data, to.sink.data, S, n_tokens);
       }
     }
     // Full blocks: quantized ones shared as HACK pages, pending ones shared as pending.
@@ -762,7 +798,7 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
       const size_t b = static_cast<size_t>(blocks) - quantized;  // exact block holding the tail
       const PageRef block = b < from.pending.size() ? from.pending[b] : from.open;
       to.open = open_pool_->allocate();
-      copy_tokens(block.data, to.open.data, static_cast<size_t>(T), tail);
+      copy_exact_page(from.layer, block.data, to.open.data, T, tail);
     }
   }
 }
@@ -818,7 +854,8 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
   HACK_CHECK(n_tokens >= 0, "copy_exact_tokens: negative token count {}", n_tokens);
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   const size_t H = static_cast<size_t>(shape_.num_kv_heads), d = static_cast<size_t>(shape_.head_dim);
-  const size_t row_bytes = d * exact_elem_bytes_;
+  const size_t row_bytes = d * exact_elem_bytes_, elem = exact_elem_bytes_;
+  const ExactLayout& e = exact_[static_cast<size_t>(layer)];
   // Check the whole range first so nothing is written for a bad one.
   for (int i = 0; i < n_tokens; ++i) {
     int slot = 0, capacity = 0;
@@ -828,11 +865,14 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
     int slot = 0, capacity = 0;
     const std::byte* base = exact_location(lp, seq_id, layer, first_token + i, slot, capacity);
     const size_t cap = static_cast<size_t>(capacity);
-    for (size_t h = 0; h < H; ++h) {
-      const size_t src = (h * cap + static_cast<size_t>(slot)) * row_bytes;
+    for (size_t h = 0; h < H; ++h) {  // a compressed head fills the start of its slot, 0 after
+      const int hi = static_cast<int>(h);
+      const size_t kb = static_cast<size_t>(e.k_dim[h]) * elem, vb = static_cast<size_t>(e.v_dim[h]) * elem;
       const size_t dst = (static_cast<size_t>(i) * H + h) * row_bytes;
-      std::memcpy(k + dst, base + src, row_bytes);
-      std::memcpy(v + dst, base + H * cap * row_bytes + src, row_bytes);
+      std::memcpy(k + dst, base + e.k_at(hi, cap, static_cast<size_t>(slot)) * elem, kb);
+      std::memcpy(v + dst, base + e.v_at(hi, cap, static_cast<size_t>(slot)) * elem, vb);
+      std::memset(k + dst + kb, 0, row_bytes - kb);
+      std::memset(v + dst + vb, 0, row_bytes - vb);
     }
   }
 }
@@ -858,8 +898,7 @@ double PagedKvCache::bytes_per_token() const { return kv_bytes_per_token(shape_,
 
 size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
-  const size_t exact_token = 2 * static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim) *
-                             exact_elem_bytes_;
+  const size_t exact_token = exact_[static_cast<size_t>(layer)].token_elems * exact_elem_bytes_;
   std::vector<PlanSegment> segments;
   list_segments(lp.length, static_cast<int>(lp.pages.size()), segments);
   size_t bytes = 0;
@@ -935,13 +974,19 @@ double bf16_kv_bytes_per_token(const KvShape& shape) {
   KvCacheOptions bf16;
   bf16.mode = KvMode::fp;
   bf16.fp_dtype = DType::bf16;
-  return kv_bytes_per_token(shape, bf16);
+  KvShape full = shape;  // the model's bf16 KV: every head at head_dim
+  full.k_dims.clear();
+  full.v_dims.clear();
+  return kv_bytes_per_token(full, bf16);
 }
 
 double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options) {
-  if (options.mode == KvMode::fp)
-    return static_cast<double>(shape.num_layers) * 2.0 * shape.num_kv_heads * shape.head_dim * static_cast<double>(dtype_size(options.fp_dtype));
   double bytes = 0;
+  if (options.mode == KvMode::fp) {
+    for (int l = 0; l < shape.num_layers; ++l)
+      for (int h = 0; h < shape.num_kv_heads; ++h) bytes += shape.k_dim(l, h) + shape.v_dim(l, h);
+    return bytes * static_cast<double>(dtype_size(options.fp_dtype));
+  }
   for (int l = 0; l < shape.num_layers; ++l) {
     const HackLayerBits bits = options.layer_bits.empty() ? HackLayerBits{options.k_bits, options.v_bits}
                                                           : options.layer_bits.at(static_cast<size_t>(l));
@@ -951,7 +996,7 @@ double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options) {
     params.block_tokens = options.block_tokens;
     params.k_group = options.k_group;
     params.v_group = options.v_group;
-    params.heads.assign(static_cast<size_t>(shape.num_kv_heads), HackHeadDims{shape.head_dim, shape.head_dim});
+    for (int h = 0; h < shape.num_kv_heads; ++h) params.heads.push_back({shape.k_dim(l, h), shape.v_dim(l, h)});
     bytes += HackPageLayout(params).bytes_per_token();
   }
   return bytes;

@@ -156,11 +156,6 @@ const float* FdcArtifact::v(int layer, int head) const {
   return &v_basis[static_cast<size_t>(layer * num_kv_heads + head) * hd * hd];
 }
 
-const float* FdcRuntime::proj(int layer, int head) const {
-  const size_t hd = static_cast<size_t>(head_dim);
-  return &qk_proj[static_cast<size_t>(layer * num_kv_heads + head) * hd * hd];
-}
-
 FdcArtifact load_fdc_artifact(const std::filesystem::path& path) {
   const std::string where = "FDC artifact " + path.string();
   const std::string bytes = read_file(path, "FDC artifact");

@@ -12,7 +12,8 @@
 ///              fills, so attention after an append sees a quantized past plus the
 ///              appended tokens exactly (chunked prefill: "the past plus itself"; decode:
 ///              the open block). Sinks and open block stay bf16 (requantization elimination).
-/// Exact pages: K then V, each [num_kv_heads][capacity tokens][head_dim] elements.
+/// Exact pages: K then V, each [num_kv_heads][capacity tokens][dim] elements, where dim is
+/// the head's k_dim or v_dim (head_dim unless the shape carries FDC's per-head dims).
 #pragma once
 
 #include <cstddef>
@@ -245,7 +246,7 @@ class PagedKvCache final : public KvCache {
   // closed_pages blocks are closed, in position order (the same in every layer).
   void list_segments(int length, int closed_pages, std::vector<PlanSegment>& out) const;
   Segment resolve(const LayerPages& lp, const PlanSegment& segment) const;
-  cpu::ExactHeadView exact_view(const Segment& seg, int kv_head) const;
+  cpu::ExactHeadView exact_view(int layer, const Segment& seg, int kv_head) const;
   cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;
   PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
   // Quantizes the pending blocks that have left the recent window into HACK pages.
@@ -276,8 +277,29 @@ class PagedKvCache final : public KvCache {
   static constexpr int kMaxDecodeHeads = 64;
   size_t work_floats() const;
 
+  // Where a layer's heads sit in an exact page of `capacity` tokens, in elements from the
+  // page start: K of head h at capacity·k_off[h] + slot·k_dim[h], V at capacity·v_off[h] +
+  // slot·v_dim[h] (V follows every head's K). Uncompressed shapes give [K|V][head][cap][head_dim].
+  struct ExactLayout {
+    std::vector<int> k_dim, v_dim;
+    std::vector<size_t> k_off, v_off;
+    size_t token_elems = 0;  // K and V elements of one token, all heads
+    size_t k_at(int h, size_t capacity, size_t slot) const {
+      return capacity * k_off[static_cast<size_t>(h)] + slot * static_cast<size_t>(k_dim[static_cast<size_t>(h)]);
+    }
+    size_t v_at(int h, size_t capacity, size_t slot) const {
+      return capacity * v_off[static_cast<size_t>(h)] + slot * static_cast<size_t>(v_dim[static_cast<size_t>(h)]);
+    }
+  };
+  // Writes one token's K and V ([heads][head_dim] f32, the first k_dim / v_dim of each head
+  // stored) into an exact page of `capacity` tokens at `slot`.
+  void write_exact(int layer, std::byte* page, int capacity, int slot, const float* k, const float* v) const;
+  // Copies tokens [0, count) of every head from one exact page of `capacity` tokens to another.
+  void copy_exact_page(int layer, const std::byte* from, std::byte* to, int capacity, int count) const;
+
   KvShape shape_;
   KvCacheOptions options_;
+  std::vector<ExactLayout> exact_;             // per layer
   const cpu::HackAttentionKernels* kernels_;
   std::vector<HackPageLayout> layouts_;        // hack: per layer
   size_t exact_elem_bytes_ = 2;                // open/sink/fp page element size

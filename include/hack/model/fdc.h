@@ -100,7 +100,9 @@ struct FdcRuntime {
   double removal_rate = 0;       ///< the artifact's r (informational)
 
   const FdcRanks& rank(int layer, int head) const { return ranks[static_cast<size_t>(layer * num_kv_heads + head)]; }
-  const float* proj(int layer, int head) const;
+  const float* proj(int layer, int head) const {
+    return qk_proj.data() + static_cast<size_t>(layer * num_kv_heads + head) * static_cast<size_t>(head_dim * head_dim);
+  }
 };
 
 /// A copy of `base` with FDC applied: `ranks` per head (default: the artifact's), W_V of

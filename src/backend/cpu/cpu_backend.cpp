@@ -11,6 +11,7 @@
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/ops.h"
 #include "hack/kernels/cpu/matmul.h"
+#include "hack/model/fdc.h"
 
 namespace hack {
 
@@ -24,14 +25,16 @@ class CpuBackend final : public Backend {
   CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv)
       : model_(model), cfg_(model.config), pool_(pool), kv_(kv), inv_freq_(rope_inv_freq(model.config)) {
     const KvShape& ks = kv.shape();
-    HACK_CHECK(ks == kv_shape(cfg_),
-               "CPU backend: KV cache shape (layers {}, KV heads {}, head_dim {}, group {}) does not match the model",
-               ks.num_layers, ks.num_kv_heads, ks.head_dim, ks.group_size);
+    HACK_CHECK(ks == kv_shape(model),
+               "CPU backend: KV cache shape (layers {}, KV heads {}, head_dim {}, group {}{}) does not match the model{}",
+               ks.num_layers, ks.num_kv_heads, ks.head_dim, ks.group_size, ks.compressed() ? ", FDC dims" : "",
+               model.fdc ? " with FDC" : "");
   }
 
   std::string name() const override { return "cpu"; }
   const ModelConfig& config() const override { return cfg_; }
   KvCache& kv() override { return kv_; }
+  void set_activation_observer(ActivationObserverFn fn) override { observer_ = std::move(fn); }
 
   size_t forward(std::span<const SequenceChunk> batch, std::vector<float>& logits,
                  const LayerDoneFn& on_layer_done) override {
@@ -84,6 +87,13 @@ class CpuBackend final : public Backend {
           cpu::rope_apply(&k_[r * kvd], cfg_.num_kv_heads, cfg_.head_dim, positions_[r], inv_freq_.data());
         }
       });
+      if (observer_) observer_(l, total, q_.data(), k_.data(), v_.data());
+      if (model_.fdc) {  // V' came out of the folded W_V; Q and K are compressed after RoPE
+        for_rows(total, [&](size_t r0, size_t r1) {
+          fdc_project(&q_[r0 * qd], r1 - r0, cfg_.num_heads, cfg_.group_size(), l);
+          fdc_project(&k_[r0 * kvd], r1 - r0, cfg_.num_kv_heads, 1, l);
+        });
+      }
 
       size_t t0 = 0;
       for (const SequenceChunk& c : batch) {
@@ -155,6 +165,30 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // FDC (model/fdc.h): every head slot x of `rows` rows of `heads` heads becomes x·R[:, :d_qk]
+  // of its KV head (head / per_kv_head) in the layer, in place, 0 after d_qk.
+  void fdc_project(float* x, size_t rows, int heads, int per_kv_head, int layer) const {
+    const FdcRuntime& f = *model_.fdc;
+    const size_t hd = static_cast<size_t>(cfg_.head_dim);
+    float out[512];
+    HACK_CHECK(hd <= 512, "FDC: head_dim {} above 512", hd);
+    for (size_t r = 0; r < rows; ++r)
+      for (int h = 0; h < heads; ++h) {
+        const int kv_head = h / per_kv_head;
+        const size_t d = static_cast<size_t>(f.rank(layer, kv_head).d_qk);
+        const float* proj = f.proj(layer, kv_head);  // [hd][hd], columns >= d are 0
+        float* slot = x + (r * static_cast<size_t>(heads) + static_cast<size_t>(h)) * hd;
+        std::fill(out, out + d, 0.0f);
+        for (size_t i = 0; i < hd; ++i) {
+          const float xi = slot[i];
+          const float* row = proj + i * hd;
+          for (size_t j = 0; j < d; ++j) out[j] += xi * row[j];
+        }
+        std::copy(out, out + d, slot);
+        std::fill(slot + d, slot + hd, 0.0f);
+      }
+  }
+
   static void add_bias(float* y, const Tensor& bias, size_t rows, size_t n) {
     for (size_t r = 0; r < rows; ++r) cpu::add_inplace(y + r * n, bias.data<float>(), n);
   }
@@ -176,6 +210,7 @@ class CpuBackend final : public Backend {
   std::vector<PlanItem> plan_items_;  // [chunks] the forward's chunks as the plan sees them
   AttentionPlan plan_;                // this forward's attention plan, run by every layer
   AttentionWorkspace attention_ws_;
+  ActivationObserverFn observer_;
 };
 
 }  // namespace

@@ -152,6 +152,7 @@ class CudaBackend final : public Backend {
                cfg_.head_dim, cuda::prefill_attention_smem_bytes(cfg_.head_dim), max_smem_bytes_);
     HACK_CHECK(kv.device() == options.device, "CUDA backend on device {} got a KV cache on device {}", options.device,
                kv.device());
+    HACK_CHECK(!model.fdc, "--fdc runs on --device cpu only: the CUDA backend has no FDC projection yet");
     const KvShape& ks = kv.shape();
     HACK_CHECK(ks == kv_shape(cfg_),
                "CUDA backend: KV cache shape (layers {}, kv heads {}, head_dim {}) does not match the model", ks.num_layers,
