@@ -11,6 +11,10 @@
 //
 //   attention_bench [--contexts 1024,...,65536] [--batch 1,8] [--modes fp32,bf16,hack2,hack4,hack8]
 //                   [--block 64] [--threads N] [--min-time-s 0.3] [--max-gb 5] [--layers N] [--json]
+//                   [--fdc-dims 64:48,32:32,...] [--balance 0|1]
+// A mode with the suffix "+fdc" (hack2+fdc) stores the 8 KV heads at --fdc-dims (k_dim:v_dim
+// per head, every layer), as an FDC artifact's per-head ranks do; --balance 0 turns off the
+// plan's load balancing (fixed row blocks, all heads in one decode task, plan order).
 // (--layers forces the number of layers cycled; 1 keeps small KV in cache, for diagnosis)
 #include <immintrin.h>
 #include <unistd.h>
@@ -55,6 +59,8 @@ struct Args {
   int layers = 0;  // 0: enough to exceed the LLC
   int split_pages = PlanPolicy{}.split_segments;  // split-K unit of the plan
   bool json = false;
+  std::vector<std::pair<int, int>> fdc_dims;  // per KV head (k_dim, v_dim) for "+fdc" modes
+  bool balance = true;
 };
 
 // Parses the flags (hack::FlagSet: --help, HACK_ATTN_BENCH_* mirrors, --config); nullopt
@@ -64,6 +70,8 @@ std::optional<Args> parse(int argc, char** argv) {
   std::string contexts = "1024,2048,4096,8192,16384,32768,65536", batches = "1,8",
               modes = "fp32,bf16,hack2,hack4,hack8";
   float min_time_s = 0.3f, max_gb = 5.0f;
+  // A spread like FDC's adaptive ranks (~0.55 of the dims on average).
+  std::string fdc_dims = "48:64,32:48,80:64,48:32,64:80,32:64,96:96,48:32";
   FlagSet flags("attention_bench", "One decode step of attention at the Llama-3-8B shape over the paged KV cache.",
                 "HACK_ATTN_BENCH");
   flags.add_string("contexts", &contexts, "context lengths, comma-separated");
@@ -76,12 +84,20 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_int("layers", &a.layers, "layers cycled (0 = enough to exceed the LLC)");
   flags.add_int("split-pages", &a.split_pages, "split-K unit of the attention plan: pages (segments) per task");
   flags.add_bool("json", &a.json, "JSON output");
+  flags.add_string("fdc-dims", &fdc_dims, "k_dim:v_dim of each of the 8 KV heads for '+fdc' modes (multiples of 16)");
+  flags.add_bool("balance", &a.balance, "balance the attention plan (equal-cost tasks, longest first)");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.contexts = parse_int_list(contexts, "contexts");
   a.batches = parse_int_list(batches, "batch");
   a.modes = split_list(modes);
   a.min_time_s = min_time_s;
   a.max_gb = max_gb;
+  for (const std::string& pair : split_list(fdc_dims)) {
+    const size_t colon = pair.find(':');
+    HACK_CHECK(colon != std::string::npos, "--fdc-dims: expected k_dim:v_dim, got '{}'", pair);
+    a.fdc_dims.emplace_back(std::stoi(pair.substr(0, colon)), std::stoi(pair.substr(colon + 1)));
+  }
+  HACK_CHECK(a.fdc_dims.size() == 8, "--fdc-dims: give the 8 KV heads, got {}", a.fdc_dims.size());
   return a;
 }
 
@@ -103,9 +119,25 @@ size_t llc_bytes() {
 struct Mode {
   std::string name;
   KvCacheOptions options;
+  bool fdc = false;
 };
 
-Mode make_mode(const std::string& name, int block) {
+// The bench's shape (8 KV heads × 128, group 4) over `layers` layers, with the FDC dims.
+KvShape bench_shape(int layers, const Mode& mode, const Args& args) {
+  KvShape shape{layers, 8, 128, 4, {}, {}};
+  if (mode.fdc)
+    for (int l = 0; l < layers; ++l)
+      for (const auto& [k, v] : args.fdc_dims) {
+        shape.k_dims.push_back(k);
+        shape.v_dims.push_back(v);
+      }
+  return shape;
+}
+
+Mode make_mode(std::string name, int block) {
+  const bool fdc = name.size() > 4 && name.ends_with("+fdc");
+  const std::string full_name = name;
+  if (fdc) name.resize(name.size() - 4);
   KvCacheOptions o;
   o.block_tokens = block;
   if (name == "fp32" || name == "bf16") {
@@ -122,13 +154,14 @@ Mode make_mode(const std::string& name, int block) {
     std::fprintf(stderr, "unknown mode %s\n", name.c_str());
     std::exit(2);
   }
-  return {name, o};
+  return {full_name, o, fdc};
 }
 
 struct Result {
   std::string mode;
   int context = 0, batch = 0, layers = 0, threads = 0;
   double step_us = 0, kv_bytes = 0, gbs = 0, bw_share = 0, bytes_per_token = 0;
+  double imbalance = 1;  // plan_imbalance of layer 0 on the pool's threads
   bool skipped = false;
 };
 
@@ -153,7 +186,11 @@ void fill(PagedKvCache& cache, const KvShape& shape, int batch, int context, std
   const int n_pages = std::max(0, context - S - 1) / T;  // keep a partly filled open block
   std::vector<std::vector<std::byte>> templates;
   {
-    auto maker = make_paged_kv_cache(KvShape{1, H, d, shape.group_size}, o);
+    KvShape one_layer = shape;  // every layer has the same dims here
+    one_layer.num_layers = 1;
+    one_layer.k_dims.resize(shape.k_dims.empty() ? 0 : static_cast<size_t>(H));
+    one_layer.v_dims.resize(one_layer.k_dims.size());
+    auto maker = make_paged_kv_cache(one_layer, o);
     maker->add_sequence(0, S + 9 * T);
     for (int pos = 0; pos < S + 8 * T + 1; pos += chunk) {
       const int n = std::min(chunk, S + 8 * T + 1 - pos);
@@ -186,8 +223,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   r.context = context;
   r.batch = batch;
   r.threads = pool.size();
-  const KvShape one{1, 8, 128, 4};
-  r.bytes_per_token = kv_bytes_per_token(one, mode.options);
+  r.bytes_per_token = kv_bytes_per_token(bench_shape(1, mode, args), mode.options);
   const double layer_bytes = r.bytes_per_token * context * batch;
   r.layers = args.layers > 0 ? args.layers
                              : static_cast<int>(std::clamp(std::ceil(3.0 * static_cast<double>(llc) / layer_bytes), 1.0, 32.0));
@@ -198,7 +234,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
       return r;
     }
   }
-  const KvShape shape{r.layers, 8, 128, 4};
+  const KvShape shape = bench_shape(r.layers, mode, args);
   auto cache = make_paged_kv_cache(shape, mode.options);
   std::mt19937 rng(42);
   for (int s = 0; s < batch; ++s) cache->add_sequence(s, context);
@@ -208,7 +244,8 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   std::vector<PlanItem> items;
   for (int s = 0; s < batch; ++s) items.push_back(PlanItem{s, context - 1, 1, s});
   AttentionPlan plan;
-  cache->plan(items, PlanPolicy{.split_segments = args.split_pages}, plan);
+  cache->plan(items, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, plan);
+  r.imbalance = plan_imbalance(plan, 0, pool.size());
   {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> k(static_cast<size_t>(8 * 128)), v(k.size());
@@ -263,8 +300,7 @@ int main(int argc, char** argv) {
   ThreadPool pool(args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const size_t llc = llc_bytes();
   const double bw = hack::measure_read_bandwidth_gbs(pool, size_t{1} << 30, 5);
-  const KvShape one{1, 8, 128, 4};
-  const double bf16_per_token = kv_bytes_per_token(one, make_mode("bf16", args.block).options);
+  const double bf16_per_token = bf16_kv_bytes_per_token(KvShape{1, 8, 128, 4, {}, {}});
   if (!args.json) {
     std::printf("attention_bench: decode attention, 32 q heads / 8 KV heads / head_dim 128, block %d\n", args.block);
     std::printf("cpu: %s; kernels: %s; threads %d; LLC %.0f MiB\n", cpu_features().describe().c_str(),
@@ -272,11 +308,12 @@ int main(int argc, char** argv) {
     std::printf("measured read bandwidth (%d threads, 1 GiB, best of 1/4/8/16 streams x 5, as bench/membw): %.1f GB/s\n", pool.size(), bw);
     std::printf("KV bytes per token per layer:");
     for (const auto& m : args.modes) {
-      const double b = kv_bytes_per_token(one, make_mode(m, args.block).options);
+      const Mode mode = make_mode(m, args.block);
+      const double b = kv_bytes_per_token(bench_shape(1, mode, args), mode.options);
       std::printf("  %s %.0f (%.1f%% of bf16)", m.c_str(), b, 100.0 * b / bf16_per_token);
     }
-    std::printf("\n\n%-6s %7s %5s %6s %11s %11s %8s %7s %9s\n", "mode", "context", "batch", "layers", "step_us",
-                "KV_MB", "GB/s", "%bw", "vs_fp32");
+    std::printf("\n\n%-10s %7s %5s %6s %11s %11s %8s %7s %9s %9s\n", "mode", "context", "batch", "layers", "step_us",
+                "KV_MB", "GB/s", "%bw", "vs_fp32", "imbalance");
   }
   nlohmann::json results = nlohmann::json::array();
   for (int batch : args.batches)
@@ -287,16 +324,17 @@ int main(int argc, char** argv) {
         if (m == "fp32" && !r.skipped) fp32_us = r.step_us;
         const double speedup = fp32_us > 0 && !r.skipped ? fp32_us / r.step_us : 0;
         if (!args.json) {
-          if (r.skipped) std::printf("%-6s %7d %5d   (skipped: KV exceeds --max-gb)\n", m.c_str(), context, batch);
+          if (r.skipped) std::printf("%-10s %7d %5d   (skipped: KV exceeds --max-gb)\n", m.c_str(), context, batch);
           else
-            std::printf("%-6s %7d %5d %6d %11.1f %11.2f %8.1f %6.0f%% %8.2fx\n", m.c_str(), context, batch, r.layers,
-                        r.step_us, r.kv_bytes / 1e6, r.gbs, 100 * r.bw_share, speedup);
+            std::printf("%-10s %7d %5d %6d %11.1f %11.2f %8.1f %6.0f%% %8.2fx %9.3f\n", m.c_str(), context, batch, r.layers,
+                        r.step_us, r.kv_bytes / 1e6, r.gbs, 100 * r.bw_share, speedup, r.imbalance);
           std::fflush(stdout);
         }
         results.push_back({{"mode", m}, {"context", context}, {"batch", batch}, {"block", args.block},
                            {"threads", r.threads}, {"layers_cycled", r.layers}, {"skipped", r.skipped},
                            {"step_us", r.step_us}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                            {"bandwidth_share", r.bw_share}, {"speedup_vs_fp32", speedup},
+                           {"plan_imbalance", r.imbalance}, {"balance", args.balance},
                            {"kv_bytes_per_token_layer", r.bytes_per_token},
                            {"kv_bytes_vs_bf16", r.bytes_per_token / bf16_per_token}});
       }

@@ -161,6 +161,7 @@ struct DecodeServer::Impl {
     h.model = rt->name;
     h.ucx_address = ucx_address();
     h.draining = draining;
+    h.kv_format = kv_format(*rt);
     h.queue_tokens = st.queue_tokens;
     h.running = st.running;
     h.waiting = st.waiting;
@@ -220,6 +221,9 @@ struct DecodeServer::Impl {
       HACK_CHECK(total <= rt->max_model_len,
                  "prompt ({} tokens) + max_tokens ({}) exceeds this node's max model length of {} tokens",
                  job.prompt.size(), job.params.max_tokens, rt->max_model_len);
+      HACK_CHECK(!job.remote_kv || job.kv_format.empty() || job.kv_format == kv_format(*rt),
+                 "the prefill node's KV format '{}' differs from this decode node's '{}' (same --kv, --hack-* and "
+                 "--fdc on every node)", job.kv_format, kv_format(*rt));
     } catch (const Error& e) {
       res->send(400, "application/json", node_error_body(e.what(), "invalid_request_error"));
       return;

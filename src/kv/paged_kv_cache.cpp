@@ -735,12 +735,15 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
   if (ws.floats.size() < need) ws.floats.resize(need);
   const RunContext c{plan, ws, q, q_stride, out, out_stride, scale, plan.state_v_dim, ws.floats.data(), layer};
   float* threads_base = ws.floats.data() + plan.state_floats;
+  // Workers take the layer's tasks in the plan's order (longest first when balanced).
+  const size_t T = plan.tasks.size();
+  const int* order = plan.order.size() >= static_cast<size_t>(layer + 1) * T ? plan.order.data() + static_cast<size_t>(layer) * T
+                                                                             : nullptr;
   std::atomic<size_t> next{0};
   pool.run([&](int thread, int) {
     float* qs = threads_base + static_cast<size_t>(thread) * thread_floats;
-    for (size_t t = next.fetch_add(1, std::memory_order_relaxed); t < plan.tasks.size();
-         t = next.fetch_add(1, std::memory_order_relaxed))
-      run_task(c, t, qs, qs + q_floats);
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < T; i = next.fetch_add(1, std::memory_order_relaxed))
+      run_task(c, order != nullptr ? static_cast<size_t>(order[i]) : i, qs, qs + q_floats);
   });
   merge_splits(c);
 }

@@ -128,11 +128,12 @@ bool secret_matches(std::string_view given, std::string_view secret) {
 std::string to_json(const SamplingParams& params) { return sampling_json(params).dump(); }
 
 std::string to_json(const GenerateJob& job) {
-  return json{{"request_id", job.request_id},
-              {"prompt", job.prompt},
-              {"sampling", sampling_json(job.params)},
-              {"remote_kv", job.remote_kv}}
-      .dump();
+  json j = {{"request_id", job.request_id},
+            {"prompt", job.prompt},
+            {"sampling", sampling_json(job.params)},
+            {"remote_kv", job.remote_kv}};
+  if (!job.kv_format.empty()) j["kv_format"] = job.kv_format;
+  return j.dump();
 }
 
 std::string to_json(const PrefillCall& call) {
@@ -141,6 +142,7 @@ std::string to_json(const PrefillCall& call) {
             {"sampling", sampling_json(call.params)},
             {"decode_ucx", call.decode_ucx}};
   if (call.corrupt_page) j["test_corrupt_page"] = true;
+  if (!call.kv_format.empty()) j["kv_format"] = call.kv_format;
   return j.dump();
 }
 
@@ -187,7 +189,8 @@ std::string to_json(const NodeHealth& h) {
               {"kv_usage", h.kv_usage},
               {"kv_bytes_transferred", h.kv_bytes_transferred},
               {"kv_sequences", h.kv_sequences},
-              {"kv_bytes_used", h.kv_bytes_used}}
+              {"kv_bytes_used", h.kv_bytes_used},
+              {"kv_format", h.kv_format}}
       .dump();
 }
 
@@ -209,6 +212,7 @@ GenerateJob parse_generate_job(std::string_view text) {
   HACK_CHECK(j.contains("sampling"), "{}: missing field 'sampling'", what);
   job.params = sampling_from(j["sampling"], what);
   job.remote_kv = field_or<bool>(j, what, "remote_kv", true);
+  job.kv_format = field_or<std::string>(j, what, "kv_format", "");
   return job;
 }
 
@@ -222,6 +226,7 @@ PrefillCall parse_prefill_call(std::string_view text) {
   call.params = sampling_from(j["sampling"], what);
   call.decode_ucx = field<std::string>(j, what, "decode_ucx");
   call.corrupt_page = field_or<bool>(j, what, "test_corrupt_page", false);
+  call.kv_format = field_or<std::string>(j, what, "kv_format", "");
   return call;
 }
 
@@ -284,6 +289,7 @@ NodeHealth parse_node_health(std::string_view text) {
   h.kv_sequences = field_or<int64_t>(j, what, "kv_sequences", 0);
   h.kv_bytes_used = field_or<uint64_t>(j, what, "kv_bytes_used", 0);
   h.draining = field_or<bool>(j, what, "draining", false);
+  h.kv_format = field_or<std::string>(j, what, "kv_format", "");
   return h;
 }
 

@@ -130,6 +130,7 @@ struct PrefillServer::Impl {
     NodeHealth h;
     h.role = "prefill";
     h.draining = draining;
+    h.kv_format = kv_format(*rt);
     h.model = rt->name;
     h.queue_tokens = worker->queue_tokens();
     h.running = h.queue_tokens > 0 ? 1 : 0;
@@ -166,6 +167,9 @@ struct PrefillServer::Impl {
       HACK_CHECK(total <= rt->max_model_len,
                  "prompt ({} tokens) + max_tokens ({}) exceeds this node's max model length of {} tokens",
                  call.prompt.size(), call.params.max_tokens, rt->max_model_len);
+      HACK_CHECK(call.kv_format.empty() || call.kv_format == kv_format(*rt),
+                 "the decode node's KV format '{}' differs from this prefill node's '{}' (same --kv, --hack-* and "
+                 "--fdc on every node)", call.kv_format, kv_format(*rt));
       HACK_CHECK(!call.corrupt_page || config.enable_test_hooks,
                  "test_corrupt_page needs a node started with --enable-test-hooks");
       job.request_id = call.request_id;

@@ -31,6 +31,7 @@ constexpr double kPrefillReplyGraceS = 2.0;
 DisaggregatedCall::DisaggregatedCall(NodeAddress prefill, NodeAddress decode, GenerateJob job, GenerateOptions options)
     : prefill_(std::move(prefill)), decode_(std::move(decode)), job_(std::move(job)), options_(std::move(options)) {
   job_.remote_kv = true;
+  job_.kv_format = prefill_.kv_format;  // each node refuses a partner whose KV format differs from its own
 }
 
 DisaggregatedCall::~DisaggregatedCall() {
@@ -41,7 +42,8 @@ DisaggregatedCall::~DisaggregatedCall() {
 }
 
 void DisaggregatedCall::start_prefill() {
-  PrefillCall call{job_.request_id, job_.prompt, job_.params, decode_.ucx_address, options_.corrupt_page};
+  PrefillCall call{job_.request_id, job_.prompt, job_.params, decode_.ucx_address, options_.corrupt_page,
+                   decode_.kv_format};
   prefill_thread_ = std::thread([this, body = to_json(call)]() mutable {
     std::string error;
     PrefillReply reply;

@@ -258,7 +258,8 @@ class ChoiceText {
 // The prefill and decode node an attempt runs on, counted in their pools' load.
 struct NodePair {
   NodePool::Lease prefill, decode;
-  NodeAddress decode_node;  // decode.node() with its UCX address
+  NodeAddress decode_node;   // decode.node() with its UCX address and KV format
+  NodeAddress prefill_node;  // prefill.node() with its KV format
 };
 
 // One attempt of a choice on a node pair.
@@ -297,6 +298,7 @@ struct RouterServer::Impl {
 
   std::mutex ucx_mutex;
   std::map<std::string, std::string> ucx_of;  // decode node name → its UCX address
+  std::map<std::string, std::string> prefill_format_of, decode_format_of;  // node name → KV format (ucx_mutex)
   std::map<std::string, uint64_t> kv_bytes_seen;  // health thread only
 
   // Every client request runs on its own thread, owned here: the thread marks its entry
@@ -389,9 +391,10 @@ struct RouterServer::Impl {
       const double timeout = std::max(0.5, std::min(2.0, 2.0 * config.health_interval_s));
       const NodeHealth h = fetch_health(node, timeout);
       HACK_CHECK(h.role == role, "node {} is a {} node, configured as {}", node.name, h.role, role);
-      if (h.role == std::string("decode")) {
+      {
         std::lock_guard lock(ucx_mutex);
-        ucx_of[node.name] = h.ucx_address;
+        if (h.role == std::string("decode")) ucx_of[node.name] = h.ucx_address;
+        (h.role == std::string("decode") ? decode_format_of : prefill_format_of)[node.name] = h.kv_format;
       }
       metrics.set_kv_cache_usage_ratio(node.name, h.kv_usage);
       uint64_t& seen = kv_bytes_seen[node.name];
@@ -865,14 +868,33 @@ struct RouterServer::Impl {
                                              : std::vector<uint64_t>{};
     auto pl = prefill_pool.acquire(prompt_tokens, bad_prefill, prefix);
     if (!pl) pl = prefill_pool.acquire(prompt_tokens, {}, prefix);
-    auto dl = decode_pool.acquire(prompt_tokens + params.max_tokens, bad_decode);
-    if (!dl) dl = decode_pool.acquire(prompt_tokens + params.max_tokens);
-    if (!pl || !dl) return unavailable_error(fmt::format("no healthy {} node", !pl ? "prefill" : "decode"));
-    NodePair nodes{std::move(*pl), std::move(*dl), {}};
+    if (!pl) return unavailable_error("no healthy prefill node");
+    // Only a decode node whose KV format equals the prefill node's can take its KV.
+    std::string format;
+    std::set<std::string> other_format;
+    {
+      std::lock_guard lock(ucx_mutex);
+      format = prefill_format_of[pl->node().name];
+      for (const auto& [name, f] : decode_format_of)
+        if (f != format) other_format.insert(name);
+    }
+    std::set<std::string> exclude = other_format;
+    exclude.insert(bad_decode.begin(), bad_decode.end());
+    auto dl = decode_pool.acquire(prompt_tokens + params.max_tokens, exclude);
+    if (!dl) dl = decode_pool.acquire(prompt_tokens + params.max_tokens, other_format);
+    if (!dl && !other_format.empty() && decode_pool.healthy_count() > 0)
+      return unavailable_error(fmt::format("no healthy decode node has the KV format of prefill node {} ('{}'): "
+                                           "start every node with the same --kv, --hack-* and --fdc",
+                                           pl->node().name, format));
+    if (!dl) return unavailable_error("no healthy decode node");
+    NodePair nodes{std::move(*pl), std::move(*dl), {}, {}};
     nodes.decode_node = nodes.decode.node();
+    nodes.prefill_node = nodes.prefill.node();
     {
       std::lock_guard lock(ucx_mutex);
       nodes.decode_node.ucx_address = ucx_of[nodes.decode_node.name];
+      nodes.decode_node.kv_format = decode_format_of[nodes.decode_node.name];
+      nodes.prefill_node.kv_format = format;
     }
     return nodes;
   }
@@ -881,7 +903,7 @@ struct RouterServer::Impl {
   GenerateOutcome run_attempt(RequestContext& ctx, ChoiceRun& run, Attempt& a, int attempt) {
     GenerateJob job{random_id(), run.req.prompt, run.params, true};
     GenerateOptions go{config.secret, config.request_timeout_s, false};
-    DisaggregatedCall call(a.nodes.prefill.node(), a.nodes.decode_node, job, go);
+    DisaggregatedCall call(a.nodes.prefill_node, a.nodes.decode_node, job, go);
     ctx.add(&call);
     spdlog::debug("request {}: choice {} attempt {} on prefill {} + decode {} (node request {})", run.req.meta.id,
                   run.out.choice.index, attempt + 1, a.nodes.prefill.node().name, a.nodes.decode_node.name,

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "hack/core/error.h"
+#include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
 #ifdef HACK_HAVE_CUDA
 #include "hack/backend/cuda_backend.h"
@@ -20,6 +21,12 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   add_kv_flags(flags, c.kv);
   flags.add_int64("kv-capacity-mb", &c.kv_capacity_mb, "KV cache budget in MiB; 0 = unbounded");
   flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
+  flags.add_string("fdc", &c.fdc,
+                   "FDC artifact from hack-calibrate --fdc (post-RoPE Q/K and low-rank V compression; every prefill "
+                   "and decode node of a cluster must use the same); 'auto' = <model>/fdc.safetensors; '' = off");
+  flags.add_float("fdc-rate", &c.fdc_rate,
+                  "with --fdc: choose the ranks at this singular-value removal rate instead of the artifact's; < 0 = "
+                  "as stored");
   flags.add_int("max-model-len", &c.max_model_len,
                 "longest prompt + completion in tokens; 0 = the model's max_position_embeddings (a larger value runs "
                 "RoPE past the trained length)");
@@ -47,6 +54,16 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   } else {
     rt.model = Model::synthetic(synthetic_model_config(c.synthetic), 42);
     rt.eos_ids = rt.model.config.eos_token_ids;
+  }
+  if (!c.fdc.empty()) {
+    HACK_CHECK(c.synthetic.empty() || c.fdc != "auto", "--fdc auto needs --model (the artifact lies beside it)");
+    const std::filesystem::path path =
+        c.fdc == "auto" ? std::filesystem::path(c.model) / "fdc.safetensors" : std::filesystem::path(c.fdc);
+    const FdcArtifact artifact = load_fdc_artifact(path);
+    rt.model = apply_fdc(rt.model, artifact, c.fdc_rate >= 0 ? fdc_ranks_for_rate(artifact, c.fdc_rate)
+                                                             : std::vector<FdcRanks>{});
+  } else {
+    HACK_CHECK(c.fdc_rate < 0, "--fdc-rate needs --fdc");
   }
   rt.name = !c.served_name.empty() ? c.served_name
             : !c.model.empty()     ? std::filesystem::path(c.model).lexically_normal().filename().string()
@@ -94,6 +111,15 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
   rt->pool = std::make_unique<ThreadPool>(c.threads);
   if (parts.engine) build_engine(c, *rt);
   return rt;
+}
+
+std::string kv_format(const ModelRuntime& rt) {
+  std::string fdc = "none";
+  if (rt.model.fdc) {
+    // The ranks follow from the artifact and the removal rate.
+    fdc = fmt::format("{}@{}", rt.model.fdc->digest.substr(0, 16), rt.model.fdc->removal_rate);
+  }
+  return fmt::format("{} fdc={}", describe(rt.kv_options), fdc);
 }
 
 void build_engine(const ModelRuntimeConfig& c, ModelRuntime& rt, int device_kv_tokens) {

@@ -2,8 +2,22 @@
 #include "hack/runtime/prefix_fingerprint.h"
 
 #include "hack/core/error.h"
+#include "hack/model/fdc.h"
 
 namespace hack {
+
+namespace {
+
+// The FDC artifact and the ranks in use (the V ranks also change W_V, so the weights digest
+// differs too; Q/K ranks only show here).
+std::string fdc_fingerprint(const Model& model) {
+  if (!model.fdc) return "none";
+  std::string s = model.fdc->digest;
+  for (const FdcRanks& r : model.fdc->ranks) s += fmt::format(",{}.{}", r.d_qk, r.d_v);
+  return s;
+}
+
+}  // namespace
 
 
 KvFingerprint prefix_fingerprint(const Model& model, const std::string& device, const KvCacheOptions& kv,
@@ -23,7 +37,7 @@ KvFingerprint prefix_fingerprint(const Model& model, const std::string& device, 
       .add("device", device)
       .add("kv.exact_dtype", dtype_name(exact_dtype))
       .add("kv.block_tokens", kv.block_tokens)
-      .add("fdc", "none");
+      .add("fdc", fdc_fingerprint(model));
   return f;
 }
 

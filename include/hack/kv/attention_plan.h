@@ -58,6 +58,9 @@ struct PlanTask {
   int row_begin = 0, n_rows = 0;
   int seg_begin = 0, seg_end = 0;
   size_t state = 0;
+  /// Query rows × tokens they see, summed over the task's rows and its heads' query groups:
+  /// a layer's cost of the task is this × (k_dim + v_dim + 1) of its heads there.
+  double work = 0;
 };
 
 /// How tasks are cut (chosen by the backend; see build_plan_tasks).
@@ -70,6 +73,12 @@ struct PlanPolicy {
   /// number of threads), which is what lets a cluster equal hack-run bit for bit. 32 pages
   /// (2048 tokens at Π = 64): measured against 16 and 64 on attention_bench (RESULTS.md).
   int split_segments = 32;
+  /// Balance heads of unequal cost (FDC) and causal rows (DESIGN.md §3.2): row blocks of a
+  /// multi-token item sized so each costs the same (row_block is then the average), decode
+  /// items cut per KV head when head dims differ, and every layer's tasks dispatched longest
+  /// first (AttentionPlan::order). Off: fixed row blocks, plan order. Results are the same
+  /// bits either way (rows and heads are independent; splits merge in segment order).
+  bool balance = true;
 };
 
 struct AttentionPlan {
@@ -89,6 +98,11 @@ struct AttentionPlan {
   size_t state_floats = 0;  ///< softmax state of all tasks
   int state_v_dim = 0;      ///< V width each head's state is laid out for (the widest V)
   int max_task_rows = 0;    ///< most query rows (n_rows · group · heads) of one task
+  int num_layers = 0;       ///< layers of k_dims / v_dims
+  /// Per layer, the order tasks are handed to workers: [layer · tasks.size() + i]; with
+  /// balancing longest first by the layer's cost (workers taking the next task when free
+  /// then assign longest-first to the least-loaded worker), else plan order.
+  std::vector<int> order;
 
   void clear();
   std::span<const PlanSegment> segments_of(int item) const {
@@ -106,6 +120,13 @@ struct AttentionPlan {
 /// rows·group query rows, max, sum, visible count and a v_dim accumulator
 /// (plan_task_state_floats).
 void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy);
+
+/// Cost of `task` in `layer`: work × Σ over its heads of (k_dim + v_dim + 1).
+double plan_task_cost(const AttentionPlan& plan, const PlanTask& task, int layer);
+
+/// Load balance of a layer's tasks handed out in `plan.order` to `workers` workers that each
+/// take the next task when free: the busiest worker's cost over the mean (1 = perfect).
+double plan_imbalance(const AttentionPlan& plan, int layer, int workers);
 
 /// Softmax state floats of `rows` query rows of one head with value width v_dim.
 size_t plan_head_state_floats(int rows, int v_dim);

@@ -15,6 +15,7 @@ struct NodeAddress {
   std::string host;
   uint16_t port = 0;
   std::string ucx_address;  ///< decode nodes: the UCX worker address prefill connects to
+  std::string kv_format;    ///< as the node's /health last reported it ("" = unknown)
 };
 
 /// Parses "host:port" (the last ':' splits, so "[::1]:80"-style hosts keep theirs; the name

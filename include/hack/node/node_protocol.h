@@ -31,6 +31,7 @@ struct GenerateJob {
   std::vector<int> prompt;
   SamplingParams params;
   bool remote_kv = true;  ///< KV comes from a prefill node (false: the decode node prefills)
+  std::string kv_format;  ///< the prefill node's KV format (runtime kv_format); "" = not checked
 };
 
 /// What a prefill node is asked to compute and where to send the KV.
@@ -40,6 +41,7 @@ struct PrefillCall {
   SamplingParams params;
   std::string decode_ucx;     ///< "host:port" of the decode node's UCX listener
   bool corrupt_page = false;  ///< test hook (honoured only with --enable-test-hooks)
+  std::string kv_format;      ///< the decode node's KV format; "" = not checked
 };
 
 /// The first token, sampled by the prefill node (also sent to decode with the KV).
@@ -82,6 +84,7 @@ struct NodeHealth {
   int64_t kv_sequences = 0;   ///< sequences holding KV now (0 when idle: accounting check)
   uint64_t kv_bytes_used = 0; ///< KV bytes held now
   bool draining = false;      ///< SIGTERM: finishing what it runs, taking nothing new (routers skip it)
+  std::string kv_format;      ///< what its KV bytes depend on (runtime kv_format): pairs must agree
 };
 
 std::string to_json(const SamplingParams& params);

@@ -32,6 +32,8 @@ struct ModelRuntimeConfig {
   int64_t kv_capacity_mb = 0;      ///< KV byte budget in MiB; 0 = unbounded
   int prefill_chunk = 512;
   int max_model_len = 0;           ///< prompt + completion limit; 0 = max_position_embeddings
+  std::string fdc;                 ///< FDC artifact (model/fdc.h); "auto" = <model>/fdc.safetensors; "" = none
+  float fdc_rate = -1;            ///< re-derive the artifact's ranks at this removal rate; < 0 = as stored
 };
 
 /// Registers the model, device, thread and KV flags on `flags` (hack-run, hack-prefill and
@@ -66,6 +68,12 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& confi
 /// Builds the cache, the backend over it and the engine of a runtime loaded without them.
 /// device_kv_tokens: --device cuda, tokens the device KV pool holds (0 = max_model_len).
 void build_engine(const ModelRuntimeConfig& config, ModelRuntime& runtime, int device_kv_tokens = 0);
+
+/// What the bytes of a node's KV depend on beyond the model: the cache options and the FDC
+/// artifact and ranks ("hack k2v2 block=64 sinks=4 nearest fdc=none"). Prefill and decode
+/// nodes must agree on it to exchange KV; they report it in /health and the router pairs
+/// only nodes that agree.
+std::string kv_format(const ModelRuntime& runtime);
 
 /// KvCacheOptions for the `--kv*` / `--hack-*` flags of a model of `num_layers` layers
 /// (its directory's bit allocation applies, see kv/kv_flags.h) and --kv-capacity-mb.

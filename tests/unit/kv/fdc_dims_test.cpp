@@ -252,3 +252,62 @@ TEST_CASE("per-head dims are validated", "[kv][fdc]") {
   bad.k_dims[0] = 80;
   REQUIRE_THROWS_WITH(make_paged_kv_cache(bad, options(KvMode::hack)), Catch::Contains("head_dim"));
 }
+
+TEST_CASE("balanced plans give the same bits as unbalanced ones, with less imbalance", "[kv][fdc][plan]") {
+  ThreadPool pool(3);
+  for (const bool compressed : {false, true}) {
+    KvShape shape = compressed_shape();
+    if (!compressed) shape.k_dims = shape.v_dims = {};
+    INFO((compressed ? "per-head dims" : "uniform dims"));
+    for (const KvMode mode : {KvMode::fp, KvMode::hack}) {
+      std::vector<float> outs[2];
+      double imbalance[2] = {0, 0};
+      for (const bool balance : {false, true}) {
+        auto kv = make_paged_kv_cache(shape, options(mode));
+        // Sequence 1: 150 tokens stored, a decode step; sequence 2: a fresh 200-token prefill chunk.
+        const KvStream a = stream_with_garbage(shape, 1, 151, 21), b = stream_with_garbage(shape, 1, 200, 22);
+        kv->add_sequence(1, 160);
+        kv->add_sequence(2, 210);
+        for (int l = 0; l < kLayers; ++l) kv->append(l, 1, 0, 150, a.k_at(0), a.v_at(0));
+        AttentionPlan plan;
+        const std::vector<PlanItem> items{PlanItem{1, 150, 1, 0}, PlanItem{2, 0, 200, 1}};
+        kv->plan(items, PlanPolicy{.balance = balance}, plan);
+        for (int l = 0; l < kLayers; ++l) {
+          kv->append(l, 1, 150, 1, a.k_at(150), a.v_at(150));
+          kv->append(l, 2, 0, 200, b.k_at(0), b.v_at(0));
+        }
+        const size_t row = a.per_token() * kGroup;
+        std::vector<float> q(201 * row);
+        std::copy(a.q_at(150), a.q_at(150) + row, q.begin());
+        std::copy(b.q_at(0), b.q_at(0) + 200 * row, q.begin() + static_cast<std::ptrdiff_t>(row));
+        outs[balance].assign(q.size(), 0.0f);
+        AttentionWorkspace ws;
+        kv->run(plan, 1, q.data(), row, outs[balance].data(), row, 0.125f, pool, ws);
+        imbalance[balance] = plan_imbalance(plan, 1, 4);
+      }
+      INFO("mode " << kv_mode_name(mode) << ": imbalance on 4 workers " << imbalance[0] << " -> " << imbalance[1]);
+      REQUIRE(outs[0] == outs[1]);
+      REQUIRE(imbalance[1] < imbalance[0]);
+      REQUIRE(imbalance[1] < 1.1);
+    }
+  }
+}
+
+TEST_CASE("balanced row blocks of a causal chunk cost the same", "[kv][fdc][plan]") {
+  const KvShape shape = compressed_shape();
+  auto kv = make_paged_kv_cache(shape, options(KvMode::fp));
+  kv->add_sequence(1, 600);
+  AttentionPlan plan;
+  kv->plan(std::vector<PlanItem>{PlanItem{1, 0, 512, 0}}, PlanPolicy{.row_block = 16, .balance = true}, plan);
+  double lo = 1e300, hi = 0;
+  int rows = 0;
+  for (const PlanTask& t : plan.tasks) {
+    if (t.head_begin != 0) continue;
+    rows += t.n_rows;
+    lo = std::min(lo, t.work);
+    hi = std::max(hi, t.work);
+  }
+  REQUIRE(rows == 512);
+  INFO("row block work " << lo << " .. " << hi);
+  REQUIRE(hi / lo < 1.3);  // fixed 16-row blocks: the last costs ~60x the first
+}
