@@ -201,7 +201,7 @@ TEST_CASE("FDC calibration is deterministic for a seed, whatever the thread coun
   REQUIRE_THROWS_WITH(calibrate_fdc(model, one, fdc_calibration_sequences(cfg, 400, 200, 5), options), Contains("magic"));
 }
 
-TEST_CASE("FDC at r = 0 scores as the fp32 reference; the rate search keeps its KL target", "[calibrate][fdc]") {
+TEST_CASE("FDC at r = 0 scores as the fp32 reference, and the rate search keeps its KL target", "[calibrate][fdc]") {
   const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 7);
   ThreadPool pool(2);
