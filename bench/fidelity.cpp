@@ -13,6 +13,9 @@
 //            --passkey-depths × --passkey-keys keys; greedy 8 tokens must contain the key.
 //   greedy   --chats short instructions in the model's chat template, greedy --chat-tokens:
 //            fraction identical to fp and mean common-prefix length.
+// A configuration with "fdc=R" runs the model with FDC (--fdc's artifact, default
+// <model>/fdc.safetensors) at removal rate R ("fp32 fdc=R": FDC alone; "k4v4 fdc=R": FDC +
+// HACK); "fdc-uniform=R" gives every head the mean ranks of rate R (no adaptive ranks).
 // KL, top-1 and Δppl carry 95 % block-bootstrap intervals (32-position blocks across
 // windows, 1000 resamples, fixed seed). --ablation turns each config into three rows:
 // codes only (dequantized attention), + INT8 Q/P (homomorphic), + quantized prefill.
@@ -22,6 +25,8 @@
 #include <cmath>
 #include <cstdio>
 #include <iterator>
+#include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,6 +41,7 @@
 #include "hack/core/read_file.h"
 #include "hack/kv/hack_allocation.h"
 #include "hack/kv/paged_kv_cache.h"
+#include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
 #include "hack/model/weights.h"
 #include "hack/tokenizer/chat_template.h"
@@ -55,6 +61,10 @@ constexpr const char* kSections[] = {"decode", "prefill", "copy", "passkey", "gr
 struct Config {
   std::string label;  // as given in --configs (plus the ablation step)
   hack::KvCacheOptions options;
+  double fdc_rate = -1;                 // "fdc=R": FDC (--fdc's artifact) at removal rate R; < 0: none
+  bool fdc_uniform = false;             // "fdc-uniform=R": every head at the mean ranks of rate R (the
+                                        // no-adaptive-ranks ablation, about the same bytes)
+  const hack::Model* model = nullptr;   // the model the config runs (FDC applied), set in main; null = --model's
 };
 
 // One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill",
@@ -100,17 +110,32 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
+hack::KvCacheOptions reference_options();
+
 // --configs, with --ablation's three error sources per configuration.
 std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheOptions& base, bool ablation) {
   std::vector<Config> out;
   for (const std::string& raw : hack::split_list(specs, ';')) {
     const std::string spec = trim(raw);
-    const hack::KvCacheOptions o = parse_config(spec, base);
+    // "fdc=R" (FDC at removal rate R) selects the model; "fp32" the f32 fp cache (FDC alone).
+    std::string rest;
+    double fdc_rate = -1;
+    bool fdc_uniform = false;
+    hack::KvCacheOptions o = base;
+    std::istringstream words(spec);
+    for (std::string w; words >> w;) {
+      if (w.rfind("fdc=", 0) == 0) fdc_rate = std::stod(w.substr(4));
+      else if (w.rfind("fdc-uniform=", 0) == 0) fdc_rate = std::stod(w.substr(12)), fdc_uniform = true;
+      else if (w == "fp32") o = reference_options();
+      else rest += w + " ";
+    }
+    o = parse_config(rest, o);
     if (!ablation) {
-      out.push_back({spec, o});
+      out.push_back({spec, o, fdc_rate, fdc_uniform});
       continue;
     }
-    Config codes{spec + " | codes only", o}, int8{spec + " | +int8 Q/P", o}, qprefill{spec + " | +qprefill", o};
+    Config codes{spec + " | codes only", o, fdc_rate, fdc_uniform}, int8{spec + " | +int8 Q/P", o, fdc_rate, fdc_uniform},
+        qprefill{spec + " | +qprefill", o, fdc_rate, fdc_uniform};
     codes.options.attention = hack::HackAttention::dequantized;
     codes.options.exact_prefill = int8.options.exact_prefill = true;
     int8.options.attention = qprefill.options.attention = hack::HackAttention::homomorphic;
@@ -150,6 +175,8 @@ struct Logprobs {
   const float* row(size_t i) const { return data.data() + i * vocab; }
 };
 
+const hack::Model& model_of(const Bench& b, const Config& c) { return c.model != nullptr ? *c.model : b.model; }
+
 void log_softmax(float* row, size_t n) {
   const float m = *std::max_element(row, row + n);
   double s = 0;
@@ -176,8 +203,9 @@ enum class Path { decode, prefill };
 // decode: prefill tokens[0, n_prefill), then decode tokens[n_prefill, n − 1) one at a time;
 //         rows predict tokens[n_prefill + 1, n).
 // prefill: tokens[0, n − 1) prefilled with all_logits; rows predict tokens[1, n).
-Run run_path(const Bench& b, const hack::KvCacheOptions& opt, Path path, std::span<const int> tokens, int n_prefill) {
-  hack::CpuEngine e = hack::make_cpu_engine(b.model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
+Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt, Path path,
+             std::span<const int> tokens, int n_prefill) {
+  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(tokens.size()));
   Run run;
@@ -201,8 +229,9 @@ Run run_path(const Bench& b, const hack::KvCacheOptions& opt, Path path, std::sp
 }
 
 // Greedy continuation (stops at EOS or max_tokens).
-std::vector<int> greedy(const Bench& b, const hack::KvCacheOptions& opt, std::span<const int> prompt, int max_tokens) {
-  hack::CpuEngine e = hack::make_cpu_engine(b.model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
+std::vector<int> greedy(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt,
+                        std::span<const int> prompt, int max_tokens) {
+  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(prompt.size()) + max_tokens);
   hack::SamplingParams sp;
@@ -369,11 +398,11 @@ std::vector<Compared> compare(const Bench& b, Path path, const std::vector<Sampl
     const std::span<const int> tokens(s.tokens);
     const std::span<const int> targets =
         path == Path::decode ? tokens.subspan(static_cast<size_t>(s.n_prefill) + 1) : tokens.subspan(1);
-    const Run ref = run_path(b, reference_options(), path, tokens, s.n_prefill);
+    const Run ref = run_path(b, b.model, reference_options(), path, tokens, s.n_prefill);
     out[0].scores.push_back(score(ref.logprobs, ref.logprobs, targets));
     out[0].attend_bytes_per_token = ref.attend_bytes_per_token;
     for (size_t c = 0; c < configs.size(); ++c) {
-      const Run got = run_path(b, configs[c].options, path, tokens, s.n_prefill);
+      const Run got = run_path(b, model_of(b, configs[c]), configs[c].options, path, tokens, s.n_prefill);
       out[c + 1].scores.push_back(score(ref.logprobs, got.logprobs, targets));
       out[c + 1].attend_bytes_per_token = got.attend_bytes_per_token;
     }
@@ -390,7 +419,8 @@ void report_distributions(const Bench& b, const Output& out, const char* section
     const hack::KvCacheOptions opt = c == 0 ? reference_options() : configs[c - 1].options;
     const std::string label = c == 0 ? "fp32 (reference)" : configs[c - 1].label;
     const Summary s = summarize(results[c].scores);
-    const double closed_pct = 100 * hack::kv_bytes_per_token(b.shape, opt) / b.bf16_bytes_per_token;
+    const hack::KvShape shape = c == 0 ? b.shape : hack::kv_shape(model_of(b, configs[c - 1]));
+    const double closed_pct = 100 * hack::kv_bytes_per_token(shape, opt) / b.bf16_bytes_per_token;
     const double ctx_pct = 100 * results[c].attend_bytes_per_token / b.bf16_bytes_per_token;
     if (c == 0) {
       out.line("%-28s %-30s %-30s %-26s %-26s %8.1f %8.1f\n", label.c_str(), "0", "0", "1",
@@ -404,7 +434,7 @@ void report_distributions(const Bench& b, const Output& out, const char* section
                     {"kl_mean", interval_json(s.kl_mean)}, {"kl_p99", interval_json(s.kl_p99)},
                     {"top1", interval_json(s.top1)}, {"ppl_delta_pct", interval_json(s.dppl_pct)},
                     {"ppl_ref", std::exp(s.point.nll_ref)}, {"ppl", std::exp(s.point.nll_kv)},
-                    {"closed_bytes_per_token", hack::kv_bytes_per_token(b.shape, opt)}, {"closed_pct_bf16", closed_pct},
+                    {"closed_bytes_per_token", hack::kv_bytes_per_token(shape, opt)}, {"closed_pct_bf16", closed_pct},
                     {"context_tokens", context_tokens}, {"attend_bytes_per_token", results[c].attend_bytes_per_token},
                     {"attend_pct_bf16", ctx_pct}});
   }
@@ -515,7 +545,7 @@ void run_passkey(const Bench& b, const Output& out, const std::vector<Config>& c
         const std::string key = std::to_string(digits(rng));
         const std::vector<int> prompt = passkey_prompt(b, bos, lengths[li], depth, key);
         for (size_t r = 0; r < rows.size(); ++r) {
-          const std::string answer = b.tok.decode(greedy(b, rows[r].options, prompt, 8), true);
+          const std::string answer = b.tok.decode(greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8), true);
           hits[r][li] += answer.find(key) != std::string::npos;
         }
       }
@@ -572,10 +602,10 @@ void run_greedy(const Bench& b, const Output& out, const std::vector<Config>& co
     const Json messages = Json::array({Json{{"role", "user"}, {"content", kChatPrompts[i]}}});
     const std::vector<int> prompt = b.tok.encode(tmpl.render(messages, ro), false);  // the template writes BOS
     prompt_tokens += prompt.size();
-    const std::vector<int> ref = greedy(b, reference_options(), prompt, max_tokens);
+    const std::vector<int> ref = greedy(b, b.model, reference_options(), prompt, max_tokens);
     ref_tokens += ref.size();
     for (size_t c = 0; c < configs.size(); ++c) {
-      const std::vector<int> got = greedy(b, configs[c].options, prompt, max_tokens);
+      const std::vector<int> got = greedy(b, model_of(b, configs[c]), configs[c].options, prompt, max_tokens);
       identical[c] += got == ref;
       prefix[c] += static_cast<size_t>(std::mismatch(ref.begin(), ref.end(), got.begin(), got.end()).first - ref.begin());
     }
@@ -600,6 +630,7 @@ int main(int argc, char** argv) {
   int windows = 4, prefill_tokens = 1024, decode_tokens = 256, prefill_chunk = 512, threads = 0, sinks = 4;
   int copy_span = 64, copy_probes_n = 4, copy_gap = 1024, passkey_keys = 2, chats = 8, chat_tokens = 64;
   bool json = false, ablation = false;
+  std::string fdc_path;
   hack::FlagSet flags("fidelity", "KV compression vs the fp32 cache on the real decode and prefill paths.", "HACK_FIDELITY");
   flags.add_string("model", &model_dir, "model directory (Hugging Face layout)");
   flags.add_string("text", &text_path, "held-out text file");
@@ -621,13 +652,14 @@ int main(int argc, char** argv) {
   flags.add_int("sinks", &sinks, "bf16 sink tokens (configs may override)");
   flags.add_int("threads", &threads, "threads (0 = all)");
   flags.add_bool("json", &json, "JSON lines instead of tables");
+  flags.add_string("fdc", &fdc_path, "FDC artifact for configs with fdc=R (hack-calibrate --fdc); default <model>/fdc.safetensors");
   try {
     if (!flags.parse(argc, argv)) return 0;
     HACK_CHECK(!model_dir.empty() && !text_path.empty(), "--model and --text are required");
     hack::KvCacheOptions base;
     base.sinks = sinks;
     base.seed = 1;
-    const std::vector<Config> configs = parse_configs(configs_spec, base, ablation);
+    std::vector<Config> configs = parse_configs(configs_spec, base, ablation);
     const std::vector<std::string> wanted = hack::split_list(sections);
     const auto want = [&](const char* s) { return std::find(wanted.begin(), wanted.end(), s) != wanted.end(); };
     for (const std::string& w : wanted)
@@ -635,6 +667,27 @@ int main(int argc, char** argv) {
                  "--sections: unknown section '{}' (decode, prefill, copy, passkey, greedy)", w);
 
     const hack::Model model = hack::Model::load(model_dir);
+    // One FDC model per (removal rate, uniform) the configs name.
+    std::map<std::pair<double, bool>, hack::Model> fdc_models;
+    std::optional<hack::FdcArtifact> artifact;
+    for (Config& c : configs) {
+      if (c.fdc_rate < 0) continue;
+      if (!artifact) artifact = hack::load_fdc_artifact(fdc_path.empty() ? model_dir + "/fdc.safetensors" : fdc_path);
+      auto it = fdc_models.find({c.fdc_rate, c.fdc_uniform});
+      if (it == fdc_models.end()) {
+        std::vector<hack::FdcRanks> ranks = hack::fdc_ranks_for_rate(*artifact, c.fdc_rate);
+        if (c.fdc_uniform) {  // every head at the mean ranks, to the nearest multiple of 16
+          double qk = 0, v = 0;
+          for (const hack::FdcRanks& r : ranks) qk += r.d_qk, v += r.d_v;
+          const auto round16 = [&](double x) {
+            return std::clamp(static_cast<int>(std::lround(x / ranks.size() / 16)) * 16, 16, artifact->head_dim);
+          };
+          ranks.assign(ranks.size(), hack::FdcRanks{round16(qk), round16(v)});
+        }
+        it = fdc_models.emplace(std::pair{c.fdc_rate, c.fdc_uniform}, hack::apply_fdc(model, *artifact, ranks)).first;
+      }
+      c.model = &it->second;
+    }
     const hack::Tokenizer tok = hack::Tokenizer::load(model_dir);
     const hack::ModelConfig& cfg = model.config;
     const int bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id();
@@ -653,7 +706,17 @@ int main(int argc, char** argv) {
     out.line("reference: %s — the same engine, backend and paged cache with fp32 pages; bf16 = %.0f bytes/token\n",
              hack::describe(reference_options()).c_str(), b.bf16_bytes_per_token);
     out.line("text: %s, %zu tokens\n", text_path.c_str(), text.size());
-    for (const Config& c : configs) out.line("  %-28s = %s\n", c.label.c_str(), hack::describe(c.options).c_str());
+    for (const Config& c : configs) {
+      std::string fdc;
+      if (c.model != nullptr) {
+        const hack::KvShape s = hack::kv_shape(*c.model);
+        double dims = 0;
+        for (size_t i = 0; i < s.k_dims.size(); ++i) dims += s.k_dims[i] + s.v_dims[i];
+        fdc = fmt::format(" + FDC r={} (K+V dims {:.1f}% of full)", c.fdc_rate,
+                          100 * dims / (2.0 * s.num_layers * s.num_kv_heads * s.head_dim));
+      }
+      out.line("  %-28s = %s%s\n", c.label.c_str(), hack::describe(c.options).c_str(), fdc.c_str());
+    }
     out.line("KL, top-1, Δppl: 95%% block-bootstrap CIs (%d-position blocks, %d resamples). closed%% = bytes/token of\n"
              "closed pages, ctx%% = bytes attention reads per token at the window's final context, both vs bf16.\n",
              kBootstrapBlockTokens, kBootstrapResamples);
