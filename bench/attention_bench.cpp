@@ -11,10 +11,12 @@
 //
 //   attention_bench [--contexts 1024,...,65536] [--batch 1,8] [--modes fp32,bf16,hack2,hack4,hack8]
 //                   [--block 64] [--threads N] [--min-time-s 0.3] [--max-gb 5] [--layers N] [--json]
-//                   [--fdc-dims 64:48,32:32,...] [--balance 0|1]
+//                   [--fdc-dims 64:48,32:32,...] [--balance 0|1] [--chunk N]
 // A mode with the suffix "+fdc" (hack2+fdc) stores the 8 KV heads at --fdc-dims (k_dim:v_dim
 // per head, every layer), as an FDC artifact's per-head ranks do; --balance 0 turns off the
-// plan's load balancing (fixed row blocks, all heads in one decode task, plan order).
+// plan's load balancing (fixed row blocks, all heads in one decode task, plan order);
+// --chunk N times a prefill chunk of N tokens at the end of the context instead of a decode
+// step. The imbalance column is the plan's simulated busiest worker over the mean.
 // (--layers forces the number of layers cycled; 1 keeps small KV in cache, for diagnosis)
 // A HACK mode with the suffix "+qNN" or "+mNN" (hack2+q20) runs MPCache page selection at a
 // budget of NN % of the context (Quest or MPCache scores), a new selection every
@@ -67,6 +69,7 @@ struct Args {
   bool json = false;
   std::vector<std::pair<int, int>> fdc_dims;  // per KV head (k_dim, v_dim) for "+fdc" modes
   bool balance = true;
+  int chunk = 1;  // new tokens per sequence in the step: 1 = decode, more = a prefill chunk
 };
 
 // Parses the flags (hack::FlagSet: --help, HACK_ATTN_BENCH_* mirrors, --config); nullopt
@@ -93,6 +96,7 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_string("fdc-dims", &fdc_dims, "k_dim:v_dim of each of the 8 KV heads for '+fdc' modes (multiples of 16)");
   flags.add_bool("balance", &a.balance, "balance the attention plan (equal-cost tasks, longest first)");
   flags.add_int("select-share", &g_select_share, "'+qNN' / '+mNN' modes: layers sharing one page selection");
+  flags.add_int("chunk", &a.chunk, "new tokens per sequence: 1 = a decode step, N = a prefill chunk of N tokens");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.contexts = parse_int_list(contexts, "contexts");
   a.batches = parse_int_list(batches, "batch");
@@ -104,6 +108,7 @@ std::optional<Args> parse(int argc, char** argv) {
     HACK_CHECK(colon != std::string::npos, "--fdc-dims: expected k_dim:v_dim, got '{}'", pair);
     a.fdc_dims.emplace_back(std::stoi(pair.substr(0, colon)), std::stoi(pair.substr(colon + 1)));
   }
+  HACK_CHECK(a.chunk >= 1, "--chunk must be at least 1, got {}", a.chunk);
   HACK_CHECK(a.fdc_dims.size() == 8, "--fdc-dims: give the 8 KV heads, got {}", a.fdc_dims.size());
   return a;
 }
@@ -254,25 +259,27 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   auto cache = make_paged_kv_cache(shape, mode.options);
   std::mt19937 rng(42);
   for (int s = 0; s < batch; ++s) cache->add_sequence(s, context);
-  fill(*cache, shape, batch, context - 1, rng);
-  // A decode step as the backend runs it: plan the batch's next token, append it in every
-  // layer, then run the plan layer after layer.
+  // A decode step as the backend runs it (or with --chunk N, a prefill chunk of N tokens
+  // ending at the context): plan the batch's new tokens, append them in every layer, then
+  // run the plan layer after layer.
+  const int n = args.chunk;
+  fill(*cache, shape, batch, context - n, rng);
   std::vector<PlanItem> items;
-  for (int s = 0; s < batch; ++s) items.push_back(PlanItem{s, context - 1, 1, s});
+  for (int s = 0; s < batch; ++s) items.push_back(PlanItem{s, context - n, n, s * n});
   AttentionPlan plan;
   cache->plan(items, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, plan);
   r.imbalance = plan_imbalance(plan, 0, pool.size());
   {
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> k(static_cast<size_t>(8 * 128)), v(k.size());
+    std::vector<float> k(static_cast<size_t>(n) * 8 * 128), v(k.size());
     for (float& x : k) x = normal(rng);
     for (float& x : v) x = normal(rng);
     for (int s = 0; s < batch; ++s)
-      for (int l = 0; l < r.layers; ++l) cache->append(l, s, context - 1, 1, k.data(), v.data());
+      for (int l = 0; l < r.layers; ++l) cache->append(l, s, context - n, n, k.data(), v.data());
   }
 
   const size_t q_floats = 32 * 128;
-  std::vector<float> q(static_cast<size_t>(batch) * q_floats), out(q.size());
+  std::vector<float> q(static_cast<size_t>(batch) * static_cast<size_t>(n) * q_floats), out(q.size());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& x : q) x = normal(rng);
   r.kv_bytes = 0;

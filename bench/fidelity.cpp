@@ -15,7 +15,8 @@
 //            fraction identical to fp and mean common-prefix length.
 // A configuration with "fdc=R" runs the model with FDC (--fdc's artifact, default
 // <model>/fdc.safetensors) at removal rate R ("fp32 fdc=R": FDC alone; "k4v4 fdc=R": FDC +
-// HACK); "fdc-uniform=R" gives every head the mean ranks of rate R (no adaptive ranks).
+// HACK); "fdc-uniform=R" gives every head the mean ranks of rate R (no adaptive ranks);
+// "fdc-qk=R" compresses Q/K at rate R and keeps V whole.
 // KL, top-1 and Δppl carry 95 % block-bootstrap intervals (32-position blocks across
 // windows, 1000 resamples, fixed seed). --ablation turns each config into three rows:
 // codes only (dequantized attention), + INT8 Q/P (homomorphic), + quantized prefill.
@@ -27,6 +28,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <random>
 #include <sstream>
 #include <string>
@@ -64,6 +66,7 @@ struct Config {
   double fdc_rate = -1;                 // "fdc=R": FDC (--fdc's artifact) at removal rate R; < 0: none
   bool fdc_uniform = false;             // "fdc-uniform=R": every head at the mean ranks of rate R (the
                                         // no-adaptive-ranks ablation, about the same bytes)
+  bool fdc_qk_only = false;             // "fdc-qk=R": Q/K at rate R, V kept whole
   const hack::Model* model = nullptr;   // the model the config runs (FDC applied), set in main; null = --model's
 };
 
@@ -130,22 +133,24 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
     // "fdc=R" (FDC at removal rate R) selects the model; "fp32" the f32 fp cache (FDC alone).
     std::string rest;
     double fdc_rate = -1;
-    bool fdc_uniform = false;
+    bool fdc_uniform = false, fdc_qk_only = false;
     hack::KvCacheOptions o = base;
     std::istringstream words(spec);
     for (std::string w; words >> w;) {
       if (w.rfind("fdc=", 0) == 0) fdc_rate = std::stod(w.substr(4));
       else if (w.rfind("fdc-uniform=", 0) == 0) fdc_rate = std::stod(w.substr(12)), fdc_uniform = true;
+      else if (w.rfind("fdc-qk=", 0) == 0) fdc_rate = std::stod(w.substr(7)), fdc_qk_only = true;
       else if (w == "fp32") o = reference_options();
       else rest += w + " ";
     }
     o = parse_config(rest, o);
     if (!ablation) {
-      out.push_back({spec, o, fdc_rate, fdc_uniform});
+      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only});
       continue;
     }
-    Config codes{spec + " | codes only", o, fdc_rate, fdc_uniform}, int8{spec + " | +int8 Q/P", o, fdc_rate, fdc_uniform},
-        qprefill{spec + " | +qprefill", o, fdc_rate, fdc_uniform};
+    Config codes{spec + " | codes only", o, fdc_rate, fdc_uniform, fdc_qk_only},
+        int8{spec + " | +int8 Q/P", o, fdc_rate, fdc_uniform, fdc_qk_only},
+        qprefill{spec + " | +qprefill", o, fdc_rate, fdc_uniform, fdc_qk_only};
     codes.options.attention = hack::HackAttention::dequantized;
     codes.options.exact_prefill = int8.options.exact_prefill = true;
     int8.options.attention = qprefill.options.attention = hack::HackAttention::homomorphic;
@@ -721,13 +726,14 @@ int main(int argc, char** argv) {
                  "--sections: unknown section '{}' (decode, prefill, copy, passkey, greedy)", w);
 
     const hack::Model model = hack::Model::load(model_dir);
-    // One FDC model per (removal rate, uniform) the configs name.
-    std::map<std::pair<double, bool>, hack::Model> fdc_models;
+    // One FDC model per (removal rate, uniform, Q/K only) the configs name.
+    std::map<std::tuple<double, bool, bool>, hack::Model> fdc_models;
     std::optional<hack::FdcArtifact> artifact;
     for (Config& c : configs) {
       if (c.fdc_rate < 0) continue;
       if (!artifact) artifact = hack::load_fdc_artifact(fdc_path.empty() ? model_dir + "/fdc.safetensors" : fdc_path);
-      auto it = fdc_models.find({c.fdc_rate, c.fdc_uniform});
+      const std::tuple key{c.fdc_rate, c.fdc_uniform, c.fdc_qk_only};
+      auto it = fdc_models.find(key);
       if (it == fdc_models.end()) {
         std::vector<hack::FdcRanks> ranks = hack::fdc_ranks_for_rate(*artifact, c.fdc_rate);
         if (c.fdc_uniform) {  // every head at the mean ranks, to the nearest multiple of 16
@@ -738,7 +744,9 @@ int main(int argc, char** argv) {
           };
           ranks.assign(ranks.size(), hack::FdcRanks{round16(qk), round16(v)});
         }
-        it = fdc_models.emplace(std::pair{c.fdc_rate, c.fdc_uniform}, hack::apply_fdc(model, *artifact, ranks)).first;
+        if (c.fdc_qk_only)
+          for (hack::FdcRanks& r : ranks) r.d_v = artifact->head_dim;
+        it = fdc_models.emplace(key, hack::apply_fdc(model, *artifact, ranks)).first;
       }
       c.model = &it->second;
     }

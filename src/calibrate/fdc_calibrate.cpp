@@ -96,11 +96,10 @@ Gram weight_gram(const Tensor& wv, size_t h, size_t hd) {
   std::vector<float> rows(hd * H);
   convert_to_f32(wv.dtype(), static_cast<const char*>(wv.raw()) + h * hd * H * dtype_size(wv.dtype()), rows.data(),
                  rows.size());
-  Gram g = Gram::Zero(static_cast<Eigen::Index>(hd), static_cast<Eigen::Index>(hd));
-  const RowsF m(rows.data(), static_cast<Eigen::Index>(hd), static_cast<Eigen::Index>(H), Eigen::OuterStride<>(static_cast<Eigen::Index>(H)));
+  const RowsF m(rows.data(), static_cast<Eigen::Index>(hd), static_cast<Eigen::Index>(H),
+                Eigen::OuterStride<>(static_cast<Eigen::Index>(H)));
   const Eigen::MatrixXd d = m.cast<double>();
-  g.selfadjointView<Eigen::Lower>().rankUpdate(d);
-  return g;
+  return d * d.transpose();
 }
 
 }  // namespace

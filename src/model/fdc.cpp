@@ -77,12 +77,17 @@ void check_basis(const std::vector<float>& basis, const std::vector<float>& sing
   }
 }
 
-void check_artifact(const FdcArtifact& a, const std::string& where) {
+// What every other check sizes its loops by.
+void check_dims(const FdcArtifact& a, const std::string& where) {
   HACK_CHECK(a.num_layers > 0 && a.num_kv_heads > 0 && a.hidden_size > 0,
              "{}: num_layers, num_kv_heads and hidden_size must be positive, got {}, {}, {}", where, a.num_layers,
              a.num_kv_heads, a.hidden_size);
   HACK_CHECK(a.head_dim >= kRankStep && a.head_dim % kRankStep == 0,
              "{}: head_dim {}: FDC needs a multiple of 16 (ranks are multiples of 16)", where, a.head_dim);
+}
+
+void check_artifact(const FdcArtifact& a, const std::string& where) {
+  check_dims(a, where);
   HACK_CHECK(!a.model_digest.empty(), "{}: no model_digest", where);
   HACK_CHECK(a.removal_rate >= 0 && a.removal_rate < 1, "{}: removal_rate {} is outside [0, 1)", where, a.removal_rate);
   HACK_CHECK(a.v_method == "weights" || a.v_method == "whitened", "{}: v_method \"{}\" is neither \"weights\" nor \"whitened\"",
@@ -177,9 +182,7 @@ FdcArtifact load_fdc_artifact(const std::filesystem::path& path) {
   a.num_kv_heads = json_int(j, "num_kv_heads", where);
   a.head_dim = json_int(j, "head_dim", where);
   a.hidden_size = json_int(j, "hidden_size", where);
-  HACK_CHECK(a.num_layers > 0 && a.num_kv_heads > 0 && a.head_dim > 0,
-             "{}: num_layers, num_kv_heads and head_dim must be positive, got {}, {}, {}", where, a.num_layers,
-             a.num_kv_heads, a.head_dim);
+  check_dims(a, where);
   HACK_CHECK(j.contains("model_digest") && j["model_digest"].is_string(), "{}: \"model_digest\" must be a string", where);
   a.model_digest = j["model_digest"].get<std::string>();
   HACK_CHECK(j.contains("removal_rate") && j["removal_rate"].is_number(), "{}: \"removal_rate\" must be a number", where);
@@ -222,6 +225,7 @@ void save_fdc_artifact(FdcArtifact& a, const std::filesystem::path& path) {
     } catch (const json::parse_error& e) {
       fail("{}: calibration_json is not JSON: {}", where, e.what());
     }
+    HACK_CHECK(j["calibration"].is_object(), "{}: calibration_json must be a JSON object", where);
   }
   const int64_t L = a.num_layers, KV = a.num_kv_heads, hd = a.head_dim;
   auto view = [](const std::vector<float>& v, std::initializer_list<int64_t> shape) {

@@ -147,8 +147,8 @@ int run_hack(const CalibrateConfig& c) {
   return met ? 0 : 3;
 }
 
-// The flags give floats; the artifact records r as the decimal the user typed (0.1, not
-// 0.100000001490116).
+// The flags give floats; the artifact records r and the KL target as the decimals the user
+// typed (0.1, not 0.100000001490116).
 double typed_value(float f) { return std::stod(fmt::format("{}", f)); }
 
 int run_fdc(const CalibrateConfig& c, const hack::FlagSet& flags) {
@@ -160,6 +160,7 @@ int run_fdc(const CalibrateConfig& c, const hack::FlagSet& flags) {
              c.calib_source);
   HACK_CHECK(c.calib_source == "random" || !c.text.empty(), "--calib-source text needs --text");
   HACK_CHECK(c.max_kl <= 0 || !c.text.empty(), "--max-kl needs --text: the KL target is measured on real text");
+  const double max_kl = typed_value(c.max_kl);
   const auto t0 = std::chrono::steady_clock::now();
   const hack::Model model = hack::Model::load(c.model);
   const hack::ModelConfig& cfg = model.config;
@@ -210,7 +211,7 @@ int run_fdc(const CalibrateConfig& c, const hack::FlagSet& flags) {
     score = hack::score_fdc(reference, model, artifact, options);
   } else {
     hack::FdcRateSearch search;
-    search.max_kl = c.max_kl;
+    search.max_kl = max_kl;
     const hack::FdcRateResult r = hack::search_fdc_rate(reference, model, artifact, options, search,
                                                         [](const std::string& line) {
                                                           std::fprintf(stderr, "  %s\n", line.c_str());
@@ -229,7 +230,7 @@ int run_fdc(const CalibrateConfig& c, const hack::FlagSet& flags) {
   cal["seq_len"] = c.calib_seq_len;
   cal["score_windows"] = {{"source", window_source}, {"windows", c.windows}, {"prefill_tokens", c.prefill_tokens},
                           {"decode_tokens", c.decode_tokens}, {"options", hack::describe(options)}};
-  if (!fixed_rate) cal["max_kl"] = c.max_kl;
+  if (!fixed_rate) cal["max_kl"] = max_kl;
   cal["score"] = score_json(score, ref_nll);
   cal["measurements"] = measurements;
   cal["calibration_seconds"] = calib_s;
@@ -249,7 +250,7 @@ int run_fdc(const CalibrateConfig& c, const hack::FlagSet& flags) {
     std::printf("layer %2d  d_qk%s   d_v%s\n", l, qk.c_str(), v.c_str());
   }
   const int full = 2 * cfg.num_layers * cfg.kv_dim();
-  const bool met = fixed_rate || score.mean_kl <= c.max_kl;
+  const bool met = fixed_rate || score.mean_kl <= max_kl;
   std::printf("%s: r %.4g, KV dims per token %d of %d (%.1f %%), decode-path KL %.5f, top-1 %.4f, ppl %+.2f %% (%s, %s); "
               "%.1f s (bases %.1f s)%s\n",
               out.c_str(), artifact.removal_rate, dims, full, 100.0 * dims / full, score.mean_kl, score.top1,

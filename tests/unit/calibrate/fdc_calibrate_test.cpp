@@ -201,7 +201,7 @@ TEST_CASE("FDC calibration is deterministic for a seed, whatever the thread coun
   REQUIRE_THROWS_WITH(calibrate_fdc(model, one, fdc_calibration_sequences(cfg, 400, 200, 5), options), Contains("magic"));
 }
 
-TEST_CASE("FDC at r = 0 scores as the fp32 reference; the rate search keeps its KL target", "[calibrate][fdc]") {
+TEST_CASE("FDC at r = 0 scores as the fp32 reference, and the rate search keeps its KL target", "[calibrate][fdc]") {
   const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 7);
   ThreadPool pool(2);
@@ -216,8 +216,10 @@ TEST_CASE("FDC at r = 0 scores as the fp32 reference; the rate search keeps its 
   const DecodePathScore at0 = score_fdc(reference, model, full, fp32);
   REQUIRE(at0.mean_kl == Approx(0).margin(1e-7));
   REQUIRE(at0.top1 == 1.0);
-  const FdcArtifact cut = fdc_artifact_at_rate(full, 0.3);
-  REQUIRE(cut.removal_rate == 0.3);
+  // Random weights have flat spectra: the lower half of a head's singular values holds ~45 %
+  // of the QK sum and ~39 % of V's, so r = 0.47 halves most heads.
+  const FdcArtifact cut = fdc_artifact_at_rate(full, 0.47);
+  REQUIRE(cut.removal_rate == 0.47);
   REQUIRE(cut.digest.empty());
   bool reduced = false;
   for (const FdcRanks& r : cut.ranks) reduced = reduced || r.d_qk < 32 || r.d_v < 32;
@@ -235,12 +237,12 @@ TEST_CASE("FDC at r = 0 scores as the fp32 reference; the rate search keeps its 
     REQUIRE(r.measurements == 1);
     REQUIRE(lines.size() == 1);
   }
-  SECTION("a target between r = 0 and r = 0.3 is kept") {
+  SECTION("a target between r = 0 and r = 0.47 is kept") {
     FdcRateSearch search;
     search.max_kl = kl_cut / 2;
     const FdcRateResult r = search_fdc_rate(reference, model, full, fp32, search, log);
     REQUIRE(r.score.mean_kl <= search.max_kl);
-    REQUIRE(r.removal_rate < 0.3);
+    REQUIRE(r.removal_rate < 0.47);
     REQUIRE(r.score.mean_kl == score_fdc(reference, model, fdc_artifact_at_rate(full, r.removal_rate), fp32).mean_kl);
     REQUIRE(r.measurements >= 2);
     REQUIRE(r.measurements <= search.iterations + 2);
