@@ -16,7 +16,9 @@
 // per head, every layer), as an FDC artifact's per-head ranks do; --balance 0 turns off the
 // plan's load balancing (fixed row blocks, all heads in one decode task, plan order);
 // --chunk N times a prefill chunk of N tokens at the end of the context instead of a decode
-// step. The imbalance column is the plan's simulated busiest worker over the mean.
+// step. The imbalance columns are the plan's simulated busiest worker over the mean, for
+// this pool's threads and for 132 workers (an H100's SMs, where few tasks per worker make
+// balance matter most).
 // (--layers forces the number of layers cycled; 1 keeps small KV in cache, for diagnosis)
 // A HACK mode with the suffix "+qNN" or "+mNN" (hack2+q20) runs MPCache page selection at a
 // budget of NN % of the context (Quest or MPCache scores), a new selection every
@@ -181,7 +183,8 @@ struct Result {
   std::string mode;
   int context = 0, batch = 0, layers = 0, threads = 0;
   double step_us = 0, kv_bytes = 0, gbs = 0, bw_share = 0, bytes_per_token = 0;
-  double imbalance = 1;  // plan_imbalance of layer 0 on the pool's threads
+  double imbalance = 1;      // plan_imbalance of layer 0 on the pool's threads
+  double imbalance_132 = 1;  // ... on 132 workers
   double select_us = 0, selected = 1;  // one selection's time; tokens attended / context
   bool skipped = false;
 };
@@ -269,6 +272,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   AttentionPlan plan;
   cache->plan(items, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, plan);
   r.imbalance = plan_imbalance(plan, 0, pool.size());
+  r.imbalance_132 = plan_imbalance(plan, 0, 132);
   {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> k(static_cast<size_t>(n) * 8 * 128), v(k.size());
@@ -360,8 +364,8 @@ int main(int argc, char** argv) {
       const double b = kv_bytes_per_token(bench_shape(1, mode, args), mode.options);
       std::printf("  %s %.0f (%.1f%% of bf16)", m.c_str(), b, 100.0 * b / bf16_per_token);
     }
-    std::printf("\n\n%-10s %7s %5s %6s %11s %11s %8s %7s %9s %9s\n", "mode", "context", "batch", "layers", "step_us",
-                "KV_MB", "GB/s", "%bw", "vs_fp32", "imbalance");
+    std::printf("\n\n%-10s %7s %5s %6s %11s %11s %8s %7s %9s %9s %8s\n", "mode", "context", "batch", "layers", "step_us",
+                "KV_MB", "GB/s", "%bw", "vs_fp32", "imbalance", "imb@132");
   }
   nlohmann::json results = nlohmann::json::array();
   for (int batch : args.batches)
@@ -374,8 +378,9 @@ int main(int argc, char** argv) {
         if (!args.json) {
           if (r.skipped) std::printf("%-10s %7d %5d   (skipped: KV exceeds --max-gb)\n", m.c_str(), context, batch);
           else
-            std::printf("%-10s %7d %5d %6d %11.1f %11.2f %8.1f %6.0f%% %8.2fx %9.3f", m.c_str(), context, batch, r.layers,
-                        r.step_us, r.kv_bytes / 1e6, r.gbs, 100 * r.bw_share, speedup, r.imbalance);
+            std::printf("%-10s %7d %5d %6d %11.1f %11.2f %8.1f %6.0f%% %8.2fx %9.3f %8.2f", m.c_str(), context, batch,
+                        r.layers, r.step_us, r.kv_bytes / 1e6, r.gbs, 100 * r.bw_share, speedup, r.imbalance,
+                        r.imbalance_132);
           if (!r.skipped && r.select_us > 0)
             std::printf("  select_us %.1f attended %.1f%%", r.select_us, 100 * r.selected);
           std::printf("\n");
@@ -385,7 +390,7 @@ int main(int argc, char** argv) {
                            {"threads", r.threads}, {"layers_cycled", r.layers}, {"skipped", r.skipped},
                            {"step_us", r.step_us}, {"kv_bytes", r.kv_bytes}, {"gbs", r.gbs},
                            {"bandwidth_share", r.bw_share}, {"speedup_vs_fp32", speedup},
-                           {"plan_imbalance", r.imbalance}, {"balance", args.balance},
+                           {"plan_imbalance", r.imbalance}, {"plan_imbalance_132", r.imbalance_132}, {"balance", args.balance},
                            {"select_us", r.select_us}, {"selected_share", r.selected},
                            {"kv_bytes_per_token_layer", r.bytes_per_token},
                            {"kv_bytes_vs_bf16", r.bytes_per_token / bf16_per_token}});

@@ -197,6 +197,20 @@ void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
         add_split(item, h, h + 1, sel, n);
         continue;
       }
+      // Heads of unequal dims (FDC) get row blocks in proportion to their cost (dims summed
+      // over layers), so a task of any head costs about the same.
+      if (policy.balance && per_head_decode) {
+        double weight = 0, mean = 0;
+        for (int l = 0; l < plan.num_layers; ++l)
+          for (int x = 0; x < H; ++x) {
+            const size_t at = static_cast<size_t>(l * H + x);
+            const double w = plan.k_dims[at] + plan.v_dims[at] + 1;
+            mean += w / H;
+            if (x == h) weight += w;
+          }
+        const int head_blocks = std::clamp(static_cast<int>(std::lround(blocks * weight / mean)), 1, it.n_tokens);
+        equal_cost_rows(it.start_pos, it.n_tokens, head_blocks, cuts);
+      }
       const double seen = sel.empty() ? 0 : segment_tokens(plan, item, sel, 0, n);  // a selection: what it reads
       for (size_t b = 0; b + 1 < cuts.size(); ++b) {
         const int r0 = cuts[b], nr = cuts[b + 1] - r0;
