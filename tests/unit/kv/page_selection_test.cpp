@@ -51,7 +51,7 @@ std::vector<float> run_layer(const PagedKvCache& cache, const AttentionPlan& pla
 
 }  // namespace
 
-TEST_CASE("the quest score bounds q·k over a page, exact and quantized; a group's envelope bounds its pages",
+TEST_CASE("the quest score bounds q·k over a page, exact and quantized, and a group envelope bounds its pages",
           "[kv][select]") {
   const uint32_t seed = 1234;
   INFO("seed " << seed);
@@ -206,7 +206,7 @@ TEST_CASE("selection with ratio 1 attends exactly as no selection", "[kv][select
   }
 }
 
-TEST_CASE("a planted key's page is selected; sinks, exact blocks and the newest page always are; the budget holds",
+TEST_CASE("a planted key page is selected, sinks, exact blocks and the newest page always are, and the budget holds",
           "[kv][select]") {
   const int dim = 64, T = 16, H = 2, G = 3, tokens = 2000;
   const KvShape shape{1, H, dim, G};
