@@ -17,8 +17,8 @@
 // plan's load balancing (fixed row blocks, all heads in one decode task, plan order);
 // --chunk N times a prefill chunk of N tokens at the end of the context instead of a decode
 // step. The imbalance columns are the plan's simulated busiest worker over the mean, for
-// this pool's threads and for 132 workers (an H100's SMs, where few tasks per worker make
-// balance matter most).
+// this pool's threads and for the step planned for 132 workers (an H100's SMs, where few
+// tasks per worker make balance matter most).
 // (--layers forces the number of layers cycled; 1 keeps small KV in cache, for diagnosis)
 // A HACK mode with the suffix "+qNN" or "+mNN" (hack2+q20) runs MPCache page selection at a
 // budget of NN % of the context (Quest or MPCache scores), a new selection every
@@ -270,9 +270,13 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   std::vector<PlanItem> items;
   for (int s = 0; s < batch; ++s) items.push_back(PlanItem{s, context - n, n, s * n});
   AttentionPlan plan;
-  cache->plan(items, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, plan);
+  cache->plan(items, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance, .workers = pool.size()}, plan);
   r.imbalance = plan_imbalance(plan, 0, pool.size());
-  r.imbalance_132 = plan_imbalance(plan, 0, 132);
+  {  // the same step planned for 132 workers (an H100's SMs), simulated
+    AttentionPlan wide;
+    cache->plan(items, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance, .workers = 132}, wide);
+    r.imbalance_132 = plan_imbalance(wide, 0, 132);
+  }
   {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> k(static_cast<size_t>(n) * 8 * 128), v(k.size());
@@ -299,7 +303,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
     }
     if (selector.selects_in(layer % r.layers) || selected.items.empty()) {
       copy_plan(plan, selected);
-      selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, layer,
+      selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance, .workers = pool.size()}, layer,
                       q.data(), q_floats);
     }
     cache->run(selected, layer, q.data(), q_floats, out.data(), q_floats, scale, pool, ws);
@@ -309,7 +313,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
     for (int i = 0; i < 50; ++i) {
       const auto t0 = Clock::now();
       copy_plan(plan, selected);
-      selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance}, i % r.layers,
+      selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance, .workers = pool.size()}, i % r.layers,
                       q.data(), q_floats);
       best_sel = std::min(best_sel, std::chrono::duration<double>(Clock::now() - t0).count());
     }

@@ -146,8 +146,17 @@ void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
   const int H = plan.num_kv_heads, G = plan.group_size;
   const int v_dim = plan.v_dims.empty() ? 0 : *std::max_element(plan.v_dims.begin(), plan.v_dims.end());
   plan.num_layers = H > 0 ? static_cast<int>(plan.k_dims.size()) / H : 0;
-  bool per_head_decode = false;  // heads of unequal cost in some layer: decode tasks per head
-  for (int l = 0; l < plan.num_layers && policy.balance; ++l) per_head_decode |= !uniform_dims(plan, l);
+  bool unequal_heads = false;  // heads of unequal cost in some layer (FDC)
+  for (int l = 0; l < plan.num_layers && policy.balance; ++l) unequal_heads |= !uniform_dims(plan, l);
+  // Decode tasks per head only when all-head tasks would leave workers idle (a short context
+  // at batch 1 is one task; on 132 SMs most batches are too few).
+  int all_head_tasks = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i)
+    if (plan.items[i].n_tokens == 1) {
+      const int n = plan.segment_offsets[i + 1] - plan.segment_offsets[i];
+      all_head_tasks += std::max(1, (n + policy.split_segments - 1) / policy.split_segments);
+    }
+  const bool per_head_decode = policy.balance && all_head_tasks < policy.workers;
   plan.tasks.clear();
   plan.state_floats = 0;
   plan.state_v_dim = v_dim;
@@ -199,7 +208,7 @@ void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
       }
       // Heads of unequal dims (FDC) get row blocks in proportion to their cost (dims summed
       // over layers), so a task of any head costs about the same.
-      if (policy.balance && per_head_decode) {
+      if (unequal_heads) {
         double weight = 0, mean = 0;
         for (int l = 0; l < plan.num_layers; ++l)
           for (int x = 0; x < H; ++x) {

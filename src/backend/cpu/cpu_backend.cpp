@@ -58,7 +58,7 @@ class CpuBackend final : public Backend {
       logit_rows += c.all_logits ? c.tokens.size() : 1;
     }
     if (total == 0) return 0;
-    kv_.plan(plan_items_, PlanPolicy{}, plan_);  // validates every chunk before anything is stored
+    kv_.plan(plan_items_, PlanPolicy{.workers = pool_.size()}, plan_);  // validates every chunk before anything is stored
     resize(total);
 
     const size_t H = static_cast<size_t>(cfg_.hidden_size);
@@ -117,7 +117,7 @@ class CpuBackend final : public Backend {
       if (decoding && selector_.active() && !selector_.dense(l)) {
         if (selector_.selects_in(l)) {
           copy_plan(plan_, selected_plan_);
-          selector_.select(kv_, selected_plan_, PlanPolicy{}, l, q_.data(), qd);
+          selector_.select(kv_, selected_plan_, PlanPolicy{.workers = pool_.size()}, l, q_.data(), qd);
         } else if (measure_sharing_) {
           selector_.measure_sharing(kv_, selected_plan_, l, q_.data(), qd);
         }
