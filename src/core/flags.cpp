@@ -161,10 +161,10 @@ bool FlagSet::parse(int argc, const char* const* argv) {
       std::fputs(usage().c_str(), stdout);
       return false;
     }
-    if (a.rfind("--", 0) != 0) {
-      positional_.push_back(a);
-      continue;
-    }
+    // No tool takes positional arguments: a stray word is a mistake (e.g. "--balance 0",
+    // which would otherwise turn the bool flag on and drop the 0).
+    HACK_CHECK(a.rfind("--", 0) == 0, "unexpected argument '{}' (flags are --name VALUE; a bool flag is --name or "
+               "--name=true|false)", a);
     a = a.substr(2);
     std::string value;
     bool has_value = false;

@@ -41,7 +41,6 @@ class FlagSet {
   std::string usage() const;
   /// Whether the flag was given on the command line, environment or config file.
   bool was_set(const std::string& name) const;
-  const std::vector<std::string>& positional() const { return positional_; }
 
  private:
   struct Flag {
@@ -59,7 +58,6 @@ class FlagSet {
   std::vector<Flag> flags_;
   std::map<std::string, size_t> index_;
   std::map<std::string, bool> set_;
-  std::vector<std::string> positional_;
 };
 
 /// Items of a list-valued flag ("1024,2048"), split at `sep`; empty items are dropped.

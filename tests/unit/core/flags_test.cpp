@@ -60,6 +60,13 @@ TEST_CASE("flags: errors name the flag", "[core][flags]") {
   const char* missing[] = {"t", "--model"};
   REQUIRE_THROWS_WITH(make(o).parse(2, missing), Catch::Contains("--model"));
   REQUIRE(make(o).usage().find("HACK_FLAGTEST_MAX_TOKENS") != std::string::npos);
+  // A bool flag takes no separate value: "--verbose 0" is a stray "0", refused.
+  const char* stray[] = {"t", "--verbose", "0"};
+  REQUIRE_THROWS_WITH(make(o).parse(3, stray), Catch::Contains("unexpected argument '0'"));
+  Opts off;
+  const char* explicit_false[] = {"t", "--verbose=false"};
+  REQUIRE(make(off).parse(2, explicit_false));
+  REQUIRE_FALSE(off.verbose);
 }
 
 TEST_CASE("flags: list values", "[core][flags]") {
