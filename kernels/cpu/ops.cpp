@@ -59,6 +59,28 @@ void rmsnorm(const float* x, const float* weight, float* out, size_t rows, size_
   }
 }
 
+void fdc_project(float* x, size_t rows, int n_heads, int heads_per_kv, int head_dim, const float* proj,
+                 const int* d_qk) {
+  const size_t hd = static_cast<size_t>(head_dim);
+  HACK_CHECK(hd <= 512, "FDC: head_dim {} above 512", hd);
+  float out[512];
+  for (size_t r = 0; r < rows; ++r)
+    for (int h = 0; h < n_heads; ++h) {
+      const int kv_head = h / heads_per_kv;
+      const size_t d = static_cast<size_t>(d_qk[kv_head]);
+      const float* p = proj + static_cast<size_t>(kv_head) * hd * hd;
+      float* slot = x + (r * static_cast<size_t>(n_heads) + static_cast<size_t>(h)) * hd;
+      std::fill(out, out + d, 0.0f);
+      for (size_t i = 0; i < hd; ++i) {
+        const float xi = slot[i];
+        const float* row = p + i * hd;
+        for (size_t j = 0; j < d; ++j) out[j] += xi * row[j];
+      }
+      std::copy(out, out + d, slot);
+      std::fill(slot + d, slot + hd, 0.0f);
+    }
+}
+
 void rope_apply(float* x, int n_heads, int head_dim, int position, const float* inv_freq) {
   const int half = head_dim / 2;
   // Angles as HF computes them: fp32 product of position and inverse frequency.

@@ -72,6 +72,26 @@ __global__ void rope_kernel(float* x, const int* positions, const float* inv_fre
   }
 }
 
+// One block per (row, head): the slot is read into shared memory, then each thread writes
+// output dims j, j + blockDim, ... (fp32 sums in i order, as the CPU twin).
+__global__ void fdc_project_kernel(float* x, int n_heads, int heads_per_kv, int head_dim, const float* proj,
+                                   const int* d_qk) {
+  __shared__ float in[512];
+  const int h = static_cast<int>(blockIdx.y);
+  float* slot = x + (static_cast<long long>(blockIdx.x) * n_heads + h) * head_dim;
+  for (int i = static_cast<int>(threadIdx.x); i < head_dim; i += static_cast<int>(blockDim.x)) in[i] = slot[i];
+  __syncthreads();
+  const int kv_head = h / heads_per_kv;
+  const int d = d_qk[kv_head];
+  const float* p = proj + static_cast<long long>(kv_head) * head_dim * head_dim;
+  for (int j = static_cast<int>(threadIdx.x); j < head_dim; j += static_cast<int>(blockDim.x)) {
+    float acc = 0.0f;
+    if (j < d)
+      for (int i = 0; i < head_dim; ++i) acc = fmaf(in[i], p[i * head_dim + j], acc);
+    slot[j] = acc;
+  }
+}
+
 __global__ void add_bias_kernel(float* x, const float* bias, long long total, int n) {
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < total) x[i] += bias[i % n];
@@ -140,6 +160,15 @@ void rope_inplace(float* x, const int* positions, const float* inv_freq, int n_t
                   cudaStream_t stream) {
   if (n_tokens == 0) return;
   rope_kernel<<<n_tokens, 128, 0, stream>>>(x, positions, inv_freq, n_heads, head_dim);
+  HACK_CUDA_CU_CHECK(cudaGetLastError());
+}
+
+void fdc_project(float* x, int rows, int n_heads, int heads_per_kv, int head_dim, const float* proj, const int* d_qk,
+                 cudaStream_t stream) {
+  if (head_dim > 512) cuda_fail(cudaErrorInvalidValue, "fdc_project: head_dim above 512", __FILE__, __LINE__);
+  if (rows == 0) return;
+  fdc_project_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n_heads)), 128, 0, stream>>>(
+      x, n_heads, heads_per_kv, head_dim, proj, d_qk);
   HACK_CUDA_CU_CHECK(cudaGetLastError());
 }
 

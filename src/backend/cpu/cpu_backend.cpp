@@ -34,6 +34,8 @@ class CpuBackend final : public Backend {
                "CPU backend: KV cache shape (layers {}, KV heads {}, head_dim {}, group {}{}) does not match the model{}",
                ks.num_layers, ks.num_kv_heads, ks.head_dim, ks.group_size, ks.compressed() ? ", FDC dims" : "",
                model.fdc ? " with FDC" : "");
+    if (model.fdc)
+      for (const FdcRanks& r : model.fdc->ranks) fdc_d_qk_.push_back(r.d_qk);
   }
 
   std::string name() const override { return "cpu"; }
@@ -188,28 +190,12 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // FDC (model/fdc.h): every head slot x of `rows` rows of `heads` heads becomes x·R[:, :d_qk]
-  // of its KV head (head / per_kv_head) in the layer, in place, 0 after d_qk.
+  // FDC (model/fdc.h): every head slot of `rows` rows of `heads` heads becomes x·R[:, :d_qk]
+  // of its KV head in the layer (cpu::fdc_project).
   void fdc_project(float* x, size_t rows, int heads, int per_kv_head, int layer) const {
-    const FdcRuntime& f = *model_.fdc;
-    const size_t hd = static_cast<size_t>(cfg_.head_dim);
-    float out[512];
-    HACK_CHECK(hd <= 512, "FDC: head_dim {} above 512", hd);
-    for (size_t r = 0; r < rows; ++r)
-      for (int h = 0; h < heads; ++h) {
-        const int kv_head = h / per_kv_head;
-        const size_t d = static_cast<size_t>(f.rank(layer, kv_head).d_qk);
-        const float* proj = f.proj(layer, kv_head);  // [hd][hd], columns >= d are 0
-        float* slot = x + (r * static_cast<size_t>(heads) + static_cast<size_t>(h)) * hd;
-        std::fill(out, out + d, 0.0f);
-        for (size_t i = 0; i < hd; ++i) {
-          const float xi = slot[i];
-          const float* row = proj + i * hd;
-          for (size_t j = 0; j < d; ++j) out[j] += xi * row[j];
-        }
-        std::copy(out, out + d, slot);
-        std::fill(slot + d, slot + hd, 0.0f);
-      }
+    const size_t kv = static_cast<size_t>(cfg_.num_kv_heads);
+    cpu::fdc_project(x, rows, heads, per_kv_head, cfg_.head_dim, model_.fdc->proj(layer, 0),
+                     &fdc_d_qk_[static_cast<size_t>(layer) * kv]);
   }
 
   static void add_bias(float* y, const Tensor& bias, size_t rows, size_t n) {
@@ -237,6 +223,7 @@ class CpuBackend final : public Backend {
   bool measure_sharing_ = false;
   AttentionWorkspace attention_ws_;
   ActivationObserverFn observer_;
+  std::vector<int> fdc_d_qk_;  // FDC: d_qk per (layer, KV head)
 };
 
 }  // namespace

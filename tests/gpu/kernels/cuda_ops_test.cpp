@@ -211,3 +211,28 @@ TEST_CASE("cuBLAS bf16 GEMM (y = x · W^T) matches a double reference", "[gpu][o
   }
   cublasDestroy(handle);
 }
+
+TEST_CASE("cuda fdc_project matches cpu::fdc_project (FDC's post-RoPE Q/K projection)", "[gpu][ops][fdc]") {
+  const uint32_t seed = 7;
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  for (const int head_dim : {64, 128}) {
+    INFO("head_dim " << head_dim);
+    const int rows = 5, kv_heads = 3, per_kv = 3, heads = kv_heads * per_kv;
+    const std::vector<int> d_qk{16, head_dim, head_dim / 2};  // ranks differ per KV head
+    const auto proj = test::random_floats(rng, static_cast<size_t>(kv_heads) * head_dim * head_dim, -0.2f, 0.2f);
+    const auto x = test::random_floats(rng, static_cast<size_t>(rows) * heads * head_dim, -2, 2);
+    std::vector<float> ref = x;
+    cpu::fdc_project(ref.data(), rows, heads, per_kv, head_dim, proj.data(), d_qk.data());
+    Buffer dx = test::to_device(x), dp = test::to_device(proj), dd = test::to_device(d_qk);
+    cuda::fdc_project(dptr<float>(dx), rows, heads, per_kv, head_dim, dptr<float>(dp), dptr<int>(dd), nullptr);
+    const auto got = test::to_host<float>(dx, x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const int c = static_cast<int>(i % static_cast<size_t>(head_dim));
+      const int kv = static_cast<int>(i / static_cast<size_t>(head_dim)) % heads / per_kv;
+      INFO("element " << i << " channel " << c);
+      if (c >= d_qk[static_cast<size_t>(kv)]) REQUIRE(got[i] == 0.0f);
+      else REQUIRE(test::close(got[i], ref[i], 1e-5, 1e-5));
+    }
+  }
+}

@@ -53,3 +53,28 @@ TEST_CASE("rope rotates pairs (i, i + d/2) by position × inv_freq and keeps nor
       REQUIRE(test::close(y[h * 64 + i + 32], b * std::cos(ang) + a * std::sin(ang), 1e-5, 1e-5));
     }
 }
+
+TEST_CASE("fdc_project: each head slot becomes x·P[:, :d] of its KV head, 0 after d", "[kernels][fdc]") {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int rows = 3, kv_heads = 2, per_kv = 3, heads = kv_heads * per_kv, hd = 64;
+  const std::vector<int> d_qk{16, 48};
+  std::vector<float> proj(static_cast<size_t>(kv_heads) * hd * hd), x(static_cast<size_t>(rows) * heads * hd);
+  for (float& v : proj) v = u(rng);
+  for (float& v : x) v = u(rng);
+  std::vector<float> got = x;
+  cpu::fdc_project(got.data(), rows, heads, per_kv, hd, proj.data(), d_qk.data());
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < heads; ++h) {
+      const int kv = h / per_kv;
+      const float* in = &x[(static_cast<size_t>(r) * heads + h) * hd];
+      const float* out = &got[(static_cast<size_t>(r) * heads + h) * hd];
+      for (int j = 0; j < hd; ++j) {
+        double ref = 0;
+        if (j < d_qk[static_cast<size_t>(kv)])
+          for (int i = 0; i < hd; ++i) ref += static_cast<double>(in[i]) * proj[(static_cast<size_t>(kv) * hd + i) * hd + j];
+        INFO("row " << r << " head " << h << " dim " << j);
+        REQUIRE(std::fabs(out[j] - ref) <= 1e-4 * (1 + std::fabs(ref)));
+      }
+    }
+}

@@ -18,6 +18,13 @@ void rmsnorm(const float* x, const float* weight, float* out, size_t rows, size_
 /// pairs (i, i + head_dim/2)). x: [n_heads][head_dim].
 void rope_apply(float* x, int n_heads, int head_dim, int position, const float* inv_freq);
 
+/// FDC's post-RoPE projection (model/fdc.h), in place: every head slot x of `rows` rows of
+/// `n_heads` heads becomes x·P[:, :d] of its KV head k = head / heads_per_kv, 0 after d.
+/// proj: [kv_heads][head_dim][head_dim] (P[i][j] at k·hd² + i·hd + j); d_qk: [kv_heads].
+/// head_dim ≤ 512. Its CUDA twin is cuda::fdc_project.
+void fdc_project(float* x, size_t rows, int n_heads, int heads_per_kv, int head_dim, const float* proj,
+                 const int* d_qk);
+
 /// out = silu(gate) * up, n elements. out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, size_t n);
 

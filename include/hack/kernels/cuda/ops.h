@@ -52,6 +52,11 @@ void rmsnorm_inplace(float* x, const float* weight, int rows, int n, float eps, 
 void rope_inplace(float* x, const int* positions, const float* inv_freq, int n_tokens, int n_heads, int head_dim,
                   cudaStream_t stream);
 
+/// FDC's post-RoPE projection, in place, as cpu::fdc_project: x [rows][n_heads][head_dim],
+/// proj [kv_heads][head_dim][head_dim], d_qk [kv_heads] (device memory); head_dim ≤ 512.
+void fdc_project(float* x, int rows, int n_heads, int heads_per_kv, int head_dim, const float* proj, const int* d_qk,
+                 cudaStream_t stream);
+
 /// x[r][c] += bias[c], rows × n.
 void add_bias(float* x, const float* bias, int rows, int n, cudaStream_t stream);
 /// x[r][c] += y[r][c] (+ bias[c] when bias is not null): the residual add, rows × n.
