@@ -304,7 +304,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
     if (selector.selects_in(layer % r.layers) || selected.items.empty()) {
       copy_plan(plan, selected);
       selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance, .workers = pool.size()}, layer,
-                      q.data(), q_floats);
+                      q.data(), q_floats, pool);
     }
     cache->run(selected, layer, q.data(), q_floats, out.data(), q_floats, scale, pool, ws);
   };
@@ -314,7 +314,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
       const auto t0 = Clock::now();
       copy_plan(plan, selected);
       selector.select(*cache, selected, PlanPolicy{.split_segments = args.split_pages, .balance = args.balance, .workers = pool.size()}, i % r.layers,
-                      q.data(), q_floats);
+                      q.data(), q_floats, pool);
       best_sel = std::min(best_sel, std::chrono::duration<double>(Clock::now() - t0).count());
     }
     r.select_us = best_sel * 1e6;

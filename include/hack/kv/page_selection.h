@@ -24,6 +24,7 @@
 namespace hack {
 
 class PagedKvCache;
+class ThreadPool;
 
 /// How pages are ranked. quest / mpcache are the product; streaming (the most recent pages),
 /// random and oracle (true attention mass of the dequantized pages) are baselines at the same
@@ -65,7 +66,9 @@ struct PageSelectStats {
 };
 
 /// Makes the selections of one backend (its scratch is reused, so a decode step allocates
-/// nothing once warm). Engine thread only.
+/// nothing once warm). Called from the engine thread only; select spreads its (item, KV head)
+/// selections over a pool, each worker with its own scratch, and its result does not depend
+/// on the pool's size.
 class PageSelector {
  public:
   explicit PageSelector(const PageSelectOptions& options);
@@ -81,9 +84,10 @@ class PageSelector {
   /// Sets, in `plan`, the selection of every single-token item for this layer's q (rows of
   /// the step's q at plan.items[i].row, q_stride apart; head h's query group at
   /// h · group · head_dim, the first k_dim entries of each head_dim slot) and pages, leaving
-  /// multi-token items unselected, and rebuilds the tasks with `policy`.
+  /// multi-token items unselected, and rebuilds the tasks with `policy`. The (item, head)
+  /// selections run in parallel on `pool`; the plan and stats are the same for any pool size.
   void select(const PagedKvCache& kv, AttentionPlan& plan, const PlanPolicy& policy, int layer, const float* q,
-              size_t q_stride);
+              size_t q_stride, ThreadPool& pool);
 
   /// Measures (into stats) how much of what layer `layer` would select by itself the plan's
   /// current (shared) selection holds. Leaves the plan as it is. Slow; for the bench.
@@ -94,26 +98,35 @@ class PageSelector {
   const PageSelectOptions& options() const { return options_; }
 
  private:
-  // Chooses the closed-page segments of (item, head) into chosen_ (segment indices,
-  // ascending, with the always-kept ones); returns the tokens attended.
+  // One worker's scratch (grown once to the longest context, so steps allocate nothing).
+  struct Scratch {
+    std::vector<const std::byte*> pages;  // [closed pages] of the item's layer
+    std::vector<float> q;                 // [group][k_dim] the query group's rows
+    std::vector<float> qsum;              // [k_dim] Σ of the rows
+    std::vector<float> scores;            // [candidate pages]
+    std::vector<float> group_scores;      // [groups]
+    std::vector<int> order;               // pages being ranked
+    std::vector<int> groups;              // groups being ranked
+    std::vector<uint8_t> keep;            // [candidate pages] chosen by the fine level
+    std::vector<int> chosen;              // segment indices of one (item, head)
+    std::vector<float> dequant;           // oracle: [Π][k_dim] one page's K
+    void reserve(size_t pages_n, size_t q_floats, size_t head_dim);
+  };
+
+  // Chooses the closed-page segments of (item, head) into s.chosen (segment indices,
+  // ascending, with the always-kept ones); returns the tokens attended. Touches only s.
   int choose(const PagedKvCache& kv, const AttentionPlan& plan, int item, int head, int layer, const float* q,
-             size_t q_stride);
-  void score_oracle(const PagedKvCache& kv, int layer, int head, int n);
-  void score_random(int seq_id, int pos, int layer, int head, int n);
+             size_t q_stride, Scratch& s) const;
+  void score_oracle(const PagedKvCache& kv, int layer, int head, int n, Scratch& s) const;
+  void score_random(int seq_id, int pos, int layer, int head, int n, Scratch& s) const;
 
   PageSelectOptions options_;
   PageSelectStats stats_;
-  std::vector<const std::byte*> pages_;  // [closed pages] of the item's layer
-  std::vector<float> q_;                 // [group][k_dim] the query group's rows
-  std::vector<float> qsum_;              // [k_dim] Σ of the rows
-  std::vector<float> scores_;            // [candidate pages]
-  std::vector<float> group_scores_;      // [groups]
-  std::vector<int> order_;               // pages being ranked
-  std::vector<int> groups_;              // groups being ranked
-  std::vector<uint8_t> keep_;            // [candidate pages] chosen by the fine level
-  std::vector<int> chosen_;              // segment indices of one (item, head)
-  std::vector<int> offsets_, selected_;  // the plan's selection being built
-  std::vector<float> dequant_;           // oracle: [Π][k_dim] one page's K
+  std::vector<Scratch> scratch_;         // [pool threads]
+  std::vector<int> cell_begin_;          // [cells + 1] each (item, head)'s slot in cell_chosen_
+  std::vector<int> cell_count_;          // [cells] segments it chose
+  std::vector<int> cell_tokens_;         // [cells] tokens it attends
+  std::vector<int> cell_chosen_;         // the cells' chosen segments, slot by slot
   std::vector<uint8_t> shared_;          // measure_sharing: [segments] of the shared selection
 };
 

@@ -119,7 +119,7 @@ class CpuBackend final : public Backend {
       if (decoding && selector_.active() && !selector_.dense(l)) {
         if (selector_.selects_in(l)) {
           copy_plan(plan_, selected_plan_);
-          selector_.select(kv_, selected_plan_, PlanPolicy{.workers = pool_.size()}, l, q_.data(), qd);
+          selector_.select(kv_, selected_plan_, PlanPolicy{.workers = pool_.size()}, l, q_.data(), qd, pool_);
         } else if (measure_sharing_) {
           selector_.measure_sharing(kv_, selected_plan_, l, q_.data(), qd);
         }

@@ -2,7 +2,8 @@
 // a true upper bound of q·k over a page (exact and quantized K), every ISA scores with the same
 // bits, ratio 1 attends exactly as no selection, a planted key's page is selected, a shared
 // selection equals the per-layer one when adjacent layers agree, the budget is kept, bad
-// options are refused, and a decode step with selection allocates nothing.
+// options are refused, a decode step with selection allocates nothing, and selections do not
+// depend on the thread count.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -38,6 +39,11 @@ KvCacheOptions hack_options(int block, PageSelectOptions select = {}) {
   o.k_bits = o.v_bits = 2;
   o.select = select;
   return o;
+}
+
+ThreadPool& serial() {
+  static ThreadPool pool(1);
+  return pool;
 }
 
 // Runs layer `layer` of one decode step whose plan is `plan` and returns the output.
@@ -196,7 +202,7 @@ TEST_CASE("selection with ratio 1 attends exactly as no selection", "[kv][select
     DecodeFixture f(shape, hack_options(16, so), 1100, {&data});
     AttentionPlan selected = f.plan;
     PageSelector selector(so);
-    selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size());
+    selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size(), serial());
     REQUIRE(!selected.selection_of(0, 0).empty());  // the selection path really ran
     REQUIRE(selected.selection_of(0, 1).size() == f.plan.segments_of(0).size());
     REQUIRE(selected.tasks.size() != f.plan.tasks.size());  // per-head tasks
@@ -233,7 +239,7 @@ TEST_CASE("a planted key page is selected, sinks, exact blocks and the newest pa
       DecodeFixture f(shape, hack_options(T, so), tokens, {&data});
       PageSelector selector(so);
       AttentionPlan selected = f.plan;
-      selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size());
+      selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size(), serial());
       const std::span<const PlanSegment> segs = selected.segments_of(0);
       INFO("score " << page_score_name(score) << " group " << group);
       for (int h = 0; h < H; ++h) {
@@ -284,8 +290,8 @@ TEST_CASE("a shared selection equals the per-layer one when adjacent layers agre
   REQUIRE((!s_shared.selects_in(1) && s_shared.selects_in(2) && !s_shared.selects_in(3) && s_shared.selects_in(4)));
   REQUIRE((s_own.selects_in(2) && s_own.selects_in(3)));
   AttentionPlan p_shared = f.plan, p_own = f.plan;
-  s_shared.select(f.cache, p_shared, PlanPolicy{}, 2, f.q.data(), f.q.size());
-  s_own.select(f.cache, p_own, PlanPolicy{}, 3, f.q.data(), f.q.size());
+  s_shared.select(f.cache, p_shared, PlanPolicy{}, 2, f.q.data(), f.q.size(), serial());
+  s_own.select(f.cache, p_own, PlanPolicy{}, 3, f.q.data(), f.q.size(), serial());
   REQUIRE(p_shared.selected == p_own.selected);
   REQUIRE(p_shared.selected.size() < f.plan.segments.size() * 2);  // something was left out
   const std::vector<float> x = run_layer(f.cache, p_shared, 3, f.q), y = run_layer(f.cache, p_own, 3, f.q);
@@ -363,7 +369,7 @@ TEST_CASE("a decode step with page selection allocates nothing", "[kv][select]")
       const AttentionPlan* run = &plan;
       if (!selector.dense(l)) {
         copy_plan(plan, selected);
-        selector.select(cache, selected, PlanPolicy{}, l, q.data(), q.size() / 2);
+        selector.select(cache, selected, PlanPolicy{}, l, q.data(), q.size() / 2, pool);
         run = &selected;
       }
       cache.run(*run, l, q.data(), q.size() / 2, out.data(), q.size() / 2, 0.1f, pool, ws);
@@ -379,4 +385,75 @@ TEST_CASE("a decode step with page selection allocates nothing", "[kv][select]")
   }
   REQUIRE(allocations == 0);
   REQUIRE(selector.stats().selected_tokens < 0.5 * selector.stats().context_tokens);
+}
+
+TEST_CASE("selections and their stats do not depend on the pool's thread count", "[kv][select]") {
+  const int dim = 64, group = 3, block = 16, H = 2, layers = 2;
+  const KvShape shape{layers, H, dim, group};
+  const KvStream a(1300, H, group, dim, 51), b(1300, H, group, dim, 52), c(1300, H, group, dim, 53);
+  for (const PageScore score : {PageScore::quest, PageScore::mpcache, PageScore::random, PageScore::streaming,
+                                PageScore::oracle})
+    for (const int group_pages : {1, 2}) {
+      PageSelectOptions so;
+      so.ratio = 0.15;
+      so.score = score;
+      so.group_pages = group_pages;
+      so.dense_layers = 0;
+      so.share_layers = 1;
+      so.seed = 7;
+      PagedKvCache cache(shape, hack_options(block, so));
+      // Two decode items and a prefill chunk (never selected) between them.
+      cache.add_sequence(0, 1300);
+      cache.add_sequence(1, 1300);
+      cache.add_sequence(2, 1300);
+      for (int l = 0; l < layers; ++l) {
+        cache.append(l, 0, 0, 1200, a.k_at(0), a.v_at(0));
+        cache.append(l, 1, 0, 300, b.k_at(0), b.v_at(0));
+        cache.append(l, 2, 0, 900, c.k_at(0), c.v_at(0));
+      }
+      const std::vector<PlanItem> items{{0, 1200, 1, 0}, {1, 300, 4, 1}, {2, 900, 1, 5}};
+      AttentionPlan plan;
+      cache.plan(items, PlanPolicy{}, plan);
+      for (int l = 0; l < layers; ++l) {
+        cache.append(l, 0, 1200, 1, a.k_at(1200), a.v_at(1200));
+        cache.append(l, 1, 300, 4, b.k_at(300), b.v_at(300));
+        cache.append(l, 2, 900, 1, c.k_at(900), c.v_at(900));
+      }
+      const size_t row = static_cast<size_t>(H * group * dim);
+      std::vector<float> q(6 * row);
+      std::memcpy(q.data(), a.q_at(1200), row * sizeof(float));
+      std::memcpy(q.data() + row, b.q_at(300), 4 * row * sizeof(float));
+      std::memcpy(q.data() + 5 * row, c.q_at(900), row * sizeof(float));
+      std::vector<AttentionPlan> got;
+      std::vector<PageSelectStats> stats;
+      for (const int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        PageSelector selector(so);
+        for (int l = 0; l < layers; ++l) {
+          AttentionPlan selected;
+          copy_plan(plan, selected);
+          selector.select(cache, selected, PlanPolicy{.workers = threads}, l, q.data(), row, pool);
+          if (threads == 1 && l == 0) {
+            REQUIRE(selected.selection_of(1, 0).empty());  // the prefill chunk is not selected
+            REQUIRE(selected.selection_of(0, 1).size() < selected.segments_of(0).size());
+            REQUIRE(selected.selection_of(2, 0).size() < selected.segments_of(2).size());
+          }
+          got.push_back(std::move(selected));
+        }
+        stats.push_back(selector.stats());
+      }
+      INFO("score " << page_score_name(score) << " group " << group_pages);
+      for (size_t t = 1; t < stats.size(); ++t) {
+        for (int l = 0; l < layers; ++l) {
+          const AttentionPlan& x = got[static_cast<size_t>(l)];
+          const AttentionPlan& y = got[t * layers + static_cast<size_t>(l)];
+          REQUIRE(x.selected == y.selected);
+          REQUIRE(x.selection_offsets == y.selection_offsets);
+        }
+        REQUIRE(stats[t].context_tokens == stats[0].context_tokens);
+        REQUIRE(stats[t].selected_tokens == stats[0].selected_tokens);
+        REQUIRE(stats[t].selections == stats[0].selections);
+      }
+      REQUIRE(stats[0].selections == 2 * H * layers);
+    }
 }
