@@ -142,9 +142,9 @@ TEST_CASE("header round trip and validation on arrival", "[kv][hack_page]") {
     REQUIRE_THROWS_WITH(HackPageLayout::from_page(page.data(), page.size()), Catch::Contains("version 1"));
   }
   SECTION("different V bit width") {
-    HackPageParams p = params_for(2, 64, 2, 64);
-    p.v_bits = 4;
-    const HackPageLayout other(p);
+    HackPageParams v4 = params_for(2, 64, 2, 64);
+    v4.v_bits = 4;
+    const HackPageLayout other(v4);
     REQUIRE(!(other == layout));
     std::vector<std::byte> page4(other.page_bytes());
     other.write_header(page4.data(), 0, 68, Rounding::nearest);
