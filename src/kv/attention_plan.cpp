@@ -111,6 +111,23 @@ bool uniform_dims(const AttentionPlan& plan, int layer) {
   return true;
 }
 
+// Cost weight of KV head h summed over the layers: Σ_l (k_dim + v_dim + 1).
+double head_weight(const AttentionPlan& plan, int h) {
+  double w = 0;
+  for (int l = 0; l < plan.num_layers; ++l) {
+    const size_t at = static_cast<size_t>(l * plan.num_kv_heads + h);
+    w += plan.k_dims[at] + plan.v_dims[at] + 1;
+  }
+  return w;
+}
+
+// Whether two layers give every head the same dims (then their tasks cost alike).
+bool same_dims(const AttentionPlan& plan, int a, int b) {
+  const size_t H = static_cast<size_t>(plan.num_kv_heads);
+  return std::equal(plan.k_dims.begin() + a * H, plan.k_dims.begin() + (a + 1) * H, plan.k_dims.begin() + b * H) &&
+         std::equal(plan.v_dims.begin() + a * H, plan.v_dims.begin() + (a + 1) * H, plan.v_dims.begin() + b * H);
+}
+
 }  // namespace
 
 double plan_task_cost(const AttentionPlan& plan, const PlanTask& task, int layer) {
@@ -157,6 +174,8 @@ void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
       all_head_tasks += std::max(1, (n + policy.split_segments - 1) / policy.split_segments);
     }
   const bool per_head_decode = policy.balance && all_head_tasks < policy.workers;
+  double mean_head_weight = 0;  // unequal heads: their row blocks in proportion to this
+  for (int h = 0; h < H && unequal_heads; ++h) mean_head_weight += head_weight(plan, h) / H;
   plan.tasks.clear();
   plan.state_floats = 0;
   plan.state_v_dim = v_dim;
@@ -209,15 +228,8 @@ void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
       // Heads of unequal dims (FDC) get row blocks in proportion to their cost (dims summed
       // over layers), so a task of any head costs about the same.
       if (unequal_heads) {
-        double weight = 0, mean = 0;
-        for (int l = 0; l < plan.num_layers; ++l)
-          for (int x = 0; x < H; ++x) {
-            const size_t at = static_cast<size_t>(l * H + x);
-            const double w = plan.k_dims[at] + plan.v_dims[at] + 1;
-            mean += w / H;
-            if (x == h) weight += w;
-          }
-        const int head_blocks = std::clamp(static_cast<int>(std::lround(blocks * weight / mean)), 1, it.n_tokens);
+        const double share = head_weight(plan, h) / mean_head_weight;
+        const int head_blocks = std::clamp(static_cast<int>(std::lround(blocks * share)), 1, it.n_tokens);
         equal_cost_rows(it.start_pos, it.n_tokens, head_blocks, cuts);
       }
       const double seen = sel.empty() ? 0 : segment_tokens(plan, item, sel, 0, n);  // a selection: what it reads
@@ -228,11 +240,16 @@ void build_plan_tasks(AttentionPlan& plan, const PlanPolicy& policy) {
       }
     }
   }
-  // Per layer: tasks longest first, equal costs in plan order (std::sort: a decode step allocates nothing).
+  // Per layer: tasks longest first, equal costs in plan order (std::sort: a decode step
+  // allocates nothing). A layer with the previous one's dims has its order (every layer, without FDC).
   const size_t T = plan.tasks.size();
   plan.order.resize(static_cast<size_t>(std::max(plan.num_layers, 1)) * T);
   for (int l = 0; l < std::max(plan.num_layers, 1); ++l) {
     int* ord = plan.order.data() + static_cast<size_t>(l) * T;
+    if (policy.balance && l > 0 && same_dims(plan, l, l - 1)) {
+      std::copy(ord - T, ord, ord);
+      continue;
+    }
     std::iota(ord, ord + T, 0);
     if (!policy.balance || plan.num_layers == 0) continue;
     std::sort(ord, ord + T, [&](int a, int b) {
