@@ -114,11 +114,8 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
 }
 
 std::string kv_format(const ModelRuntime& rt) {
-  std::string fdc = "none";
-  if (rt.model.fdc) {
-    // The ranks follow from the artifact and the removal rate.
-    fdc = fmt::format("{}@{}", rt.model.fdc->digest.substr(0, 16), rt.model.fdc->removal_rate);
-  }
+  // FdcRuntime::digest names the artifact and the ranks in use (a --fdc-rate re-cut included).
+  const std::string fdc = rt.model.fdc ? rt.model.fdc->digest.substr(0, 16) : "none";
   // Page selection changes which pages decode reads, never their bytes, and prefill never
   // selects: a prefill node pairs with decode nodes of any selection.
   KvCacheOptions bytes = rt.kv_options;

@@ -6,20 +6,6 @@
 
 namespace hack {
 
-namespace {
-
-// The FDC artifact and the ranks in use (the V ranks also change W_V, so the weights digest
-// differs too; Q/K ranks only show here).
-std::string fdc_fingerprint(const Model& model) {
-  if (!model.fdc) return "none";
-  std::string s = model.fdc->digest;
-  for (const FdcRanks& r : model.fdc->ranks) s += fmt::format(",{}.{}", r.d_qk, r.d_v);
-  return s;
-}
-
-}  // namespace
-
-
 KvFingerprint prefix_fingerprint(const Model& model, const std::string& device, const KvCacheOptions& kv,
                                  DType exact_dtype, BlockCodec codec) {
   const ModelConfig& c = model.config;
@@ -37,7 +23,7 @@ KvFingerprint prefix_fingerprint(const Model& model, const std::string& device, 
       .add("device", device)
       .add("kv.exact_dtype", dtype_name(exact_dtype))
       .add("kv.block_tokens", kv.block_tokens)
-      .add("fdc", fdc_fingerprint(model));
+      .add("fdc", model.fdc ? model.fdc->digest : "none");  // the artifact and the ranks in use (model/fdc.h)
   return f;
 }
 
