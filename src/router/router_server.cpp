@@ -296,9 +296,9 @@ struct RouterServer::Impl {
   Metrics metrics;
   std::atomic<int> running{0}, waiting{0};
 
-  std::mutex ucx_mutex;
+  std::mutex node_info_mutex;
   std::map<std::string, std::string> ucx_of;  // decode node name → its UCX address
-  std::map<std::string, std::string> prefill_format_of, decode_format_of;  // node name → KV format (ucx_mutex)
+  std::map<std::string, std::string> prefill_format_of, decode_format_of;  // node name → KV format (node_info_mutex)
   std::map<std::string, uint64_t> kv_bytes_seen;  // health thread only
 
   // Every client request runs on its own thread, owned here: the thread marks its entry
@@ -392,7 +392,7 @@ struct RouterServer::Impl {
       const NodeHealth h = fetch_health(node, timeout);
       HACK_CHECK(h.role == role, "node {} is a {} node, configured as {}", node.name, h.role, role);
       {
-        std::lock_guard lock(ucx_mutex);
+        std::lock_guard lock(node_info_mutex);
         if (h.role == std::string("decode")) ucx_of[node.name] = h.ucx_address;
         (h.role == std::string("decode") ? decode_format_of : prefill_format_of)[node.name] = h.kv_format;
       }
@@ -873,7 +873,7 @@ struct RouterServer::Impl {
     std::string format;
     std::set<std::string> other_format;
     {
-      std::lock_guard lock(ucx_mutex);
+      std::lock_guard lock(node_info_mutex);
       format = prefill_format_of[pl->node().name];
       for (const auto& [name, f] : decode_format_of)
         if (f != format) other_format.insert(name);
@@ -891,7 +891,7 @@ struct RouterServer::Impl {
     nodes.decode_node = nodes.decode.node();
     nodes.prefill_node = nodes.prefill.node();
     {
-      std::lock_guard lock(ucx_mutex);
+      std::lock_guard lock(node_info_mutex);
       nodes.decode_node.ucx_address = ucx_of[nodes.decode_node.name];
       nodes.decode_node.kv_format = decode_format_of[nodes.decode_node.name];
       nodes.prefill_node.kv_format = format;
