@@ -1,6 +1,7 @@
 #include "hack/core/thread_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace hack {
 
@@ -37,7 +38,12 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  fn(0, n_threads_);
+  try {
+    fn(0, n_threads_);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
   for (int spin = 0; spin < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++spin) {
   }
   if (pending_.load(std::memory_order_acquire) != 0) {
@@ -45,6 +51,12 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
     done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
   job_ = nullptr;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error = std::exchange(error_, nullptr);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -63,7 +75,12 @@ void ThreadPool::worker_loop(int index) {
       seen = generation_.load(std::memory_order_acquire);
       job = job_;
     }
-    (*job)(index, n_threads_);
+    try {
+      (*job)(index, n_threads_);
+    } catch (...) {  // handed to run()'s caller
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mutex_);
       done_.notify_one();

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <exception>
-#include <mutex>
 
 #include "hack/core/error.h"
 #include "hack/core/thread_pool.h"
@@ -258,37 +256,21 @@ void PageSelector::select(const PagedKvCache& kv, AttentionPlan& plan, const Pla
   cell_chosen_.reserve(plan.segments.capacity() * static_cast<size_t>(H));
   cell_chosen_.resize(static_cast<size_t>(cell_begin_[cells]));
 
-  // The cells, handed out one by one (each writes only its own slot and its worker's scratch).
+  // The cells, handed out one by one (each writes only its own slot and its worker's scratch);
+  // a failed check in any cell reaches the caller through the pool.
   std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  size_t error_cell = cells;
-  std::mutex error_mutex;
   pool.run([&](int thread, int) {
     Scratch& s = scratch_[static_cast<size_t>(thread)];
-    for (;;) {
-      const size_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= cells || failed.load(std::memory_order_relaxed)) return;
+    for (size_t c = next.fetch_add(1, std::memory_order_relaxed); c < cells; c = next.fetch_add(1, std::memory_order_relaxed)) {
       const int i = static_cast<int>(c / static_cast<size_t>(H)), h = static_cast<int>(c % static_cast<size_t>(H));
       cell_count_[c] = 0;
       cell_tokens_[c] = 0;
       if (plan.items[static_cast<size_t>(i)].n_tokens != 1) continue;
-      try {
-        cell_tokens_[c] = choose(kv, plan, i, h, layer, q, q_stride, s);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(error_mutex);
-        if (c < error_cell) {
-          error_cell = c;
-          error = std::current_exception();
-        }
-        failed.store(true, std::memory_order_relaxed);
-        return;
-      }
+      cell_tokens_[c] = choose(kv, plan, i, h, layer, q, q_stride, s);
       cell_count_[c] = static_cast<int>(s.chosen.size());
       std::copy(s.chosen.begin(), s.chosen.end(), cell_chosen_.begin() + cell_begin_[c]);
     }
   });
-  if (error) std::rethrow_exception(error);
 
   // Concatenated in (item, head) order, stats summed in that order.
   plan.selection_offsets.resize(cells + 1);

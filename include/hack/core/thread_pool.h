@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <type_traits>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -43,8 +44,9 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  /// Runs fn(thread_index, n_threads) once on every worker and waits for all.
-  /// Not reentrant: fn must not call run() on the same pool.
+  /// Runs fn(thread_index, n_threads) once on every worker and waits for all. An exception
+  /// fn throws on any thread is rethrown here once every thread is done (the first one caught
+  /// when several throw). Not reentrant: fn must not call run() on the same pool.
   void run(FunctionRef<void(int thread_index, int n_threads)> fn);
 
   /// Splits [0, n) into contiguous ranges, one per worker, and calls fn(begin, end).
@@ -62,6 +64,7 @@ class ThreadPool {
   std::condition_variable wake_;
   std::condition_variable done_;
   const FunctionRef<void(int, int)>* job_ = nullptr;
+  std::exception_ptr error_;  // the job's first exception (mutex_)
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   bool stopping_ = false;

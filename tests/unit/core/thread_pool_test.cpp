@@ -57,3 +57,20 @@ TEST_CASE("run gives each worker its own index", "[core][thread_pool]") {
     REQUIRE(n_seen[static_cast<size_t>(i)].load() == kThreads);
   }
 }
+
+TEST_CASE("an exception on any thread of run reaches the caller, and the pool keeps working", "[core][thread_pool]") {
+  ThreadPool pool(3);
+  for (int thrower = 0; thrower < 3; ++thrower) {
+    INFO("thread " << thrower << " throws");
+    std::atomic<int> ran{0};
+    REQUIRE_THROWS_WITH(pool.run([&](int index, int) {
+      ran.fetch_add(1);
+      if (index == thrower) throw std::runtime_error("boom from a worker");
+    }),
+                        "boom from a worker");
+    REQUIRE(ran.load() == 3);  // every thread ran before the exception was rethrown
+  }
+  std::atomic<int> ran{0};
+  pool.run([&](int, int) { ran.fetch_add(1); });
+  REQUIRE(ran.load() == 3);
+}
