@@ -680,12 +680,8 @@ void PagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float*
       for (int r = 0; r < t.n_rows; ++r) {
         const float* src = c.q + static_cast<size_t>(it.row + t.row_begin + r) * c.q_stride + static_cast<size_t>(h) * G * d;
         float* dst = qh + static_cast<size_t>(r) * G * kd;
-        if (kd == d) {
-          for (size_t i = 0; i < G * d; ++i) dst[i] = src[i] * c.scale;
-        } else {
-          for (size_t g = 0; g < G; ++g)
-            for (size_t i = 0; i < kd; ++i) dst[g * kd + i] = src[g * d + i] * c.scale;
-        }
+        for (size_t g = 0; g < G; ++g)
+          for (size_t i = 0; i < kd; ++i) dst[g * kd + i] = src[g * d + i] * c.scale;
       }
       rows[h - h0] = task_rows(c, t, h, qh);
       cpu::attention_rows_reset(rows[h - h0]);
