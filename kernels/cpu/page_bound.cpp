@@ -33,9 +33,7 @@ void page_bound_scalar(const PageBoundArgs& a, float* out) {
   const float beta = 1.0f - a.alpha;
   for (int b = 0; b < boxes; ++b) {
     const int p0 = b * a.span, p1 = std::min(a.n_pages, p0 + a.span);
-    float acc[64][16];  // per row (quest) or one (mpcache)
-    const int rows = a.linear ? 1 : a.rows;
-    for (int r = 0; r < rows; ++r) std::fill(acc[r], acc[r] + 16, 0.0f);
+    float acc[16] = {};
     for (int c = 0; c < a.k_dim; c += 16) {
       float lo[16], hi[16];
       for (int p = p0; p < p1; ++p) {
@@ -48,28 +46,30 @@ void page_bound_scalar(const PageBoundArgs& a, float* out) {
           hi[j] = p == p0 ? mx : (hi[j] > mx ? hi[j] : mx);  // as maxps(hi, mx)
         }
       }
-      if (a.linear) {
-        for (int j = 0; j < 16; ++j) {
-          const float m = std::fma(a.alpha, hi[j], beta * lo[j]);
-          acc[0][j] = std::fma(a.qsum[c + j], m, acc[0][j]);
-        }
-      } else {
-        for (int r = 0; r < rows; ++r) {
-          const float* q = a.q + static_cast<size_t>(r) * static_cast<size_t>(a.k_dim) + c;
-          for (int j = 0; j < 16; ++j) {
-            const float x = q[j] * hi[j], y = q[j] * lo[j];
-            acc[r][j] = acc[r][j] + (x > y ? x : y);  // as maxps(x, y)
-          }
+      for (int j = 0; j < 16; ++j) {
+        if (a.linear) {
+          acc[j] = std::fma(a.qsum[c + j], std::fma(a.alpha, hi[j], beta * lo[j]), acc[j]);
+        } else {
+          acc[j] = std::fma(a.qpos[c + j], hi[j], std::fma(a.qneg[c + j], lo[j], acc[j]));
         }
       }
     }
-    float s = 0;
-    for (int r = 0; r < rows; ++r) s = s + fold16(acc[r]);
-    out[b] = s;
+    out[b] = fold16(acc);
   }
 }
 
 }  // namespace detail
+
+void quest_split(const float* q, int rows, int k_dim, float* qpos, float* qneg) {
+  for (int d = 0; d < k_dim; ++d) qpos[d] = qneg[d] = 0.0f;
+  for (int r = 0; r < rows; ++r) {
+    const float* row = q + static_cast<size_t>(r) * static_cast<size_t>(k_dim);
+    for (int d = 0; d < k_dim; ++d) {
+      qpos[d] += std::max(row[d], 0.0f);
+      qneg[d] += std::min(row[d], 0.0f);
+    }
+  }
+}
 
 PageBoundFn page_bound_kernel(CpuIsa isa) {
   switch (isa) {

@@ -28,11 +28,9 @@ float fold16(__m256 lo, __m256 hi) {
 void page_bound_avx2(const PageBoundArgs& a, float* out) {
   const int boxes = (a.n_pages + a.span - 1) / a.span;
   const __m256 levels = _mm256_set1_ps(a.levels), alpha = _mm256_set1_ps(a.alpha), beta = _mm256_set1_ps(1.0f - a.alpha);
-  const int rows = a.linear ? 1 : a.rows;
   for (int b = 0; b < boxes; ++b) {
     const int p0 = b * a.span, p1 = std::min(a.n_pages, p0 + a.span);
-    __m256 acc[64][2];
-    for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int c = 0; c < a.k_dim; c += 16) {
       __m256 lo[2], hi[2];
       for (int p = p0; p < p1; ++p) {
@@ -48,18 +46,14 @@ void page_bound_avx2(const PageBoundArgs& a, float* out) {
       for (int h = 0; h < 2; ++h) {
         if (a.linear) {
           const __m256 m = _mm256_fmadd_ps(alpha, hi[h], _mm256_mul_ps(beta, lo[h]));
-          acc[0][h] = _mm256_fmadd_ps(_mm256_loadu_ps(a.qsum + c + 8 * h), m, acc[0][h]);
+          acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(a.qsum + c + 8 * h), m, acc[h]);
         } else {
-          for (int r = 0; r < rows; ++r) {
-            const __m256 q = _mm256_loadu_ps(a.q + static_cast<size_t>(r) * static_cast<size_t>(a.k_dim) + c + 8 * h);
-            acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_max_ps(_mm256_mul_ps(q, hi[h]), _mm256_mul_ps(q, lo[h])));
-          }
+          acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(a.qpos + c + 8 * h), hi[h],
+                                   _mm256_fmadd_ps(_mm256_loadu_ps(a.qneg + c + 8 * h), lo[h], acc[h]));
         }
       }
     }
-    float s = 0;
-    for (int r = 0; r < rows; ++r) s = s + fold16(acc[r][0], acc[r][1]);
-    out[b] = s;
+    out[b] = fold16(acc[0], acc[1]);
   }
 }
 

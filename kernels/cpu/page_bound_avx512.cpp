@@ -27,11 +27,9 @@ float fold16(__m512 v) {
 void page_bound_avx512(const PageBoundArgs& a, float* out) {
   const int boxes = (a.n_pages + a.span - 1) / a.span;
   const __m512 levels = _mm512_set1_ps(a.levels), alpha = _mm512_set1_ps(a.alpha), beta = _mm512_set1_ps(1.0f - a.alpha);
-  const int rows = a.linear ? 1 : a.rows;
   for (int b = 0; b < boxes; ++b) {
     const int p0 = b * a.span, p1 = std::min(a.n_pages, p0 + a.span);
-    __m512 acc[64];
-    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 acc = _mm512_setzero_ps();
     for (int c = 0; c < a.k_dim; c += 16) {
       __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
       for (int p = p0; p < p1; ++p) {
@@ -43,17 +41,12 @@ void page_bound_avx512(const PageBoundArgs& a, float* out) {
       }
       if (a.linear) {
         const __m512 m = _mm512_fmadd_ps(alpha, hi, _mm512_mul_ps(beta, lo));
-        acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a.qsum + c), m, acc[0]);
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.qsum + c), m, acc);
       } else {
-        for (int r = 0; r < rows; ++r) {
-          const __m512 q = _mm512_loadu_ps(a.q + static_cast<size_t>(r) * static_cast<size_t>(a.k_dim) + c);
-          acc[r] = _mm512_add_ps(acc[r], _mm512_max_ps(_mm512_mul_ps(q, hi), _mm512_mul_ps(q, lo)));
-        }
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.qpos + c), hi, _mm512_fmadd_ps(_mm512_loadu_ps(a.qneg + c), lo, acc));
       }
     }
-    float s = 0;
-    for (int r = 0; r < rows; ++r) s = s + fold16(acc[r]);
-    out[b] = s;
+    out[b] = fold16(acc);
   }
 }
 

@@ -164,8 +164,13 @@ int PageSelector::choose(const PagedKvCache& kv, const AttentionPlan& plan, int 
     args.levels = static_cast<float>((1 << layout.k_bits()) - 1);
     args.linear = options_.score == PageScore::mpcache;
     args.alpha = options_.alpha;
-    args.q = sc.q.data();
-    args.rows = G;
+    if (options_.score == PageScore::quest) {
+      sc.qpos.resize(static_cast<size_t>(kd));
+      sc.qneg.resize(static_cast<size_t>(kd));
+      cpu::quest_split(sc.q.data(), G, kd, sc.qpos.data(), sc.qneg.data());
+    }
+    args.qpos = sc.qpos.data();
+    args.qneg = sc.qneg.data();
     args.qsum = sc.qsum.data();
     const cpu::PageBoundFn score = cpu::page_bound_kernel(kv.isa());
     sc.order.clear();
@@ -227,7 +232,8 @@ void PageSelector::Scratch::reserve(size_t pages_n, size_t q_floats, size_t head
     pages.reserve(pages_n);
   }
   if (q.capacity() < q_floats) q.reserve(q_floats);
-  if (qsum.capacity() < head_dim) qsum.reserve(head_dim);
+  for (auto* v : {&qsum, &qpos, &qneg})
+    if (v->capacity() < head_dim) v->reserve(head_dim);
 }
 
 void PageSelector::select(const PagedKvCache& kv, AttentionPlan& plan, const PlanPolicy& policy, int layer,

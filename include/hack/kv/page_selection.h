@@ -103,6 +103,7 @@ class PageSelector {
     std::vector<const std::byte*> pages;  // [closed pages] of the item's layer
     std::vector<float> q;                 // [group][k_dim] the query group's rows
     std::vector<float> qsum;              // [k_dim] Σ of the rows
+    std::vector<float> qpos, qneg;        // [k_dim] Σ of the rows' positive / negative parts (quest)
     std::vector<float> scores;            // [candidate pages]
     std::vector<float> group_scores;      // [groups]
     std::vector<int> order;               // pages being ranked

@@ -103,10 +103,13 @@ TEST_CASE("the quest score bounds q·k over a page, exact and quantized, and a g
         a.k_scale_offset = layout.head(0).k_scale;
         a.k_dim = dim;
         a.levels = static_cast<float>((1 << bits) - 1);
-        a.rows = 1;
+        std::vector<float> qpos(static_cast<size_t>(dim)), qneg(static_cast<size_t>(dim));
+        a.qpos = qpos.data();
+        a.qneg = qneg.data();
         std::vector<float> deq(static_cast<size_t>(T * dim));
         for (int g = 0; g < G; ++g) {
-          a.q = q.data() + g * dim;
+          const float* qr = q.data() + g * dim;
+          cpu::quest_split(qr, 1, dim, qpos.data(), qneg.data());
           std::vector<float> bound(pages_n), envelope(2);
           cpu::page_bound_kernel(cpu_isa())(a, bound.data());
           a.span = 3;  // boxes {0, 1, 2} and {3, 4}
@@ -115,14 +118,14 @@ TEST_CASE("the quest score bounds q·k over a page, exact and quantized, and a g
           for (int p = 0; p < pages_n; ++p) {
             dequantize_k_block(layout, 0, pages[static_cast<size_t>(p)].data(), deq.data());
             double slack = 0;  // float rounding of the bound's terms
-            for (int c = 0; c < dim; ++c) slack += std::fabs(a.q[c]) * 1e-5 * (1 + std::fabs(deq[static_cast<size_t>(c)]));
+            for (int c = 0; c < dim; ++c) slack += std::fabs(qr[c]) * 1e-5 * (1 + std::fabs(deq[static_cast<size_t>(c)]));
             for (int t = 0; t < T; ++t)
               for (const std::vector<float>* keys : {&exact[static_cast<size_t>(p)], &deq}) {
                 // 2-bit nearest rounding clips K's range (hack_quantize_k), so the bound holds
                 // for what attention reads (the codes) but not for outliers of the exact K.
                 if (keys != &deq && bits == 2) continue;
                 double dot = 0;
-                for (int c = 0; c < dim; ++c) dot += static_cast<double>(a.q[c]) * (*keys)[static_cast<size_t>(t * dim + c)];
+                for (int c = 0; c < dim; ++c) dot += static_cast<double>(qr[c]) * (*keys)[static_cast<size_t>(t * dim + c)];
                 INFO("bits " << bits << " dim " << dim << " page " << p << " token " << t);
                 REQUIRE(dot <= bound[static_cast<size_t>(p)] + slack);
               }
@@ -133,8 +136,7 @@ TEST_CASE("the quest score bounds q·k over a page, exact and quantized, and a g
         std::vector<float> qsum(static_cast<size_t>(dim), 0.0f);
         for (int g = 0; g < G; ++g)
           for (int c = 0; c < dim; ++c) qsum[static_cast<size_t>(c)] += q[static_cast<size_t>(g * dim + c)];
-        a.q = q.data();
-        a.rows = G;
+        cpu::quest_split(q.data(), G, dim, qpos.data(), qneg.data());
         a.qsum = qsum.data();
         for (const bool linear : {false, true})
           for (const int span : {1, 2}) {
@@ -158,6 +160,21 @@ TEST_CASE("the quest score bounds q·k over a page, exact and quantized, and a g
                   ref += qsum[static_cast<size_t>(c)] * (0.6 * hi + 0.4 * lo);
                   mag += std::fabs(qsum[static_cast<size_t>(c)]) * (std::fabs(hi) + std::fabs(lo));
                 }
+                REQUIRE(std::fabs(want[static_cast<size_t>(p)] - ref) <= 1e-5 * mag);
+              }
+            }
+            if (!linear && span == 1) {  // quest over the whole group: Σ_r Σ_c max(q·hi, q·lo) in double
+              for (int p = 0; p < pages_n; ++p) {
+                const auto* mn = reinterpret_cast<const uint16_t*>(ptrs[static_cast<size_t>(p)] + a.k_min_offset);
+                const auto* sc = reinterpret_cast<const uint16_t*>(ptrs[static_cast<size_t>(p)] + a.k_scale_offset);
+                double ref = 0, mag = 0;
+                for (int g = 0; g < G; ++g)
+                  for (int c = 0; c < dim; ++c) {
+                    const double lo = bf16_to_f32(mn[c]), hi = lo + static_cast<double>(bf16_to_f32(sc[c])) * a.levels;
+                    const double x = q[static_cast<size_t>(g * dim + c)];
+                    ref += std::max(x * hi, x * lo);
+                    mag += std::fabs(x) * (std::fabs(hi) + std::fabs(lo));
+                  }
                 REQUIRE(std::fabs(want[static_cast<size_t>(p)] - ref) <= 1e-5 * mag);
               }
             }

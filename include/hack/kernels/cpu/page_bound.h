@@ -5,7 +5,9 @@
 /// query group:
 ///   quest:   Σ_r Σ_d max(q_rd·hi_d, q_rd·lo_d)   (≥ q_r·k for every dequantized k of the page —
 ///            what attention reads; 2-bit nearest rounding clips K's range, so an outlier of
-///            the exact K may exceed it)
+///            the exact K may exceed it), computed as Σ_d qpos_d·hi_d + qneg_d·lo_d with
+///            qpos = Σ_r max(q_r, 0), qneg = Σ_r min(q_r, 0) — equal since hi ≥ lo, and two
+///            fmas a channel whatever the group's size (quest_split)
 ///   mpcache: Σ_d qsum_d·(α·hi_d + (1 − α)·lo_d)  (the linearized similarity, qsum = Σ_r q_r)
 /// A box of several consecutive pages (a coarse group) is scored on the envelope of its
 /// pages' ranges (lo = min of lo, hi = max of hi), a bound of every page in it.
@@ -32,10 +34,13 @@ struct PageBoundArgs {
   float levels = 3;             ///< 2^k_bits − 1
   bool linear = false;          ///< mpcache (else quest)
   float alpha = 0.6f;           ///< mpcache's α
-  const float* q = nullptr;     ///< quest: [rows][k_dim] the query group's rows
-  int rows = 0;
+  const float* qpos = nullptr;  ///< quest: [k_dim] Σ_r max(q_r, 0) over the query group's rows
+  const float* qneg = nullptr;  ///< quest: [k_dim] Σ_r min(q_r, 0)
   const float* qsum = nullptr;  ///< mpcache: [k_dim] Σ of the rows
 };
+
+/// qpos/qneg of PageBoundArgs from a query group's rows q [rows][k_dim] (rows added in order).
+void quest_split(const float* q, int rows, int k_dim, float* qpos, float* qneg);
 
 /// out[b] = the score of box b, for the ceil(n_pages / span) boxes.
 using PageBoundFn = void (*)(const PageBoundArgs& args, float* out);
