@@ -266,27 +266,6 @@ std::vector<int> greedy(const Bench& b, const hack::Model& model, const hack::Kv
   return hack::generate(engine, 0, prompt, sp, b.eos_ids).tokens;
 }
 
-// Greedy continuation of prefix + question where the question goes through the decode path
-// one token at a time (so decode-time page selection reads it, as a chat turn would).
-std::vector<int> greedy_question_decode(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt,
-                                        std::span<const int> prefix, std::span<const int> question, int max_tokens) {
-  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
-  hack::Engine& engine = *e.engine;
-  engine.add_sequence(0, static_cast<int>(prefix.size() + question.size()) + max_tokens);
-  std::vector<float> logits;
-  engine.prefill(0, prefix, logits);
-  const int seq = 0;
-  for (size_t t = 0; t < question.size(); ++t) engine.decode(std::span<const int>(&seq, 1), question.subspan(t, 1), logits);
-  std::vector<int> out;
-  for (int i = 0; i < max_tokens; ++i) {
-    const int next = static_cast<int>(std::max_element(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(b.vocab)) - logits.begin());
-    out.push_back(next);
-    if (std::find(b.eos_ids.begin(), b.eos_ids.end(), next) != b.eos_ids.end() || i + 1 == max_tokens) break;
-    engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&next, 1), logits);
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- scoring and statistics
 
 struct PositionScore {
@@ -579,6 +558,55 @@ std::vector<int> passkey_prompt(const Bench& b, int bos, int length, double dept
   return out;
 }
 
+// For every row: prefill the prefix, feed the question through decode token by token (so
+// page selection sees it), then greedy max_tokens. Prefills once per group of rows that differ
+// only in their page selection (it acts in decode only, so the prefilled pages are the same): the group's prefilled
+// sequence is forked for each row and decoded by an engine whose backend selects with the
+// row's options.
+std::vector<std::vector<int>> question_decode_answers(const Bench& b, const std::vector<Config>& rows,
+                                                      std::span<const int> prefix, std::span<const int> question,
+                                                      int max_tokens) {
+  std::vector<std::vector<int>> answers(rows.size());
+  std::vector<bool> done(rows.size(), false);
+  const int total = static_cast<int>(prefix.size() + question.size()) + max_tokens;
+  const auto prefill_key = [&](const Config& c) {
+    hack::KvCacheOptions o = c.options;
+    o.select = {};
+    return hack::describe(o);
+  };
+  for (size_t first = 0; first < rows.size(); ++first) {
+    if (done[first]) continue;
+    const hack::Model& model = model_of(b, rows[first]);
+    hack::KvCacheOptions base = rows[first].options;
+    base.select = {};
+    hack::CpuEngine prefilled = hack::make_cpu_engine(model, b.pool, base, hack::EngineOptions{b.prefill_chunk});
+    prefilled.engine->add_sequence(0, total);
+    std::vector<float> logits;
+    prefilled.engine->prefill(0, prefix, logits);
+    hack::PagedKvCache& kv = *prefilled.kv;
+    for (size_t r = first; r < rows.size(); ++r) {
+      if (done[r] || &model_of(b, rows[r]) != &model || prefill_key(rows[r]) != prefill_key(rows[first])) continue;
+      kv.set_select_options(rows[r].options.select);
+      const std::unique_ptr<hack::Backend> backend = hack::make_cpu_backend(model, b.pool, kv);
+      hack::Engine engine(*backend, hack::EngineOptions{b.prefill_chunk});
+      const int seq = 1;
+      kv.fork_sequence(0, seq, static_cast<int>(prefix.size()), total);
+      engine.adopt_sequence(seq);
+      for (size_t t = 0; t < question.size(); ++t) engine.decode(std::span<const int>(&seq, 1), question.subspan(t, 1), logits);
+      for (int i = 0; i < max_tokens; ++i) {
+        const int next = static_cast<int>(
+            std::max_element(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(b.vocab)) - logits.begin());
+        answers[r].push_back(next);
+        if (std::find(b.eos_ids.begin(), b.eos_ids.end(), next) != b.eos_ids.end() || i + 1 == max_tokens) break;
+        engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&next, 1), logits);
+      }
+      engine.remove_sequence(seq);
+      done[r] = true;
+    }
+  }
+  return answers;
+}
+
 void run_passkey(const Bench& b, const Output& out, const std::vector<Config>& configs, int bos,
                  const std::vector<int>& lengths, const std::vector<double>& depths, int keys) {
   std::vector<Config> rows{{"fp32 (reference)", reference_options()}};
@@ -595,11 +623,12 @@ void run_passkey(const Bench& b, const Output& out, const std::vector<Config>& c
         size_t q_tokens = 0;
         const std::vector<int> prompt = passkey_prompt(b, bos, lengths[li], depth, key, &q_tokens);
         const std::span<const int> all(prompt);
+        const std::vector<std::vector<int>> answers =
+            b.question_decode ? question_decode_answers(b, rows, all.first(all.size() - q_tokens), all.last(q_tokens), 8)
+                              : std::vector<std::vector<int>>{};
         for (size_t r = 0; r < rows.size(); ++r) {
           const std::vector<int> ids =
-              b.question_decode ? greedy_question_decode(b, model_of(b, rows[r]), rows[r].options,
-                                                         all.first(all.size() - q_tokens), all.last(q_tokens), 8)
-                                : greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8);
+              b.question_decode ? answers[r] : greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8);
           const std::string answer = b.tok.decode(ids, true);
           hits[r][li] += answer.find(key) != std::string::npos;
         }

@@ -62,6 +62,16 @@ std::string describe(const KvCacheOptions& o) {
   return s;
 }
 
+namespace {
+
+void check_select(const PageSelectOptions& select, KvMode mode) {
+  validate(select);
+  HACK_CHECK(!select.enabled() || mode == KvMode::hack,
+             "--kv-select-ratio / --kv-select-tokens need --kv hack (page selection reads HACK pages' K ranges)");
+}
+
+}  // namespace
+
 PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
     : shape_(shape),
       options_(options),
@@ -72,9 +82,7 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
              shape.num_kv_heads, shape.head_dim, shape.group_size);
   HACK_CHECK(options.block_tokens >= 16 && options.block_tokens % 16 == 0 && options.block_tokens <= 4096,
              "--hack-block must be a multiple of 16 in [16, 4096], got {}", options.block_tokens);
-  validate(options.select);
-  HACK_CHECK(!options.select.enabled() || options.mode == KvMode::hack,
-             "--kv-select-ratio / --kv-select-tokens need --kv hack (page selection reads HACK pages' K ranges)");
+  check_select(options.select, options.mode);
   const size_t H = static_cast<size_t>(shape.num_kv_heads);
   const size_t T = static_cast<size_t>(options.block_tokens);
   const size_t dims = static_cast<size_t>(shape.num_layers) * H;
@@ -746,6 +754,11 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
       run_task(c, order != nullptr ? static_cast<size_t>(order[i]) : i, qs, qs + q_floats);
   });
   merge_splits(c);
+}
+
+void PagedKvCache::set_select_options(const PageSelectOptions& select) {
+  check_select(select, options_.mode);
+  options_.select = select;
 }
 
 void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {

@@ -153,6 +153,10 @@ class PagedKvCache final : public KvCache {
   void end_prefill(int seq_id) override;
 
   const KvCacheOptions& options() const { return options_; }
+  /// Replaces the page-selection options; a backend built afterwards selects with them. The
+  /// stored pages do not depend on them, so one prefilled sequence (forked) can be decoded
+  /// under several selections (the fidelity bench's passkey rows share one prefill).
+  void set_select_options(const PageSelectOptions& select);
   /// Layout of one layer's HACK pages (hack mode; layers differ under a bit allocation).
   const HackPageLayout& hack_layout(int layer = 0) const { return layouts_[static_cast<size_t>(layer)]; }
   /// K/V code bits of a layer (hack mode).
