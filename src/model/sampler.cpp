@@ -316,7 +316,14 @@ bool Sampler::is_stop_token(int token, std::span<const int> eos_ids) const {
   return !params_.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
 }
 
-std::string_view finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }
+std::string_view finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::tool_calls: return "tool_calls";
+  }
+  return "stop";
+}
 
 void suppress_ending_tokens(std::span<float> logits, const SamplingParams& params, std::span<const int> eos_ids,
                             int generated) {

@@ -58,8 +58,9 @@ double uniform_for_step(uint64_t seed, uint64_t step);
 /// samples token 0, decode records it (record_token) and samples tokens 1, 2, ... with the
 /// same seed, drawing exactly what one process would have drawn.
 /// Why generation ended.
-enum class FinishReason { stop, length };
-/// "stop" | "length", as the OpenAI API names them.
+enum class FinishReason { stop, length, tool_calls };
+/// "stop" | "length" | "tool_calls", as the OpenAI API names them. Nodes only report stop and
+/// length; the router turns stop into tool_calls when it parsed tool calls from the text.
 std::string_view finish_reason_name(FinishReason reason);
 
 /// min_tokens (HF min_new_tokens, vLLM min_tokens): while fewer than params.min_tokens
