@@ -458,7 +458,6 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
     if (seen.chat_logprobs.value_or(false)) r.logprobs = seen.top_logprobs.value_or(0);
   } else {
     if (seen.best_of && *seen.best_of != r.n) reject("best_of", "best_of is not supported unless it equals n");
-    if (r.echo && r.logprobs >= 0) reject("echo", "echo with logprobs (prompt logprobs) is not supported");
   }
   if (seen.min_tokens && r.max_tokens && r.min_tokens > *r.max_tokens) {
     reject("min_tokens", fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}", *r.max_tokens,
@@ -496,14 +495,19 @@ Json completion_logprobs(const std::vector<PositionLogprobs>& tokens, size_t tex
               {"text_offset", Json::array()}};
   for (const PositionLogprobs& t : tokens) {
     out["tokens"].push_back(t.token);
+    out["text_offset"].push_back(text_offset);
+    text_offset += count_code_points(t.token);
+    if (t.none) {
+      out["token_logprobs"].push_back(nullptr);
+      out["top_logprobs"].push_back(nullptr);
+      continue;
+    }
     out["token_logprobs"].push_back(finite_logprob(t.logprob));
     Json top = Json::object();
     for (const TopLogprob& alt : t.top) {
       if (!top.contains(alt.token)) top[alt.token] = finite_logprob(alt.logprob);
     }
     out["top_logprobs"].push_back(std::move(top));
-    out["text_offset"].push_back(text_offset);
-    text_offset += count_code_points(t.token);
   }
   return out;
 }
@@ -623,6 +627,8 @@ SamplingParams to_sampling_params(const CompletionRequest& r, int max_tokens, co
   p.logit_bias = r.logit_bias;
   p.ignore_eos = r.ignore_eos;
   p.logprobs = r.logprobs;
+  // echo with logprobs: the prompt's own logprobs too, from the prefill.
+  if (r.endpoint == Endpoint::kCompletions && r.echo && r.logprobs >= 0) p.prompt_logprobs = r.logprobs;
   return p;
 }
 

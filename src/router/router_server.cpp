@@ -209,6 +209,16 @@ class ChoiceStream {
 
   // Text goes in one chunk and tool-call pieces in the next (a delta holds one or the
   // other, as OpenAI sends them); logprobs and the finish reason ride on the last.
+  // The echoed prompt's logprobs, after its text: offsets from 0, as the whole response's,
+  // counted over the tokens' text (a BOS token's text is not in the echoed prompt).
+  void send_prompt_logprobs(std::vector<PositionLogprobs> lps) {
+    if (!res_) return;
+    offset_ = 0;
+    for (const PositionLogprobs& l : lps) offset_ += count_code_points(l.token);
+    ChoiceDelta d{index_, "", std::move(lps), std::nullopt, 0};
+    res_->send_event(completion_chunk(meta_, d));
+  }
+
   void send(std::string text, std::optional<std::vector<PositionLogprobs>> lps, std::optional<FinishReason> finish,
             std::vector<ToolCallDelta> calls = {}) {
     if (!res_) return;
@@ -849,7 +859,8 @@ struct RouterServer::Impl {
     }
     const std::string body =
         r.endpoint == Endpoint::kCompletions
-            ? completion_response(req.meta, choices, usage, r.echo ? count_code_points(req.prompt_text) : 0)
+            ? completion_response(req.meta, choices, usage,
+                                  r.echo && req.params.prompt_logprobs < 0 ? count_code_points(req.prompt_text) : 0)
             : chat_completion_response(req.meta, choices, usage);
     res.send(200, "application/json", body);
   }
@@ -967,6 +978,7 @@ struct RouterServer::Impl {
     }
     if (e.kind != NodeEventKind::token) return true;
     count_token(run, a);
+    if (!e.prompt_logprobs.empty()) relay_prompt_logprobs(run, e.prompt_logprobs);
     return relay_token(run, a, e.sample);
   }
 
@@ -984,6 +996,20 @@ struct RouterServer::Impl {
     metrics.add_generation_tokens(1);
     a.nodes.decode.set_tokens(static_cast<int64_t>(run.req.prompt.size()) + run.params.max_tokens -
                               run.out.completion_tokens);
+  }
+
+  // echo's logprobs (the prompt's, first token null): a chunk after the echoed text, or the
+  // head of the whole response's list.
+  void relay_prompt_logprobs(ChoiceRun& run, const std::vector<SampleResult>& samples) {
+    std::vector<PositionLogprobs> lps;
+    lps.reserve(samples.size() + 1);
+    lps.push_back(PositionLogprobs{tokenizer.decode(std::span<const int>(run.req.prompt).first(1), false), 0.0f, {}, true});
+    for (const SampleResult& s : samples) lps.push_back(logprob_entry(s));
+    if (run.stream.streaming()) {
+      run.stream.send_prompt_logprobs(std::move(lps));
+    } else if (run.out.choice.logprobs) {
+      run.out.choice.logprobs->insert(run.out.choice.logprobs->begin(), lps.begin(), lps.end());
+    }
   }
 
   // A token's text and logprobs: sent as a chunk, or kept for the whole response. False once

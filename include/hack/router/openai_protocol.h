@@ -167,6 +167,7 @@ struct PositionLogprobs {
   std::string token;
   float logprob = 0.0f;
   std::vector<TopLogprob> top;
+  bool none = false;  ///< the prompt's first token (echo): logprob and top_logprobs are null
 };
 
 struct Usage {
@@ -184,7 +185,8 @@ struct Choice {
 };
 
 /// text_completion body. With logprobs, text_offset counts code points from the start of
-/// `text` (plus `text_offset_base`, e.g. the echoed prompt's length).
+/// `text` (plus `text_offset_base`, e.g. the echoed prompt's length when its tokens have no
+/// logprobs; 0 when echo's logprobs start the list).
 std::string completion_response(const ResponseMeta& meta, std::span<const Choice> choices, const Usage& usage,
                                 size_t text_offset_base = 0);
 /// chat.completion body: choices[{index, message{role: "assistant", content, tool_calls}, logprobs,

@@ -86,6 +86,10 @@ TEST_CASE("completions: prompt forms") {
   CHECK(*parse_ok(R"({"prompt":[[5,6]]})", kCmpl).prompt_token_ids == std::vector<int>{5, 6});
   CHECK(*parse_ok(R"({"prompt":""})", kCmpl).prompt_text == "");
   CHECK(parse_ok(R"({"prompt":"x","echo":true})", kCmpl).echo);
+  // echo with logprobs asks the prefill for the prompt's logprobs (with as many alternatives).
+  CHECK(to_sampling_params(parse_ok(R"({"prompt":"x","echo":true,"logprobs":2})", kCmpl), 5).prompt_logprobs == 2);
+  CHECK(to_sampling_params(parse_ok(R"({"prompt":"x","echo":true})", kCmpl), 5).prompt_logprobs == -1);
+  CHECK(to_sampling_params(parse_ok(R"({"prompt":"x","logprobs":2})", kCmpl), 5).prompt_logprobs == -1);
   // 5.0 is an integer to pydantic, so to vLLM.
   CHECK(*parse_ok(R"({"prompt":[5.0]})", kCmpl).prompt_token_ids == std::vector<int>{5});
 }
@@ -242,7 +246,6 @@ TEST_CASE("malformed requests: status and param of each") {
       {kCmpl, R"({"prompt":"x","logprobs":21})", 400, "logprobs", "at most 20"},
       {kCmpl, R"({"prompt":"x","logprobs":-1})", 400, "logprobs", "at least 0"},
       {kCmpl, R"({"prompt":"x","logprobs":true})", 400, "logprobs", "integer"},
-      {kCmpl, R"({"prompt":"x","logprobs":1,"echo":true})", 400, "echo", "not supported"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", 400, "logprobs", "boolean"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", 400, "top_logprobs",
        "`logprobs` must be set to true"},

@@ -88,6 +88,12 @@ class FakeNode {
       const PrefillCall call = parse_prefill_call(req.body);
       PrefillReply reply;
       reply.first.sample.token = call.prompt.back();
+      // Asked for prompt logprobs: token i gets -i / 8 (exact in binary), one alternative.
+      if (call.params.prompt_logprobs >= 0) {
+        for (size_t i = 1; i < call.prompt.size(); ++i) {
+          reply.prompt_logprobs.push_back(hack::SampleResult{call.prompt[i], -static_cast<float>(i) / 8, {{7, -0.125f}}});
+        }
+      }
       res->send(200, "application/json", to_json(reply));
     } else if (req.path == "/internal/generate") {
       GenerateJob job = parse_generate_job(req.body);
@@ -406,6 +412,27 @@ TEST_CASE("streamed and whole completions through the router carry the same text
     CHECK(whole.offsets.back() + whole.tokens.back().size() == generated.size());  // ASCII: code points = bytes
     CHECK(streamed.tokens == whole.tokens);
     CHECK(streamed.offsets == whole.offsets);
+  }
+  SECTION("echo with logprobs: the prompt's logprobs first, its first token null") {
+    body["echo"] = true;
+    body["logprobs"] = 1;
+    const HttpResponse r = http_request(completion_request(router.port(), body.dump()));
+    REQUIRE(r.status == 200);
+    const nlohmann::json lp = nlohmann::json::parse(r.body)["choices"][0]["logprobs"];
+    const size_t n_prompt = hack::Tokenizer::load(model_dir()).encode(prompt, true).size();
+    REQUIRE(lp["tokens"].size() == n_prompt + kTokens);
+    CHECK(lp["token_logprobs"][0].is_null());
+    CHECK(lp["top_logprobs"][0].is_null());
+    CHECK(lp["token_logprobs"][1] == -0.125);
+    CHECK(lp["token_logprobs"][n_prompt - 1] == -static_cast<double>(n_prompt - 1) / 8);
+    CHECK(lp["text_offset"][0] == 0);
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == prompt + generated);
+    CHECK(streamed.text == whole.text);
+    CHECK(streamed.tokens == whole.tokens);
+    CHECK(streamed.offsets == whole.offsets);
+    // Generated offsets continue after the prompt tokens' text (BOS included, as vLLM counts).
+    CHECK(whole.offsets[n_prompt] == whole.offsets[n_prompt - 1] + whole.tokens[n_prompt - 1].size());
   }
   SECTION("a stop string") {
     const std::string stop = generated.substr(generated.size() / 2, 3);
