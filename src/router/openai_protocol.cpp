@@ -367,6 +367,8 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
       r.tools = read_tools(v);
     } else if (key == "tool_choice" && chat) {
       read_tool_choice(v, r);
+    } else if ((key == "functions" || key == "function_call") && chat) {
+      reject(key, fmt::format("{} is deprecated and not supported: use tools and tool_choice", key));
     } else if (key == "parallel_tool_calls" && chat) {
       read_bool(v, key);
     } else if (key == "chat_template_kwargs" && chat) {

@@ -295,6 +295,8 @@ TEST_CASE("malformed requests: status and param of each") {
        "must be {"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"any"})", 400, "tool_choice", "got 'any'"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":3})", 400, "tool_choice", "string or an object"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", 400, "functions", "use tools"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"function_call":"auto"})", 400, "function_call", "use tools"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", 400,
        "response_format", "only"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", 400, "chat_template_kwargs",
