@@ -95,7 +95,7 @@ TEST_CASE("tool calls: hermes calls between text, every split") {
   check_every_split(ToolParserKind::hermes, text);
 }
 
-TEST_CASE("tool calls: hermes text without calls passes through; a partial marker is held, then released") {
+TEST_CASE("tool calls: hermes text without calls passes through, a partial marker is held then released") {
   ToolCallParser p(ToolParserKind::hermes);
   CHECK(p.feed("a < b and <tool").content == "a < b and ");
   CHECK(p.feed("box>").content == "<toolbox>");
@@ -141,7 +141,7 @@ TEST_CASE("tool calls: malformed or nameless hermes calls come back as content")
   check_every_split(ToolParserKind::hermes, "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"k\\\": 1}\"}</tool_call>");
 }
 
-TEST_CASE("tool calls: an unfinished call keeps what was sent; an unnamed one is content") {
+TEST_CASE("tool calls: an unfinished call keeps what was sent, an unnamed one is content") {
   Assembled a = parse_whole(ToolParserKind::hermes, "hi <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2");
   CHECK(a.content == "hi ");
   REQUIRE(a.calls.size() == 1);
@@ -151,7 +151,7 @@ TEST_CASE("tool calls: an unfinished call keeps what was sent; an unnamed one is
   CHECK(a.content == "hi <tool_call>{\"argu");
 }
 
-TEST_CASE("tool calls: llama3_json, with and without <|python_tag|>, several separated by ;") {
+TEST_CASE("tool calls: llama3_json, with and without <|python_tag|>, several separated by semicolons") {
   const std::string text =
       "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; "
       "{\"name\": \"time\", \"parameters\": {}}";
