@@ -75,6 +75,8 @@ void SamplingParams::validate(int vocab_size) const {
     HACK_CHECK(id >= 0 && id < vocab_size, "stop_token_ids: token {} is outside the vocabulary [0, {})", id, vocab_size);
   }
   HACK_CHECK(logprobs >= -1 && logprobs <= vocab_size, "logprobs must be in [-1, {}], got {}", vocab_size, logprobs);
+  HACK_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= vocab_size, "prompt_logprobs must be in [-1, {}], got {}",
+             vocab_size, prompt_logprobs);
   for (const auto& [id, bias] : logit_bias) {
     HACK_CHECK(id >= 0 && id < vocab_size, "logit_bias: token {} is outside the vocabulary [0, {})", id, vocab_size);
     HACK_CHECK(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f,
@@ -309,6 +311,43 @@ void Sampler::fill_logprobs(SampleResult& result) {
   }
 }
 
+std::vector<SampleResult> prompt_logprobs(std::span<const float> logits, std::span<const int> tokens, int vocab_size,
+                                          int top_k) {
+  const auto vocab = static_cast<size_t>(vocab_size);
+  HACK_CHECK(logits.size() == tokens.size() * vocab, "prompt_logprobs: {} logits for {} tokens of vocabulary {}",
+             logits.size(), tokens.size(), vocab);
+  std::vector<SampleResult> out;
+  if (tokens.size() < 2) return out;
+  out.reserve(tokens.size() - 1);
+  const size_t k = std::min(static_cast<size_t>(std::max(top_k, 0)), vocab);
+  std::vector<int> order(vocab);
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    const std::span<const float> row = logits.subspan((i - 1) * vocab, vocab);
+    const float max_raw = *std::max_element(row.begin(), row.end());
+    double sum = 0;
+    for (float l : row) sum += std::exp(l - max_raw);
+    const double log_z = static_cast<double>(max_raw) + std::log(sum);
+    SampleResult r;
+    r.token = tokens[i];
+    HACK_CHECK(r.token >= 0 && static_cast<size_t>(r.token) < vocab, "prompt_logprobs: token {} out of vocabulary", r.token);
+    r.logprob = static_cast<float>(static_cast<double>(row[static_cast<size_t>(r.token)]) - log_z);
+    if (k > 0) {
+      for (size_t t = 0; t < vocab; ++t) order[t] = static_cast<int>(t);
+      // Best first; equal logits by lower id, so the order is deterministic.
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), [&](int a, int b) {
+        const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
+        return la != lb ? la > lb : a < b;
+      });
+      for (size_t j = 0; j < k; ++j) {
+        r.top_logprobs.push_back(
+            {order[j], static_cast<float>(static_cast<double>(row[static_cast<size_t>(order[j])]) - log_z)});
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 bool Sampler::is_stop_token(int token, std::span<const int> eos_ids) const {
   if (std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(), token) != params_.stop_token_ids.end()) {
     return true;
@@ -316,7 +355,14 @@ bool Sampler::is_stop_token(int token, std::span<const int> eos_ids) const {
   return !params_.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
 }
 
-std::string_view finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }
+std::string_view finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::tool_calls: return "tool_calls";
+  }
+  return "stop";
+}
 
 void suppress_ending_tokens(std::span<float> logits, const SamplingParams& params, std::span<const int> eos_ids,
                             int generated) {

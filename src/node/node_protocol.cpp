@@ -72,6 +72,7 @@ json sampling_json(const SamplingParams& p) {
             {"logprobs", p.logprobs}};
   if (p.seed) j["seed"] = *p.seed;
   if (!p.logit_bias.empty()) j["logit_bias"] = p.logit_bias;  // [[token, bias], ...]
+  if (p.prompt_logprobs >= 0) j["prompt_logprobs"] = p.prompt_logprobs;
   return j;
 }
 
@@ -91,6 +92,8 @@ SamplingParams sampling_from(const json& j, std::string_view what) {
   p.ignore_eos = field_or<bool>(j, what, "ignore_eos", false);
   p.logprobs = field_or<int>(j, what, "logprobs", -1);
   p.logit_bias = field_or<std::vector<std::pair<int, float>>>(j, what, "logit_bias", {});
+  p.prompt_logprobs = field_or<int>(j, what, "prompt_logprobs", -1);
+  HACK_CHECK(p.prompt_logprobs >= -1, "{}: 'prompt_logprobs' must be -1 or more", what);
   if (j.contains("seed") && !j["seed"].is_null()) p.seed = field<uint64_t>(j, what, "seed");
   return p;
 }
@@ -154,6 +157,11 @@ std::string to_json(const PrefillReply& reply) {
   j["kv_bytes"] = reply.kv_bytes;
   j["prefill_s"] = reply.prefill_s;
   j["total_s"] = reply.total_s;
+  if (!reply.prompt_logprobs.empty()) {
+    json lps = json::array();
+    for (const SampleResult& s : reply.prompt_logprobs) lps.push_back(sample_json(s));
+    j["prompt_logprobs"] = std::move(lps);
+  }
   return j.dump();
 }
 
@@ -244,6 +252,13 @@ PrefillReply parse_prefill_reply(std::string_view text) {
   r.kv_bytes = field_or<uint64_t>(j, what, "kv_bytes", 0);
   r.prefill_s = field_or<double>(j, what, "prefill_s", 0);
   r.total_s = field_or<double>(j, what, "total_s", 0);
+  if (auto it = j.find("prompt_logprobs"); it != j.end() && !it->is_null()) {
+    HACK_CHECK(it->is_array(), "{}: field 'prompt_logprobs' must be an array", what);
+    for (const json& s : *it) {
+      HACK_CHECK(s.is_object(), "{}: prompt_logprobs entries must be objects", what);
+      r.prompt_logprobs.push_back(parse_sample(s, what));
+    }
+  }
   return r;
 }
 

@@ -201,6 +201,7 @@ struct PrefillServer::Impl {
           metrics.add_prefix_cache_misses(static_cast<uint64_t>(std::max(0, full - r->prefix.local_blocks - r->prefix.vault_blocks)));
         }
         PrefillReply reply{FirstToken{r->first, r->seed}, r->kv_bytes, r->timings.prefill_s, r->timings.total_s};
+        reply.prompt_logprobs = std::move(r->prompt_logprobs);
         res->send(200, "application/json", to_json(reply));
       } else {
         const Status& error = std::get<Status>(outcome);

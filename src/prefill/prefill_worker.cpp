@@ -209,6 +209,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
       const int block = options_.kv.block_tokens, chunk = options_.engine.prefill_chunk_tokens;
       const int align_blocks = options_.prefix_cache->whole_chunks ? std::lcm(block, chunk) / block : 1;
       restorable = restorable / align_blocks * align_blocks;
+      if (job.sampling.prompt_logprobs >= 0) restorable = 0;  // every position's logits are wanted
       kv_->begin_prefill(seq);
       PrefixRestoreResult rr =
           prefix_->restore(*kv_, seq, std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable)));
@@ -217,9 +218,10 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
       prefix_->begin_capture(keys, restored / options_.kv.block_tokens, static_cast<int>(keys.size()));
       result.prefix = std::move(rr);
     }
-    std::vector<float> logits;
+    std::vector<float> logits;  // [vocab], or [prompt][vocab] when prompt logprobs are wanted
+    const bool all_logits = job.sampling.prompt_logprobs >= 0;
     const std::span<const int> compute = std::span<const int>(job.tokens).subspan(static_cast<size_t>(restored));
-    engine_->prefill(seq, compute, logits, false, [&](int layer, bool last_chunk) {
+    engine_->prefill(seq, compute, logits, all_logits, [&](int layer, bool last_chunk) {
       if (cancel_running_) fail("request {} was cancelled", id);
       const auto l = static_cast<uint32_t>(layer);
       // Before the export: its final call quantizes the layer's blocks (hack mode).
@@ -242,8 +244,12 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     });
     const double t_prefilled = monotonic_s();
 
+    if (all_logits) {
+      result.prompt_logprobs =
+          prompt_logprobs(logits, job.tokens, static_cast<int>(vocab), job.sampling.prompt_logprobs);
+    }
     // The first token, as generate() samples it.
-    const std::span<float> row(logits.data(), vocab);
+    const std::span<float> row(logits.data() + (all_logits ? (job.tokens.size() - 1) * vocab : 0), vocab);
     suppress_ending_tokens(row, job.sampling, job.eos_ids, 0);
     result.first = sampler.sample(row);
     result.seed = sampler.seed();

@@ -77,6 +77,20 @@ void DisaggregatedCall::start_prefill() {
   });
 }
 
+// The prefill node answers once its KV has left, so by the first token its reply is at most
+// a moment away; the token waits for it (only requests asking for prompt logprobs do).
+void DisaggregatedCall::attach_prompt_logprobs(NodeEvent& first) {
+  std::unique_lock lock(mutex_);
+  prefill_cv_.wait_for(lock, std::chrono::duration<double>(options_.timeout_s),
+                       [&] { return prefill_done_ || cancelled_; });
+  HACK_CHECK(prefill_done_ && prefill_error_.empty(), "request {}: no prompt logprobs: {}", job_.request_id,
+             prefill_done_ ? prefill_error_ : "the prefill node did not answer");
+  HACK_CHECK(prefill_reply_.prompt_logprobs.size() + 1 == job_.prompt.size(),
+             "request {}: the prefill node sent {} prompt logprobs for a prompt of {} tokens", job_.request_id,
+             prefill_reply_.prompt_logprobs.size(), job_.prompt.size());
+  first.prompt_logprobs = prefill_reply_.prompt_logprobs;
+}
+
 void DisaggregatedCall::cancel_prefill() {
   {
     std::lock_guard lock(mutex_);
@@ -110,6 +124,7 @@ GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&
               on_event(e);
               return true;
             case NodeEventKind::token:
+              if (!out.started && job_.params.prompt_logprobs >= 0) attach_prompt_logprobs(e);
               out.started = true;
               ++out.completion_tokens;
               if (!on_event(e)) {

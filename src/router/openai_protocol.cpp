@@ -282,6 +282,31 @@ Json read_tools(const Json& v) {
   return v;
 }
 
+// "none" | "auto"; "required" and {"type": "function", "function": {"name"}} are valid
+// requests this server cannot honour yet: forcing a call needs grammar-constrained decoding.
+void read_tool_choice(const Json& v, CompletionRequest& r) {
+  const std::string name = "tool_choice";
+  if (v.is_string()) {
+    const std::string c = v.get<std::string>();
+    if (c == "none" || c == "auto") {
+      r.tool_choice_none = c == "none";
+      return;
+    }
+    if (c == "required") reject(name, "tool_choice 'required' needs grammar support: not yet wired");
+    reject(name, fmt::format("tool_choice must be \"none\", \"auto\", \"required\" or a named function, got '{}'", c));
+  }
+  if (v.is_object()) {
+    const auto fn = v.find("function");
+    if (v.value("type", std::string()) != "function" || fn == v.end() || !fn->is_object() ||
+        !fn->contains("name") || !(*fn)["name"].is_string()) {
+      reject(name, "tool_choice as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    reject(name, fmt::format("tool_choice naming function '{}' needs grammar support: not yet wired",
+                             (*fn)["name"].get<std::string>()));
+  }
+  reject(name, fmt::format("tool_choice must be a string or an object, got {}", type_name(v)));
+}
+
 void read_stream_options(const Json& v, CompletionRequest& r) {
   if (!v.is_object()) reject("stream_options", fmt::format("stream_options must be an object, got {}", type_name(v)));
   for (const auto& [key, x] : v.items()) {
@@ -341,10 +366,9 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
     } else if (key == "tools" && chat) {
       r.tools = read_tools(v);
     } else if (key == "tool_choice" && chat) {
-      // Tools are rendered into the prompt; tool calls are not parsed out of the output.
-      if (!v.is_string() || (v != "none" && v != "auto")) {
-        reject(key, "tool_choice must be \"none\" or \"auto\"; forced tool calls are not supported");
-      }
+      read_tool_choice(v, r);
+    } else if ((key == "functions" || key == "function_call") && chat) {
+      reject(key, fmt::format("{} is deprecated and not supported: use tools and tool_choice", key));
     } else if (key == "parallel_tool_calls" && chat) {
       read_bool(v, key);
     } else if (key == "chat_template_kwargs" && chat) {
@@ -436,7 +460,6 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
     if (seen.chat_logprobs.value_or(false)) r.logprobs = seen.top_logprobs.value_or(0);
   } else {
     if (seen.best_of && *seen.best_of != r.n) reject("best_of", "best_of is not supported unless it equals n");
-    if (r.echo && r.logprobs >= 0) reject("echo", "echo with logprobs (prompt logprobs) is not supported");
   }
   if (seen.min_tokens && r.max_tokens && r.min_tokens > *r.max_tokens) {
     reject("min_tokens", fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}", *r.max_tokens,
@@ -474,14 +497,19 @@ Json completion_logprobs(const std::vector<PositionLogprobs>& tokens, size_t tex
               {"text_offset", Json::array()}};
   for (const PositionLogprobs& t : tokens) {
     out["tokens"].push_back(t.token);
+    out["text_offset"].push_back(text_offset);
+    text_offset += count_code_points(t.token);
+    if (t.none) {
+      out["token_logprobs"].push_back(nullptr);
+      out["top_logprobs"].push_back(nullptr);
+      continue;
+    }
     out["token_logprobs"].push_back(finite_logprob(t.logprob));
     Json top = Json::object();
     for (const TopLogprob& alt : t.top) {
       if (!top.contains(alt.token)) top[alt.token] = finite_logprob(alt.logprob);
     }
     out["top_logprobs"].push_back(std::move(top));
-    out["text_offset"].push_back(text_offset);
-    text_offset += count_code_points(t.token);
   }
   return out;
 }
@@ -601,6 +629,8 @@ SamplingParams to_sampling_params(const CompletionRequest& r, int max_tokens, co
   p.logit_bias = r.logit_bias;
   p.ignore_eos = r.ignore_eos;
   p.logprobs = r.logprobs;
+  // echo with logprobs: the prompt's own logprobs too, from the prefill.
+  if (r.endpoint == Endpoint::kCompletions && r.echo && r.logprobs >= 0) p.prompt_logprobs = r.logprobs;
   return p;
 }
 
@@ -662,8 +692,17 @@ std::string chat_completion_response(const ResponseMeta& meta, std::span<const C
   Json j = envelope(meta, "chat.completion");
   Json list = Json::array();
   for (const Choice& c : choices) {
+    Json message = {{"role", "assistant"}, {"content", c.text}};
+    if (!c.tool_calls.empty()) {
+      if (c.text.empty()) message["content"] = nullptr;
+      Json calls = Json::array();
+      for (const ToolCall& t : c.tool_calls) {
+        calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      }
+      message["tool_calls"] = std::move(calls);
+    }
     list.push_back({{"index", c.index},
-                    {"message", {{"role", "assistant"}, {"content", c.text}}},
+                    {"message", std::move(message)},
                     {"logprobs", c.logprobs ? chat_logprobs(*c.logprobs) : Json(nullptr)},
                     {"finish_reason", finish_reason_name(c.finish_reason)}});
   }
@@ -690,7 +729,22 @@ std::string chat_role_chunk(const ResponseMeta& meta, int index) {
 
 std::string chat_chunk(const ResponseMeta& meta, const ChoiceDelta& d) {
   Json delta = Json::object();
-  if (!d.text.empty() || !d.finish_reason) delta["content"] = d.text;
+  if (!d.tool_calls.empty()) {
+    Json calls = Json::array();
+    for (const ToolCallDelta& t : d.tool_calls) {
+      Json call = {{"index", t.index}};
+      if (t.id) call["id"] = *t.id;
+      if (t.name) call["type"] = "function";
+      Json fn = Json::object();
+      if (t.name) fn["name"] = *t.name;
+      fn["arguments"] = t.arguments;
+      call["function"] = std::move(fn);
+      calls.push_back(std::move(call));
+    }
+    delta["tool_calls"] = std::move(calls);
+  } else if (!d.text.empty() || !d.finish_reason) {
+    delta["content"] = d.text;
+  }
   return chunk(meta, "chat.completion.chunk",
                {{"index", d.index},
                 {"delta", std::move(delta)},

@@ -29,6 +29,7 @@
 #include "hack/router/openai_protocol.h"
 #include "hack/router/routing.h"
 #include "hack/router/stop_strings.h"
+#include "hack/router/tool_calls.h"
 #include "hack/tokenizer/chat_template.h"
 #include "hack/tokenizer/tokenizer.h"
 
@@ -42,6 +43,9 @@ void add_router_flags(FlagSet& flags, RouterConfig& c) {
   flags.add_string("model", &c.model, "model directory: tokenizer.json, chat template, config.json");
   flags.add_string("served-model-name", &c.served_name, "model name clients use; default: the directory name");
   flags.add_string("chat-template", &c.chat_template, "Jinja file overriding the model's chat template");
+  flags.add_string("tool-parser", &c.tool_parser,
+                   "syntax of the model's tool calls: hermes|llama3_json|mistral|none|auto (auto: judged from the "
+                   "chat template)");
   flags.add_int("max-model-len", &c.max_model_len, "longest prompt + completion; 0 = max_position_embeddings");
   flags.add_list("api-key", &c.api_keys, "accepted API key (Authorization: Bearer); repeatable; none = no auth");
   flags.add_string("api-key-file", &c.api_key_file, "file with one accepted API key per line");
@@ -203,10 +207,27 @@ class ChoiceStream {
     offset_ = count_code_points(echo);  // as completion_response's text_offset_base
   }
 
-  void send(std::string text, std::optional<std::vector<PositionLogprobs>> lps, std::optional<FinishReason> finish) {
+  // Text goes in one chunk and tool-call pieces in the next (a delta holds one or the
+  // other, as OpenAI sends them); logprobs and the finish reason ride on the last.
+  // The echoed prompt's logprobs, after its text: offsets from 0, as the whole response's,
+  // counted over the tokens' text (a BOS token's text is not in the echoed prompt).
+  void send_prompt_logprobs(std::vector<PositionLogprobs> lps) {
     if (!res_) return;
-    if (text.empty() && (!lps || lps->empty()) && !finish) return;
-    ChoiceDelta d{index_, std::move(text), std::move(lps), finish, offset_};
+    offset_ = 0;
+    for (const PositionLogprobs& l : lps) offset_ += count_code_points(l.token);
+    ChoiceDelta d{index_, "", std::move(lps), std::nullopt, 0};
+    res_->send_event(completion_chunk(meta_, d));
+  }
+
+  void send(std::string text, std::optional<std::vector<PositionLogprobs>> lps, std::optional<FinishReason> finish,
+            std::vector<ToolCallDelta> calls = {}) {
+    if (!res_) return;
+    if (!calls.empty()) {
+      if (!text.empty()) send(std::move(text), std::nullopt, std::nullopt);
+      text.clear();
+    }
+    if (text.empty() && calls.empty() && (!lps || lps->empty()) && !finish) return;
+    ChoiceDelta d{index_, std::move(text), std::move(lps), finish, offset_, std::move(calls)};
     if (d.logprobs) {
       for (const PositionLogprobs& l : *d.logprobs) offset_ += count_code_points(l.token);
     }
@@ -225,33 +246,51 @@ class ChoiceStream {
 };
 
 // One attempt's tokens as text: detokenized incrementally, with the stop strings applied
-// (text that may begin a stop string is held back until that is decided).
+// (text that may begin a stop string is held back until that is decided), then split into
+// content and tool calls (ToolCallParser; all content when the request parses none).
 class ChoiceText {
  public:
   ChoiceText(const Tokenizer& tokenizer, const CompletionRequest& r)
-      : detok_(tokenizer, r.skip_special_tokens), stops_(r.stop, r.include_stop_str_in_output) {}
+      : detok_(tokenizer, r.skip_special_tokens), stops_(r.stop, r.include_stop_str_in_output), tools_(r.tool_parser) {}
 
-  // The text that settled with `token`.
-  std::string feed(int token) {
+  // What settled with `token`.
+  ToolParseStep feed(int token) {
     const StopStringMatcher::Step step = stops_.feed(detok_.step(token));
     if (step.stopped) stopped_ = true;
-    return step.text;
+    ToolParseStep out = tools_.feed(step.text);
+    if (stopped_) append(out, tools_.finish());
+    return out;
   }
 
-  // The rest of the text once generation has ended.
-  std::string finish() {
-    if (stopped_) return "";
+  // The rest once generation has ended.
+  ToolParseStep finish() {
+    if (stopped_) return {};
     const StopStringMatcher::Step step = stops_.feed(detok_.finish());
     stopped_ = step.stopped;
-    return stopped_ ? step.text : step.text + stops_.flush();
+    ToolParseStep out = tools_.feed(stopped_ ? step.text : step.text + stops_.flush());
+    append(out, tools_.finish());
+    return out;
   }
 
   // A stop string matched: the choice ends there.
   bool stopped() const { return stopped_; }
+  const std::vector<ToolCall>& tool_calls() const { return tools_.calls(); }
 
  private:
+  static void append(ToolParseStep& to, ToolParseStep from) {
+    to.content += from.content;
+    for (ToolCallDelta& d : from.calls) {
+      if (!to.calls.empty() && to.calls.back().index == d.index && !d.id) {
+        to.calls.back().arguments += d.arguments;
+      } else {
+        to.calls.push_back(std::move(d));
+      }
+    }
+  }
+
   IncrementalDecoder detok_;
   StopStringMatcher stops_;
+  ToolCallParser tools_;
   bool stopped_ = false;
 };
 
@@ -285,6 +324,8 @@ struct RouterServer::Impl {
   RouterConfig config;
   Tokenizer tokenizer;
   std::optional<ChatTemplate> chat_template;
+  bool template_renders_tools = false;  // else tools and tool messages are rendered in Hermes form first
+  ToolParserKind tool_parser = ToolParserKind::none;
   std::string model_name;
   int max_model_len = 0;
   int64_t created_s = 0;
@@ -347,6 +388,12 @@ struct RouterServer::Impl {
     }
     if (source) chat_template.emplace(ChatTemplate::parse(*source, config.chat_template.empty() ? config.model
                                                                                                : config.chat_template));
+    template_renders_tools = source && template_knows_tools(*source);
+    const std::optional<ToolParserKind> flag_parser = parse_tool_parser_flag(config.tool_parser);
+    tool_parser = flag_parser ? *flag_parser : source ? detect_tool_parser(*source) : ToolParserKind::none;
+    spdlog::info("hack-router: tool calls parsed as {} ({}){}", tool_parser_name(tool_parser),
+                 flag_parser ? "--tool-parser" : "judged from the chat template",
+                 source && !template_renders_tools ? "; the chat template ignores tools: rendered in Hermes form" : "");
     limits.served_models = {model_name};
     limits.vocab_size = mc.vocab_size;
     keys = ApiKeys::from_flags(config.api_keys, config.api_key_file);
@@ -637,7 +684,10 @@ struct RouterServer::Impl {
       if (!tokenizer.eos_token().empty()) ro.eos_token = tokenizer.eos_token();
       ro.tools = r.tools;
       ro.extra_kwargs = r.chat_template_kwargs;
-      prompt_text = chat_template->render(chat_messages_json(r), ro);
+      nlohmann::ordered_json messages = chat_messages_json(r);
+      // A template that ignores tools would drop them, and fail on a tool call's null content.
+      if (!template_renders_tools) messages = render_tools_hermes(messages, r.tools);
+      prompt_text = chat_template->render(messages, ro);
     } catch (const Error& e) {
       ProtocolError pe;
       pe.message = fmt::format("the chat template could not render these messages: {}", e.what());
@@ -716,6 +766,12 @@ struct RouterServer::Impl {
                                                          Clock::time_point t_arrival) {
     AdmittedRequest req;
     req.request = std::move(request);
+    if (req.request.endpoint == Endpoint::kChatCompletions && req.request.tools.is_array() &&
+        !req.request.tools.empty() && !req.request.tool_choice_none) {
+      req.request.tool_parser = tool_parser;
+      // Mistral's [TOOL_CALLS] is a special token: keep it in the text (vLLM does the same).
+      if (tool_parser == ToolParserKind::mistral) req.request.skip_special_tokens = false;
+    }
     const CompletionRequest& r = req.request;
     auto tokens = prompt_tokens(r, req.prompt_text);
     if (auto* e = std::get_if<ProtocolError>(&tokens)) return Rejection{*e, "invalid_request"};
@@ -803,7 +859,8 @@ struct RouterServer::Impl {
     }
     const std::string body =
         r.endpoint == Endpoint::kCompletions
-            ? completion_response(req.meta, choices, usage, r.echo ? count_code_points(req.prompt_text) : 0)
+            ? completion_response(req.meta, choices, usage,
+                                  r.echo && req.params.prompt_logprobs < 0 ? count_code_points(req.prompt_text) : 0)
             : chat_completion_response(req.meta, choices, usage);
     res.send(200, "application/json", body);
   }
@@ -921,6 +978,7 @@ struct RouterServer::Impl {
     }
     if (e.kind != NodeEventKind::token) return true;
     count_token(run, a);
+    if (!e.prompt_logprobs.empty()) relay_prompt_logprobs(run, e.prompt_logprobs);
     return relay_token(run, a, e.sample);
   }
 
@@ -940,16 +998,30 @@ struct RouterServer::Impl {
                               run.out.completion_tokens);
   }
 
+  // echo's logprobs (the prompt's, first token null): a chunk after the echoed text, or the
+  // head of the whole response's list.
+  void relay_prompt_logprobs(ChoiceRun& run, const std::vector<SampleResult>& samples) {
+    std::vector<PositionLogprobs> lps;
+    lps.reserve(samples.size() + 1);
+    lps.push_back(PositionLogprobs{tokenizer.decode(std::span<const int>(run.req.prompt).first(1), false), 0.0f, {}, true});
+    for (const SampleResult& s : samples) lps.push_back(logprob_entry(s));
+    if (run.stream.streaming()) {
+      run.stream.send_prompt_logprobs(std::move(lps));
+    } else if (run.out.choice.logprobs) {
+      run.out.choice.logprobs->insert(run.out.choice.logprobs->begin(), lps.begin(), lps.end());
+    }
+  }
+
   // A token's text and logprobs: sent as a chunk, or kept for the whole response. False once
   // a stop string has matched.
   bool relay_token(ChoiceRun& run, Attempt& a, const SampleResult& sample) {
     std::optional<std::vector<PositionLogprobs>> lps;
     if (run.params.logprobs >= 0) lps = std::vector<PositionLogprobs>{logprob_entry(sample)};
-    std::string text = a.text.feed(sample.token);
+    ToolParseStep step = a.text.feed(sample.token);
     if (run.stream.streaming()) {
-      run.stream.send(std::move(text), std::move(lps), std::nullopt);
+      run.stream.send(std::move(step.content), std::move(lps), std::nullopt, std::move(step.calls));
     } else {
-      a.kept += text;
+      a.kept += step.content;
       if (lps) run.out.choice.logprobs->push_back(std::move(lps->front()));
     }
     return !a.text.stopped();
@@ -957,14 +1029,17 @@ struct RouterServer::Impl {
 
   // The end of a choice whose generation succeeded: the text held back, and why it finished.
   void finish_choice(ChoiceRun& run, Attempt& a, FinishReason node_finish) {
-    const std::string tail = a.text.finish();
-    const FinishReason finish =
+    ToolParseStep tail = a.text.finish();
+    FinishReason finish =
         a.text.stopped() || node_finish == FinishReason::stop ? FinishReason::stop : FinishReason::length;
+    // As vLLM: a choice that called tools and was not cut off finishes with "tool_calls".
+    if (finish == FinishReason::stop && !a.text.tool_calls().empty()) finish = FinishReason::tool_calls;
     run.out.choice.finish_reason = finish;
     if (run.stream.streaming()) {
-      run.stream.send(tail, std::nullopt, finish);
+      run.stream.send(std::move(tail.content), std::nullopt, finish, std::move(tail.calls));
     } else {
-      run.out.choice.text += a.kept + tail;
+      run.out.choice.text += a.kept + tail.content;
+      run.out.choice.tool_calls = a.text.tool_calls();
     }
   }
 

@@ -35,6 +35,7 @@ struct RunConfig {
   float repetition_penalty = 1.0f;
   std::optional<uint64_t> seed;
   int logprobs = -1;
+  int prompt_logprobs = -1;
   bool ignore_eos = false;
   bool json = false;
   bool no_special = false;
@@ -64,6 +65,9 @@ bool parse_flags(int argc, char** argv, RunConfig& c) {
   flags.add_float("repetition-penalty", &c.repetition_penalty, "HF repetition penalty; 1 = off");
   flags.add_optional_uint64("seed", &c.seed, "RNG seed for reproducible sampling");
   flags.add_int("logprobs", &c.logprobs, "with --json: report logprobs of this many top tokens (-1 = none)");
+  flags.add_int("prompt-logprobs", &c.prompt_logprobs,
+                "with --json: report the prompt's teacher-forced logprobs with this many top tokens (-1 = none); "
+                "the reference for the server's echo + logprobs");
   flags.add_bool("ignore-eos", &c.ignore_eos, "keep generating after EOS");
   flags.add_bool("json", &c.json, "print one JSON object (ids, text, timing) instead of streaming text");
   flags.add_bool("no-special-tokens", &c.no_special, "do not add BOS/EOS when encoding a plain prompt");
@@ -124,8 +128,30 @@ hack::SamplingParams sampling_params(const RunConfig& c) {
   return sp;
 }
 
+nlohmann::json sample_json(const hack::SampleResult& s) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& t : s.top_logprobs) top.push_back({{"token", t.token}, {"logprob", t.logprob}});
+  return {{"token", s.token}, {"logprob", s.logprob}, {"top", top}};
+}
+
+// The prompt's logprobs as one prefill over all positions sees them (its own sequence, gone
+// before generation starts): [null, {token, logprob, top}, ...].
+nlohmann::json prompt_logprobs_json(hack::Engine& engine, const std::vector<int>& prompt, int top_k) {
+  constexpr int kSeq = 1;
+  std::vector<float> logits;
+  engine.add_sequence(kSeq, static_cast<int>(prompt.size()));
+  engine.prefill(kSeq, prompt, logits, /*all_logits=*/true);
+  engine.remove_sequence(kSeq);
+  nlohmann::json out = nlohmann::json::array({nullptr});
+  for (const auto& s : hack::prompt_logprobs(logits, prompt, engine.config().vocab_size, top_k)) {
+    out.push_back(sample_json(s));
+  }
+  return out;
+}
+
 void print_json(const RunConfig& c, const std::vector<int>& prompt, const hack::GenerationResult& r,
-                const std::string& text, double load_s, double prefill_tps, double decode_tps) {
+                const std::string& text, double load_s, double prefill_tps, double decode_tps,
+                nlohmann::json prompt_lps) {
   const auto& st = r.stats;
   nlohmann::json out;
   out["prompt_ids"] = prompt;
@@ -134,13 +160,10 @@ void print_json(const RunConfig& c, const std::vector<int>& prompt, const hack::
   out["finish_reason"] = hack::finish_reason_name(r.finish_reason);
   if (c.logprobs >= 0) {
     nlohmann::json lp = nlohmann::json::array();
-    for (const auto& s : r.samples) {
-      nlohmann::json top = nlohmann::json::array();
-      for (const auto& t : s.top_logprobs) top.push_back({{"token", t.token}, {"logprob", t.logprob}});
-      lp.push_back({{"token", s.token}, {"logprob", s.logprob}, {"top", top}});
-    }
+    for (const auto& s : r.samples) lp.push_back(sample_json(s));
     out["logprobs"] = lp;
   }
+  if (!prompt_lps.is_null()) out["prompt_logprobs"] = std::move(prompt_lps);
   out["timing"] = {{"load_s", load_s},       {"prefill_s", st.prefill_s},   {"ttft_s", st.first_token_s},
                    {"decode_s", st.decode_s}, {"prefill_tok_s", prefill_tps}, {"decode_tok_s", decode_tps}};
   std::printf("%s\n", out.dump().c_str());
@@ -168,6 +191,9 @@ int run(int argc, char** argv) {
   if (tokenizer) detok.emplace(*tokenizer, /*skip_special_tokens=*/true);
   std::string text;
   hack::SamplingParams sp = sampling_params(c);
+  HACK_CHECK(c.prompt_logprobs < 0 || c.json, "--prompt-logprobs needs --json");
+  const nlohmann::json prompt_lps =
+      c.prompt_logprobs >= 0 ? prompt_logprobs_json(*rt->engine, prompt, c.prompt_logprobs) : nlohmann::json();
   rt->engine->add_sequence(0, static_cast<int>(prompt.size()) + c.max_tokens);
   const hack::GenerationResult r = hack::generate(*rt->engine, 0, prompt, sp, rt->eos_ids, [&](const hack::SampleResult& s) {
     if (!detok) return true;
@@ -189,7 +215,7 @@ int run(int argc, char** argv) {
   const double prefill_tps = st.prompt_tokens / std::max(st.prefill_s, 1e-9);
   const double decode_tps = st.generated_tokens > 1 ? (st.generated_tokens - 1) / std::max(st.decode_s, 1e-9) : 0.0;
   if (c.json) {
-    print_json(c, prompt, r, text, load_s, prefill_tps, decode_tps);
+    print_json(c, prompt, r, text, load_s, prefill_tps, decode_tps, prompt_lps);
   } else {
     std::printf("\n");
   }

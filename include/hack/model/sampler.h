@@ -31,6 +31,9 @@ struct SamplingParams {
   std::vector<std::pair<int, float>> logit_bias;
   bool ignore_eos = false;
   int logprobs = -1;  ///< -1: none (SampleResult::logprob left 0); 0: the sampled token's; k > 0: also the top k
+  /// -1: none; k >= 0: the prefill also reports every prompt token's logprob (with the top k
+  /// alternatives) under the raw logits of the tokens before it (prompt_logprobs()).
+  int prompt_logprobs = -1;
 
   /// Throws hack::Error naming the field if a value is out of range.
   void validate(int vocab_size) const;
@@ -57,9 +60,17 @@ double uniform_for_step(uint64_t seed, uint64_t step);
 /// uniform_for_step(seed, i) only, so generation can move between processes — prefill
 /// samples token 0, decode records it (record_token) and samples tokens 1, 2, ... with the
 /// same seed, drawing exactly what one process would have drawn.
+/// Teacher-forced logprobs of a prompt: entry i - 1 is tokens[i] under the log-softmax of
+/// row i - 1 of `logits` ([tokens.size()][vocab], each position's raw logits), with the
+/// top_k best tokens of that row (best first). tokens.size() - 1 entries: the first token
+/// has no logprob (OpenAI and vLLM report null).
+std::vector<SampleResult> prompt_logprobs(std::span<const float> logits, std::span<const int> tokens, int vocab_size,
+                                          int top_k);
+
 /// Why generation ended.
-enum class FinishReason { stop, length };
-/// "stop" | "length", as the OpenAI API names them.
+enum class FinishReason { stop, length, tool_calls };
+/// "stop" | "length" | "tool_calls", as the OpenAI API names them. Nodes only report stop and
+/// length; the router turns stop into tool_calls when it parsed tool calls from the text.
 std::string_view finish_reason_name(FinishReason reason);
 
 /// min_tokens (HF min_new_tokens, vLLM min_tokens): while fewer than params.min_tokens

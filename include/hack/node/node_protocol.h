@@ -56,6 +56,8 @@ struct PrefillReply {
   uint64_t kv_bytes = 0;   ///< payload bytes sent over UCX
   double prefill_s = 0;    ///< compute time
   double total_s = 0;      ///< queue + compute + transfer
+  /// With params.prompt_logprobs >= 0: prompt tokens 1..n-1 (prompt_logprobs() of sampler.h).
+  std::vector<SampleResult> prompt_logprobs;
 };
 
 enum class NodeEventKind { accepted, token, finished, error };
@@ -65,6 +67,9 @@ struct NodeEvent {
   NodeEventKind kind = NodeEventKind::token;
   SampleResult sample;          ///< token
   int index = 0;                ///< token
+  /// Token 0 of a request that asked for prompt logprobs: the prefill reply's, attached by
+  /// DisaggregatedCall on the router (never on the decode node's wire).
+  std::vector<SampleResult> prompt_logprobs;
   FinishReason finish_reason = FinishReason::length;  ///< finished
   int prompt_tokens = 0;        ///< finished
   int completion_tokens = 0;    ///< finished

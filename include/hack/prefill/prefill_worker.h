@@ -72,6 +72,7 @@ struct PrefillResult {
   size_t kv_bytes = 0;    ///< payload bytes of the KV messages
   size_t kv_messages = 0;
   int prompt_tokens = 0;
+  std::vector<SampleResult> prompt_logprobs;  ///< when sampling.prompt_logprobs >= 0 (prompt_logprobs())
   PrefixRestoreResult prefix;  ///< what was restored instead of computed
   PrefillTimings timings;
 };

@@ -54,6 +54,7 @@ class DisaggregatedCall {
  private:
   void start_prefill();
   void cancel_prefill();
+  void attach_prompt_logprobs(NodeEvent& first);
 
   NodeAddress prefill_, decode_;
   GenerateJob job_;

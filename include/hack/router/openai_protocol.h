@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "hack/model/sampler.h"
-#include "hack/model/sampler.h"
+#include "hack/router/tool_calls.h"
 
 namespace hack::server {
 
@@ -77,6 +77,13 @@ struct CompletionRequest {
   nlohmann::ordered_json tools;                 ///< list of tool schemas, or null
   nlohmann::ordered_json chat_template_kwargs;  ///< object, or null
   bool add_generation_prompt = true;
+  /// tool_choice: "none" renders the tools but parses no calls (vLLM's default); "auto"
+  /// parses calls when tools are given. "required" and a named function are refused (they
+  /// need grammar-constrained decoding).
+  bool tool_choice_none = false;
+  /// Set by the router once the request is admitted: the syntax to parse tool calls in
+  /// (none unless tools are given and tool_choice is auto).
+  ToolParserKind tool_parser = ToolParserKind::none;
 
   std::optional<int> max_tokens;  ///< chat: max_completion_tokens, else max_tokens
   std::optional<float> temperature;
@@ -160,6 +167,7 @@ struct PositionLogprobs {
   std::string token;
   float logprob = 0.0f;
   std::vector<TopLogprob> top;
+  bool none = false;  ///< the prompt's first token (echo): logprob and top_logprobs are null
 };
 
 struct Usage {
@@ -173,13 +181,17 @@ struct Choice {
   std::string text;
   FinishReason finish_reason = FinishReason::stop;
   std::optional<std::vector<PositionLogprobs>> logprobs;  ///< set when the request asked for them
+  std::vector<ToolCall> tool_calls;  ///< chat: parsed from the text (then `text` is what is left)
 };
 
 /// text_completion body. With logprobs, text_offset counts code points from the start of
-/// `text` (plus `text_offset_base`, e.g. the echoed prompt's length).
+/// `text` (plus `text_offset_base`, e.g. the echoed prompt's length when its tokens have no
+/// logprobs; 0 when echo's logprobs start the list).
 std::string completion_response(const ResponseMeta& meta, std::span<const Choice> choices, const Usage& usage,
                                 size_t text_offset_base = 0);
-/// chat.completion body: choices[{index, message{role: "assistant", content}, logprobs, finish_reason}].
+/// chat.completion body: choices[{index, message{role: "assistant", content, tool_calls}, logprobs,
+/// finish_reason}]. With tool calls, content is null when no text is left and tool_calls lists
+/// {id, type: "function", function: {name, arguments}}.
 std::string chat_completion_response(const ResponseMeta& meta, std::span<const Choice> choices, const Usage& usage);
 
 /// One streamed piece of a choice: new text, its tokens' logprobs, and the finish reason
@@ -190,6 +202,7 @@ struct ChoiceDelta {
   std::optional<std::vector<PositionLogprobs>> logprobs;
   std::optional<FinishReason> finish_reason;
   size_t text_offset = 0;  ///< completions logprobs: code points emitted before this piece
+  std::vector<ToolCallDelta> tool_calls;  ///< chat: pieces of tool calls (sent instead of content)
 };
 
 /// The JSON of one chunk (framed on the wire by sse_format_event in sse.h; the stream ends
@@ -198,7 +211,9 @@ std::string completion_chunk(const ResponseMeta& meta, const ChoiceDelta& delta)
 /// The first chunk of every chat choice: delta {"role": "assistant", "content": ""}.
 std::string chat_role_chunk(const ResponseMeta& meta, int index);
 /// A chat content chunk: delta {"content": text}; a piece with no text and a finish
-/// reason (the last one) has an empty delta {}.
+/// reason (the last one) has an empty delta {}. A piece with tool calls has delta
+/// {"tool_calls": [{index, id, type, function: {name, arguments}}]} (id, type and name on a
+/// call's first piece only), as OpenAI streams them.
 std::string chat_chunk(const ResponseMeta& meta, const ChoiceDelta& delta);
 /// The usage chunk sent before [DONE] when include_usage: empty choices.
 std::string usage_chunk(const ResponseMeta& meta, Endpoint endpoint, const Usage& usage);

@@ -23,6 +23,7 @@ struct RouterConfig {
   std::string model;                   ///< model directory (tokenizer, chat template, config)
   std::string served_name;             ///< model name clients use; default: the directory name
   std::string chat_template;           ///< Jinja file overriding the model's chat template
+  std::string tool_parser = "auto";    ///< hermes | llama3_json | mistral | none | auto (from the chat template)
   int max_model_len = 0;               ///< 0 = max_position_embeddings
   std::vector<std::string> api_keys;   ///< accepted Bearer keys (none = no auth)
   std::string api_key_file;            ///< one key per line

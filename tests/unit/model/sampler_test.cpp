@@ -524,3 +524,42 @@ TEST_CASE("logit_bias moves the chosen token, and logprobs report the biased dis
   bad.logit_bias = {{1, 100.5f}};
   REQUIRE_THROWS_AS(bad.validate(4), Error);
 }
+
+TEST_CASE("prompt_logprobs: each token under the row before it, top k best first, first token skipped",
+          "[model][sampler]") {
+  constexpr int kVocab = 37;
+  const std::vector<int> tokens = {3, 36, 0, 3, 17};
+  std::vector<float> logits;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::vector<float> row = random_logits(kVocab, 100 + i);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  logits[2 * kVocab + 5] = logits[2 * kVocab + 6] = 50.0f;  // a tie at the top of row 2: lower id first
+  const std::vector<SampleResult> lps = prompt_logprobs(logits, tokens, kVocab, 3);
+  REQUIRE(lps.size() == tokens.size() - 1);
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    // Reference: softmax in long double, top 3 by a full sort.
+    const float* row = logits.data() + (i - 1) * kVocab;
+    long double z = 0;
+    for (int t = 0; t < kVocab; ++t) z += std::exp(static_cast<long double>(row[t]));
+    auto lp = [&](int t) { return static_cast<double>(std::log(std::exp(static_cast<long double>(row[t])) / z)); };
+    std::vector<int> order(kVocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+    const SampleResult& r = lps[i - 1];
+    CHECK(r.token == tokens[i]);
+    // float32 logits with a double log-sum-exp: within 1e-5 of the long-double value.
+    CHECK(std::abs(r.logprob - lp(tokens[i])) <= 1e-5);
+    REQUIRE(r.top_logprobs.size() == 3);
+    for (int j = 0; j < 3; ++j) {
+      CHECK(r.top_logprobs[j].token == order[j]);
+      CHECK(std::abs(r.top_logprobs[j].logprob - lp(order[j])) <= 1e-5);
+    }
+  }
+  CHECK(lps[2].top_logprobs[0].token == 5);
+  CHECK(lps[2].top_logprobs[1].token == 6);
+  CHECK(prompt_logprobs(logits, tokens, kVocab, 0)[0].top_logprobs.empty());
+  CHECK(prompt_logprobs(std::span<const float>(logits).first(kVocab), std::span<const int>(tokens).first(1), kVocab, 2)
+            .empty());
+  CHECK_THROWS_AS(prompt_logprobs(logits, std::span<const int>(tokens).first(2), kVocab, 0), Error);
+}

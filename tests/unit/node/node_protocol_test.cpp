@@ -78,6 +78,26 @@ TEST_CASE("node protocol bodies round-trip", "[server][node_protocol]") {
   CHECK(r2.first.sample.token == 17);
   CHECK(r2.kv_bytes == 4096);
   CHECK(r2.total_s == 0.5);
+  CHECK(r2.prompt_logprobs.empty());
+  CHECK(to_json(reply).find("prompt_logprobs") == std::string::npos);  // absent unless asked for
+
+  PrefillReply with_prompt = reply;
+  with_prompt.prompt_logprobs = {SampleResult{5, -2.5f, {{7, -0.5f}}}, SampleResult{6, -0.125f, {}}};
+  const PrefillReply r3 = parse_prefill_reply(to_json(with_prompt));
+  REQUIRE(r3.prompt_logprobs.size() == 2);
+  CHECK(r3.prompt_logprobs[0].token == 5);
+  CHECK(r3.prompt_logprobs[0].logprob == -2.5f);
+  CHECK(r3.prompt_logprobs[0].top_logprobs[0].token == 7);
+  CHECK(r3.prompt_logprobs[1].logprob == -0.125f);
+  CHECK_THROWS_AS(parse_prefill_reply(R"({"token": 1, "seed": 2, "prompt_logprobs": {}})"), hack::Error);
+  CHECK_THROWS_AS(parse_prefill_reply(R"({"token": 1, "seed": 2, "prompt_logprobs": [3]})"), hack::Error);
+  CHECK_THROWS_AS(parse_prefill_reply(R"({"token": 1, "seed": 2, "prompt_logprobs": [{"logprob": 0}]})"), hack::Error);
+
+  SamplingParams asks;
+  asks.prompt_logprobs = 3;
+  CHECK(parse_sampling(to_json(asks)).prompt_logprobs == 3);
+  CHECK(parse_sampling(to_json(SamplingParams{})).prompt_logprobs == -1);
+  CHECK_THROWS_AS(parse_sampling(R"({"prompt_logprobs": -2})"), hack::Error);
 
   for (const NodeEvent& e :
        {NodeEvent{.kind = NodeEventKind::accepted}, NodeEvent{.kind = NodeEventKind::token, .sample = s, .index = 4},

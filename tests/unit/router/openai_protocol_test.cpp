@@ -86,6 +86,10 @@ TEST_CASE("completions: prompt forms") {
   CHECK(*parse_ok(R"({"prompt":[[5,6]]})", kCmpl).prompt_token_ids == std::vector<int>{5, 6});
   CHECK(*parse_ok(R"({"prompt":""})", kCmpl).prompt_text == "");
   CHECK(parse_ok(R"({"prompt":"x","echo":true})", kCmpl).echo);
+  // echo with logprobs asks the prefill for the prompt's logprobs (with as many alternatives).
+  CHECK(to_sampling_params(parse_ok(R"({"prompt":"x","echo":true,"logprobs":2})", kCmpl), 5).prompt_logprobs == 2);
+  CHECK(to_sampling_params(parse_ok(R"({"prompt":"x","echo":true})", kCmpl), 5).prompt_logprobs == -1);
+  CHECK(to_sampling_params(parse_ok(R"({"prompt":"x","logprobs":2})", kCmpl), 5).prompt_logprobs == -1);
   // 5.0 is an integer to pydantic, so to vLLM.
   CHECK(*parse_ok(R"({"prompt":[5.0]})", kCmpl).prompt_token_ids == std::vector<int>{5});
 }
@@ -125,6 +129,8 @@ TEST_CASE("chat: messages, content parts, tools, logprobs") {
   CHECK(r.messages[2].tool_calls.size() == 1);
   CHECK(*r.messages[3].tool_call_id == "c1");
   CHECK(r.tools.size() == 1);
+  CHECK_FALSE(r.tool_choice_none);
+  CHECK(r.tool_parser == ToolParserKind::none);  // the router sets it at admission
   CHECK(r.chat_template_kwargs["enable_thinking"] == false);
   CHECK(r.max_tokens == 20);  // max_completion_tokens wins over max_tokens
   CHECK(r.logprobs == 3);
@@ -240,7 +246,6 @@ TEST_CASE("malformed requests: status and param of each") {
       {kCmpl, R"({"prompt":"x","logprobs":21})", 400, "logprobs", "at most 20"},
       {kCmpl, R"({"prompt":"x","logprobs":-1})", 400, "logprobs", "at least 0"},
       {kCmpl, R"({"prompt":"x","logprobs":true})", 400, "logprobs", "integer"},
-      {kCmpl, R"({"prompt":"x","logprobs":1,"echo":true})", 400, "echo", "not supported"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", 400, "logprobs", "boolean"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", 400, "top_logprobs",
        "`logprobs` must be set to true"},
@@ -283,7 +288,15 @@ TEST_CASE("malformed requests: status and param of each") {
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", 400,
        "tools.[0].function", "object"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", 400, "tool_choice",
-       "not supported"},
+       "'required' needs grammar support"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"f"}}})",
+       400, "tool_choice", "function 'f' needs grammar support"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function"}})", 400, "tool_choice",
+       "must be {"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"any"})", 400, "tool_choice", "got 'any'"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":3})", 400, "tool_choice", "string or an object"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", 400, "functions", "use tools"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"function_call":"auto"})", 400, "function_call", "use tools"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", 400,
        "response_format", "only"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", 400, "chat_template_kwargs",
@@ -420,6 +433,22 @@ TEST_CASE("non-stream responses") {
   CHECK(content[1]["bytes"] == json({0xC3, 0xA9}));
   CHECK(content[0]["top_logprobs"][1] == json({{"token", "J"}, {"logprob", -1.5}, {"bytes", {74}}}));
   CHECK(c["usage"]["total_tokens"] == 3);
+
+  // Tool calls: content null when no text is left, finish_reason tool_calls.
+  std::vector<Choice> calls(2);
+  calls[0].finish_reason = FinishReason::tool_calls;
+  calls[0].tool_calls = {ToolCall{"call_a", "f", "{\"x\": 1}"}, ToolCall{"call_b", "g", "{}"}};
+  calls[1].index = 1;
+  calls[1].text = "Let me look.";
+  calls[1].finish_reason = FinishReason::tool_calls;
+  calls[1].tool_calls = {ToolCall{"call_c", "f", "{}"}};
+  const json t = json::parse(chat_completion_response(cmeta, calls, Usage{1, 2}));
+  CHECK(t["choices"][0]["message"] == json::parse(R"({"role": "assistant", "content": null, "tool_calls": [
+      {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+      {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]})"));
+  CHECK(t["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(t["choices"][1]["message"]["content"] == "Let me look.");
+  CHECK(t["choices"][1]["message"]["tool_calls"].size() == 1);
 }
 
 TEST_CASE("stream chunks") {
@@ -444,6 +473,21 @@ TEST_CASE("stream chunks") {
   CHECK(end["choices"][0]["index"] == 1);
   CHECK(end["choices"][0]["delta"] == json::object());
   CHECK(end["choices"][0]["finish_reason"] == "length");
+
+  // Tool calls stream as OpenAI sends them: the first piece of a call names it, later pieces
+  // carry arguments only, and no content key appears beside them.
+  ChoiceDelta first_call;
+  first_call.tool_calls = {ToolCallDelta{0, "call_x", "get_weather", "{\"ci"}};
+  const json fc = json::parse(chat_chunk(meta, first_call));
+  CHECK(fc["choices"][0]["delta"] ==
+        json::parse(R"({"tool_calls": [{"index": 0, "id": "call_x", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"ci"}}]})"));
+  ChoiceDelta more_args;
+  more_args.tool_calls = {ToolCallDelta{0, std::nullopt, std::nullopt, "ty\": 1}"}};
+  more_args.finish_reason = FinishReason::tool_calls;
+  const json ma = json::parse(chat_chunk(meta, more_args));
+  CHECK(ma["choices"][0]["delta"] == json::parse(R"({"tool_calls": [{"index": 0, "function": {"arguments": "ty\": 1}"}}]})"));
+  CHECK(ma["choices"][0]["finish_reason"] == "tool_calls");
 
   const json usage = json::parse(usage_chunk(meta, kChat, Usage{3, 4}));
   CHECK(usage["choices"] == json::array());

@@ -45,6 +45,7 @@ int fake_token(int i) { return 1000 + i % 500; }
 struct FakeNodeOptions {
   bool answer_cancels = true;  // false: play a hung node, leave /internal/cancel unanswered
   std::chrono::milliseconds token_interval{20};
+  std::vector<int> script;  // when set: these tokens (up to max_tokens), then finish "stop"
 };
 
 // A prefill or decode node as the router sees it over HTTP, without a model: /health
@@ -87,6 +88,12 @@ class FakeNode {
       const PrefillCall call = parse_prefill_call(req.body);
       PrefillReply reply;
       reply.first.sample.token = call.prompt.back();
+      // Asked for prompt logprobs: token i gets -i / 8 (exact in binary), one alternative.
+      if (call.params.prompt_logprobs >= 0) {
+        for (size_t i = 1; i < call.prompt.size(); ++i) {
+          reply.prompt_logprobs.push_back(hack::SampleResult{call.prompt[i], -static_cast<float>(i) / 8, {{7, -0.125f}}});
+        }
+      }
       res->send(200, "application/json", to_json(reply));
     } else if (req.path == "/internal/generate") {
       GenerateJob job = parse_generate_job(req.body);
@@ -106,12 +113,14 @@ class FakeNode {
     NodeEvent accepted;
     accepted.kind = NodeEventKind::accepted;
     res.send_event(to_json(accepted));
-    for (int i = 0; i < job.params.max_tokens; ++i) {
+    const bool scripted = !options_.script.empty();
+    const int n = scripted ? std::min(job.params.max_tokens, static_cast<int>(options_.script.size())) : job.params.max_tokens;
+    for (int i = 0; i < n; ++i) {
       std::this_thread::sleep_for(options_.token_interval);
       NodeEvent token;
       token.kind = NodeEventKind::token;
       token.index = i;
-      token.sample.token = fake_token(i);
+      token.sample.token = scripted ? options_.script[static_cast<size_t>(i)] : fake_token(i);
       token.sample.logprob = -0.25f * static_cast<float>(i % 4);
       if (!res.send_event(to_json(token))) {
         if (long_request && i > 0) --long_streams_running;
@@ -123,7 +132,8 @@ class FakeNode {
     NodeEvent finished;
     finished.kind = NodeEventKind::finished;
     finished.prompt_tokens = static_cast<int>(job.prompt.size());
-    finished.completion_tokens = job.params.max_tokens;
+    finished.completion_tokens = n;
+    if (scripted && n < job.params.max_tokens) finished.finish_reason = hack::FinishReason::stop;
     res.send_event(to_json(finished));
     res.end();
   }
@@ -403,6 +413,27 @@ TEST_CASE("streamed and whole completions through the router carry the same text
     CHECK(streamed.tokens == whole.tokens);
     CHECK(streamed.offsets == whole.offsets);
   }
+  SECTION("echo with logprobs: the prompt's logprobs first, its first token null") {
+    body["echo"] = true;
+    body["logprobs"] = 1;
+    const HttpResponse r = http_request(completion_request(router.port(), body.dump()));
+    REQUIRE(r.status == 200);
+    const nlohmann::json lp = nlohmann::json::parse(r.body)["choices"][0]["logprobs"];
+    const size_t n_prompt = hack::Tokenizer::load(model_dir()).encode(prompt, true).size();
+    REQUIRE(lp["tokens"].size() == n_prompt + kTokens);
+    CHECK(lp["token_logprobs"][0].is_null());
+    CHECK(lp["top_logprobs"][0].is_null());
+    CHECK(lp["token_logprobs"][1] == -0.125);
+    CHECK(lp["token_logprobs"][n_prompt - 1] == -static_cast<double>(n_prompt - 1) / 8);
+    CHECK(lp["text_offset"][0] == 0);
+    const ChoiceSeen whole = whole_choice(router.port(), body), streamed = streamed_choice(router.port(), body);
+    CHECK(whole.text == prompt + generated);
+    CHECK(streamed.text == whole.text);
+    CHECK(streamed.tokens == whole.tokens);
+    CHECK(streamed.offsets == whole.offsets);
+    // Generated offsets continue after the prompt tokens' text (BOS included, as vLLM counts).
+    CHECK(whole.offsets[n_prompt] == whole.offsets[n_prompt - 1] + whole.tokens[n_prompt - 1].size());
+  }
   SECTION("a stop string") {
     const std::string stop = generated.substr(generated.size() / 2, 3);
     INFO("stop: '" << stop << "'");
@@ -413,5 +444,116 @@ TEST_CASE("streamed and whole completions through the router carry the same text
     CHECK(streamed.text == expected);
     CHECK(whole.finish_reason == "stop");
     CHECK(streamed.finish_reason == "stop");
+  }
+}
+
+namespace {
+
+// A chat request's choice 0 as the client sees it: content, and tool calls assembled from
+// their deltas as the openai client does (id, type and name from a call's first delta).
+struct ChatSeen {
+  std::string content;
+  nlohmann::json tool_calls = nlohmann::json::array();
+  std::string finish_reason;
+};
+
+HttpClientRequest chat_request(int port, const nlohmann::json& body) {
+  HttpClientRequest r = completion_request(port, body.dump());
+  r.target = "/v1/chat/completions";
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("tool calls through the router: streamed deltas assemble to the whole response's tool_calls",
+          "[server][router]") {
+  QuietLogs quiet;
+  const std::string text =
+      "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+      "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>";
+  FakeNodeOptions options{.token_interval = std::chrono::milliseconds(1)};
+  const hack::Tokenizer tokenizer = hack::Tokenizer::load(model_dir());
+  options.script = tokenizer.encode(text, /*add_special_tokens=*/false);
+  REQUIRE(tokenizer.decode(options.script, true) == text);
+  FakeNode prefill("prefill", options), decode("decode", options);
+  RouterServer router(router_config(prefill, decode));
+  nlohmann::json body = {
+      {"model", "hack-tiny"},
+      {"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+      {"tools", nlohmann::json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])")},
+      {"max_tokens", 200}};
+
+  SECTION("whole and streamed agree") {
+    const HttpResponse r = http_request(chat_request(router.port(), body));
+    INFO(r.body);
+    REQUIRE(r.status == 200);
+    const nlohmann::json choice = nlohmann::json::parse(r.body).at("choices").at(0);
+    CHECK(choice["finish_reason"] == "tool_calls");
+    CHECK(choice["message"]["content"] == "Sure.");
+    const nlohmann::json& calls = choice["message"]["tool_calls"];
+    REQUIRE(calls.size() == 2);
+    CHECK(calls[0]["type"] == "function");
+    CHECK(calls[0]["function"]["name"] == "get_weather");
+    CHECK(nlohmann::json::parse(calls[0]["function"]["arguments"].get<std::string>()) ==
+          nlohmann::json{{"city", "Paris"}});
+    CHECK(calls[1]["function"]["name"] == "get_time");
+
+    body["stream"] = true;
+    ChatSeen seen;
+    bool well_formed = true;
+    const HttpResponse s = http_stream(chat_request(router.port(), body), [&](std::string_view data) {
+      if (data == "[DONE]") return true;
+      const nlohmann::json c = nlohmann::json::parse(data).at("choices").at(0);
+      const nlohmann::json& delta = c.at("delta");
+      if (delta.contains("content") && delta["content"].is_string()) seen.content += delta["content"].get<std::string>();
+      if (delta.contains("tool_calls")) {
+        if (delta.contains("content")) well_formed = false;  // a tool-call delta carries no text
+        for (const auto& d : delta["tool_calls"]) {
+          const size_t index = d.at("index").get<size_t>();
+          if (index == seen.tool_calls.size()) {
+            if (!d.contains("id") || d.value("type", "") != "function" || !d["function"].contains("name")) well_formed = false;
+            seen.tool_calls.push_back(d);
+            seen.tool_calls.back().erase("index");
+          } else if (index + 1 == seen.tool_calls.size()) {
+            if (d.contains("id") || d["function"].contains("name")) well_formed = false;
+            auto& args = seen.tool_calls.back()["function"]["arguments"];
+            args = args.get<std::string>() + d["function"]["arguments"].get<std::string>();
+          } else {
+            well_formed = false;
+          }
+        }
+      }
+      if (!c.at("finish_reason").is_null()) seen.finish_reason = c["finish_reason"].get<std::string>();
+      return true;
+    });
+    REQUIRE(s.status == 200);
+    CHECK(well_formed);
+    CHECK(seen.content == "Sure.");
+    CHECK(seen.finish_reason == "tool_calls");
+    // Ids are random per response; everything else is the same.
+    auto without_ids = [](nlohmann::json list) {
+      for (auto& c : list) {
+        CHECK(c.at("id").get<std::string>().starts_with("call_"));
+        c.erase("id");
+      }
+      return list;
+    };
+    CHECK(without_ids(seen.tool_calls) == without_ids(calls));
+  }
+  SECTION("tool_choice none: the text is content") {
+    body["tool_choice"] = "none";
+    const HttpResponse r = http_request(chat_request(router.port(), body));
+    REQUIRE(r.status == 200);
+    const nlohmann::json choice = nlohmann::json::parse(r.body).at("choices").at(0);
+    CHECK(choice["message"]["content"] == text);
+    CHECK_FALSE(choice["message"].contains("tool_calls"));
+    CHECK(choice["finish_reason"] == "stop");
+  }
+  SECTION("no tools: the text is content") {
+    body.erase("tools");
+    const HttpResponse r = http_request(chat_request(router.port(), body));
+    REQUIRE(r.status == 200);
+    CHECK(nlohmann::json::parse(r.body)["choices"][0]["message"]["content"] == text);
   }
 }
