@@ -245,7 +245,7 @@ struct DecodeServer::Impl {
       streams.erase(id);
     });
     DecodeRequest dr{.id = id, .prompt = std::move(job.prompt), .params = job.params, .eos_ids = rt->eos_ids,
-                     .remote_kv = job.remote_kv};
+                     .remote_kv = job.remote_kv, .generated = std::move(job.generated)};
     const auto t0 = std::chrono::steady_clock::now();
     auto last = std::make_shared<std::chrono::steady_clock::time_point>(t0);
     const Status st = scheduler->submit(std::move(dr), [this, id, res, t0, last](const DecodeEvent& e) {

@@ -173,7 +173,12 @@ struct PrefillServer::Impl {
       HACK_CHECK(!call.corrupt_page || config.enable_test_hooks,
                  "test_corrupt_page needs a node started with --enable-test-hooks");
       job.request_id = call.request_id;
+      HACK_CHECK(call.generated.size() < static_cast<size_t>(call.params.max_tokens),
+                 "{} generated tokens leave nothing to generate under max_tokens {}", call.generated.size(),
+                 call.params.max_tokens);
       job.tokens = std::move(call.prompt);
+      job.generated_tokens = static_cast<int>(call.generated.size());
+      job.tokens.insert(job.tokens.end(), call.generated.begin(), call.generated.end());
       job.sampling = call.params;
       job.eos_ids = rt->eos_ids;
       job.peer = parse_peer(call.decode_ucx);

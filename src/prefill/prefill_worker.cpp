@@ -76,6 +76,9 @@ PrefillWorker::~PrefillWorker() {
 Status PrefillWorker::submit(PrefillJob job) {
   const int vocab = config_.vocab_size;
   if (job.tokens.empty()) return Status::error(fmt::format("request {}: empty prompt", job.request_id));
+  if (job.generated_tokens < 0 || job.generated_tokens >= static_cast<int>(job.tokens.size()))
+    return Status::error(fmt::format("request {}: {} generated tokens after a prompt of {}", job.request_id,
+                                     job.generated_tokens, static_cast<int>(job.tokens.size()) - job.generated_tokens));
   for (int t : job.tokens)
     if (t < 0 || t >= vocab)
       return Status::error(fmt::format("request {}: token {} is outside the vocabulary [0, {})", job.request_id, t, vocab));
@@ -194,7 +197,11 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     added = true;
     if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
     Sampler sampler(job.sampling, static_cast<int>(vocab));
-    sampler.add_prompt_tokens(job.tokens);
+    // A migrated stream: the prompt counts as prompt, the generated tail as this sampler's own
+    // output (penalties, step), so the next draw is the one the first node pair would have made.
+    const size_t prompt_len = job.tokens.size() - static_cast<size_t>(job.generated_tokens);
+    sampler.add_prompt_tokens(std::span<const int>(job.tokens).first(prompt_len));
+    for (size_t i = prompt_len; i < job.tokens.size(); ++i) sampler.record_token(job.tokens[i]);
     KvExportCursor cursor;
     cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
     int restored = 0;
@@ -244,7 +251,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
 
     // The first token, as generate() samples it.
     const std::span<float> row(logits.data(), vocab);
-    suppress_ending_tokens(row, job.sampling, job.eos_ids, 0);
+    suppress_ending_tokens(row, job.sampling, job.eos_ids, job.generated_tokens);
     result.first = sampler.sample(row);
     result.seed = sampler.seed();
     result.prompt_tokens = static_cast<int>(job.tokens.size());
