@@ -76,6 +76,7 @@ struct PrefillServer::Impl {
     wo.engine = EngineOptions{config.model.prefill_chunk};
     HACK_CHECK(config.window_mb > 0, "--window-mb must be positive, got {}", config.window_mb);
     wo.sender.max_in_flight_bytes = static_cast<size_t>(config.window_mb) << 20;
+    wo.sender.auth = net::WireAuth(config.secret);  // KV messages carry the cluster's MAC (none without a secret)
     wo.send_timeout_s = config.send_timeout_s;
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
