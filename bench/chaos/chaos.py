@@ -67,6 +67,7 @@ class Chaos:
         self.down = set()  # roles with a node down now
         self.actions = collections.Counter()
         self.restart_failures = 0
+        self.spawned = 0
 
     def roles(self):
         return {"prefill": self.c.prefill, "decode": self.c.decode, "router": self.c.routers}
@@ -78,7 +79,8 @@ class Chaos:
         else:
             old._reap(2)
         for attempt in range(20):  # the port may linger briefly after a SIGKILL
-            d = cluster.Daemon(f"{old.name.rstrip('0123456789')}{i}r{self.actions['restarts']}", restart_argv(old),
+            self.spawned += 1
+            d = cluster.Daemon(f"{old.name.split('-')[0]}-{self.spawned}", restart_argv(old),
                                self.c.log_dir, self.c.env)
             try:
                 d.wait_ready(30)
@@ -90,6 +92,22 @@ class Chaos:
                 time.sleep(0.5)
         self.restart_failures += 1
         self.log(f"chaos: could not restart {old.name}")
+
+    def wait_healthy(self, role, timeout_s):
+        if role == "router":
+            time.sleep(0.5)
+            return
+        want = len(self.roles()[role])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                _, body, _ = cluster.http_get(self.c.routers[0].port, "/health", 2.0)
+                if json.loads(body).get(f"{role}_nodes_healthy") == want:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.1)
+        self.log(f"chaos: {role} nodes not all healthy after {timeout_s} s")
 
     def act(self, stop_event, stop_probability=0.3):
         role = self.rng.choice(["prefill", "decode", "decode", "router"])
@@ -123,8 +141,9 @@ class Chaos:
                     self.restart(role, i)
                 else:
                     d.proc.send_signal(signal.SIGCONT)
-            # Let the router see it healthy again before another node of this role goes.
-            stop_event.wait(1.0)
+            # A spare must exist for every failure: the next node of this role goes only once the
+            # router sees every node of the role healthy again.
+            self.wait_healthy(role, 20.0)
         finally:
             with self.lock:
                 self.down.discard(role)
@@ -267,6 +286,9 @@ def nodes_idle(c, timeout_s=20.0):
 def run_chaos(seconds, rate_per_s=2.0, seed=1, prefill=2, decode=2, kv="fp", chaos_interval_s=(2.0, 5.0),
               deadline_s=90.0, log=print, step_delay_ms=10):
     rng = random.Random(seed)
+    # A decode node restarted in place listens on its old UCX port, still in TIME_WAIT from the
+    # killed process: UCX 1.13's TCP connection manager needs SO_REUSEADDR for that.
+    os.environ.setdefault("UCX_TCP_CM_REUSEADDR", "y")
     router_flags = ["--health-interval", "0.25", "--stall-timeout-s", "2", "--max-migrations", "3",
                     "--request-timeout", "30"]
     with cluster.Cluster(prefill=prefill, decode=decode, kv=kv, router_flags=router_flags,
@@ -275,12 +297,18 @@ def run_chaos(seconds, rate_per_s=2.0, seed=1, prefill=2, decode=2, kv="fp", cha
         chaos = Chaos(c, random.Random(seed + 1), log)
         load = Load(lambda: c.routers[0].port, random.Random(seed + 2), deadline_s)
         stop = threading.Event()
+        acted = threading.Event()  # the chaos loop has stopped acting
+        done = threading.Event()   # the report is taken
 
         def chaos_loop():
+            # Daemons restarted here die with this thread (cluster.py's PR_SET_PDEATHSIG is per
+            # thread), so it outlives the report.
             while not stop.is_set():
                 if stop.wait(chaos.rng.uniform(*chaos_interval_s)):
-                    return
+                    break
                 chaos.act(stop)
+            acted.set()
+            done.wait()
 
         t_chaos = threading.Thread(target=chaos_loop, daemon=True)
         t0 = time.monotonic()
@@ -291,7 +319,7 @@ def run_chaos(seconds, rate_per_s=2.0, seed=1, prefill=2, decode=2, kv="fp", cha
             load.submit(load.body())
             requests += 1
         stop.set()
-        t_chaos.join(60)
+        acted.wait(60)
         hung = load.hung(grace_s=10.0)
         # Any node left stopped by an interrupted action gets its SIGCONT.
         for d in c.daemons():
@@ -305,6 +333,8 @@ def run_chaos(seconds, rate_per_s=2.0, seed=1, prefill=2, decode=2, kv="fp", cha
                                                "hack:request_errors_total"))}
         except Exception as e:
             router_metrics = {"error": str(e)}
+        done.set()
+        t_chaos.join(10)
         lat = sorted(x for _, x in load.latencies)
         report = {
             "seconds": round(time.monotonic() - t0, 1),

@@ -911,7 +911,8 @@ struct RouterServer::Impl {
     int retries = 0, migrations = 0;
     for (int attempt = 0;; ++attempt) {
       out.error.reset();  // an earlier attempt's failure is not this one's
-      auto nodes = acquire_nodes(req, run.params, bad_prefill, bad_decode, static_cast<int64_t>(run.generated.size()));
+      auto nodes = acquire_live_nodes(ctx, req, run.params, bad_prefill, bad_decode,
+                                      static_cast<int64_t>(run.generated.size()), attempt > 0);
       if (auto* e = std::get_if<ProtocolError>(&nodes)) {
         out.error = *e;
         if (!run.generated.empty())
@@ -938,7 +939,7 @@ struct RouterServer::Impl {
                                       : g.status.message();
       const bool decode_lost = exclude_failed_nodes(a.nodes, bad_prefill, bad_decode, !run.generated.empty());
       if (run.generated.empty()) {
-        if (retries >= 1) {
+        if (retries >= std::max(1, config.max_migrations)) {
           out.error = internal_error(why);
           return out;
         }
@@ -959,6 +960,29 @@ struct RouterServer::Impl {
                      run.generated.size(), cause, a.nodes.prefill_node.name, a.nodes.decode_node.name, why);
       }
       a.nodes = NodePair{};  // out of the failed nodes' load before the next pick
+    }
+  }
+
+  // acquire_nodes for a retry or migration: when the pick falls back to a node excluded as
+  // failed (no other was free) and it still does not answer, wait for the pool to offer a
+  // live one (a restarted node, or the health poll dropping the dead one) for up to
+  // stall_timeout_s (at least 5 s) rather than spend an attempt on a dead node.
+  std::variant<NodePair, ProtocolError> acquire_live_nodes(RequestContext& ctx, const AdmittedRequest& req,
+                                                           const SamplingParams& params,
+                                                           const std::set<std::string>& bad_prefill,
+                                                           const std::set<std::string>& bad_decode, int64_t generated,
+                                                           bool after_failure) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(std::max(5.0f, config.stall_timeout_s)));
+    for (;;) {
+      auto nodes = acquire_nodes(req, params, bad_prefill, bad_decode, generated);
+      if (!after_failure || Clock::now() >= deadline || ctx.cancelled()) return nodes;
+      if (auto* pair = std::get_if<NodePair>(&nodes)) {
+        const bool prefill_ok = !bad_prefill.contains(pair->prefill_node.name) || node_alive(pair->prefill_node);
+        const bool decode_ok = !bad_decode.contains(pair->decode_node.name) || node_alive(pair->decode_node);
+        if (prefill_ok && decode_ok) return nodes;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
 
