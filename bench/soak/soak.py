@@ -196,7 +196,10 @@ def main():
         per_daemon = {}
         for name, pts in samples.items():
             after = [(t, s["rss_kib"]) for t, s in pts if t >= warm]
+            half = [(t, y) for t, y in after if t >= (warm + pts[-1][0]) / 2]
             per_daemon[name] = {
+                "rss_slope_second_half_kib_per_min": round(slope_per_min(half), 1) if slope_per_min(half) is not None else None,
+                "rss_kib_series": [(round(t), s["rss_kib"]) for t, s in pts][::6],
                 "rss_kib_first_after_warmup": after[0][1] if after else None,
                 "rss_kib_last": pts[-1][1]["rss_kib"],
                 "rss_slope_kib_per_min": round(slope_per_min(after), 1) if slope_per_min(after) is not None else None,

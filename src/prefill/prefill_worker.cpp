@@ -48,6 +48,8 @@ PrefillWorker::PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorke
   disconnect_token_ = ucx_.add_disconnect_handler([this](net::EndpointId endpoint, const Status&) {
     std::lock_guard lock(mutex_);
     std::erase_if(peers_, [&](const auto& entry) { return entry.second == endpoint; });
+    lost_endpoints_.push_back(endpoint);
+    if (lost_endpoints_.size() > 64) lost_endpoints_.pop_front();
   });
   thread_ = std::thread([this] { run(); });
 }
@@ -142,7 +144,9 @@ net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
   }
   const net::EndpointId endpoint = ucx_.connect(peer.host, peer.port);  // failure arrives as a disconnect
   std::lock_guard lock(mutex_);
-  peers_[key] = endpoint;
+  // A connect to a node that is restarting can fail before it is cached here; caching it then
+  // would fail every later request to that node (seen under chaos: 720 in a row).
+  if (std::find(lost_endpoints_.begin(), lost_endpoints_.end(), endpoint) == lost_endpoints_.end()) peers_[key] = endpoint;
   return endpoint;
 }
 

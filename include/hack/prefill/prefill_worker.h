@@ -157,6 +157,7 @@ class PrefillWorker {
   std::atomic<bool> cancel_running_{false};
   PrefillWorkerStats stats_;
   std::map<std::string, net::EndpointId> peers_;  // "host:port" → endpoint
+  std::deque<net::EndpointId> lost_endpoints_;  // recently lost (mutex_): a connect that failed before it was cached
   int next_seq_id_ = 1;
   std::thread thread_;
 };
