@@ -101,6 +101,7 @@ struct Args {
   int perftest_iters = 200;
   bool perftest = true;
   bool json = false;
+  bool auth = false;  // seal every message with HMAC-SHA256 (net::WireAuth), as nodes with a secret do
 };
 
 // Parses the flags (hack::FlagSet: --help, HACK_TRANSFER_BENCH_* mirrors, --config);
@@ -130,6 +131,7 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_int("perftest-iters", &a.perftest_iters, "ucx_perftest iterations");
   flags.add_bool("no-perftest", &no_perftest, "skip the ucx_perftest bounds");
   flags.add_bool("json", &a.json, "JSON output");
+  flags.add_bool("auth", &a.auth, "authenticate the data plane (HMAC-SHA256 tag per message, as with --secret-file)");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.tls = split_list(tls, ':');
   a.shapes = split_list(shapes);
@@ -347,7 +349,7 @@ struct Arrivals {
 
 class Link {
  public:
-  explicit Link(const std::string& tls) {
+  Link(const std::string& tls, bool auth) {
     net::UcxOptions options;
     options.config = {{"TLS", tls}};
     receiver_worker_ = std::make_unique<net::UcxWorker>(options);
@@ -373,11 +375,14 @@ class Link {
     };
     cb.on_request_error = [this](uint64_t id, const Status& error) { fail_with("request " + std::to_string(id) + ": " + error.message()); };
     cb.on_bad_message = [this](net::EndpointId, const Status& error) { fail_with("bad message: " + error.message()); };
-    receiver_ = std::make_unique<net::KvReceiver>(*receiver_worker_, cb);
+    const net::WireAuth wire_auth = auth ? net::WireAuth("transfer_bench secret") : net::WireAuth();
+    receiver_ = std::make_unique<net::KvReceiver>(*receiver_worker_, cb, wire_auth);
+    net::KvSenderOptions so;
+    so.auth = wire_auth;
     sender_ = std::make_unique<net::KvSender>(
         *sender_worker_, net::KvSenderCallbacks{[this](uint64_t id, const Status& error) {
           fail_with("sender, request " + std::to_string(id) + ": " + error.message());
-        }});
+        }}, so);
     const uint16_t port = receiver_worker_->listen("127.0.0.1", 0);
     peer_ = sender_worker_->connect("127.0.0.1", port);
   }
@@ -718,7 +723,7 @@ int main(int argc, char** argv) {
                     "ms/req", "queue_ms", "GB/s", "%bound", "page_KiB", "pg_GB/s", "%page",
                     vs_tcp ? "  %tcp-bound %tcp-page" : "");
       }
-      Link link(tls);
+      Link link(tls, args.auth);
       // Warm-up: the connection is set up lazily, so the first request would pay for it.
       link.transfer(sources.front().plans.front(), args.window_layers);
       for (size_t s = 0; s < sources.size(); ++s) {

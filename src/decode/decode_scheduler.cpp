@@ -81,6 +81,12 @@ Status DecodeScheduler::submit(DecodeRequest request, DecodeEventFn on_event) {
   for (int t : request.prompt) {
     if (t < 0 || t >= vocab_) return Status::error(fmt::format("prompt token {} is outside the vocabulary (0..{})", t, vocab_ - 1));
   }
+  for (int t : request.generated) {
+    if (t < 0 || t >= vocab_) return Status::error(fmt::format("generated token {} is outside the vocabulary (0..{})", t, vocab_ - 1));
+  }
+  if (request.generated.size() >= static_cast<size_t>(std::max(request.params.max_tokens, 0)))
+    return Status::error(fmt::format("{} generated tokens leave nothing to generate under max_tokens {}",
+                                     request.generated.size(), request.params.max_tokens));
   try {
     request.params.validate(vocab_);
   } catch (const Error& e) {
@@ -182,6 +188,7 @@ void DecodeScheduler::handle(Command& command) {
           auto r = std::make_unique<Request>();
           const uint64_t id = c.request.id;
           r->req = std::move(c.request);
+          r->generated = r->req.generated;  // a migrated stream continues its output
           r->on_event = std::move(c.on_event);
           requests_.emplace(id, std::move(r));
           waiting_.push_back(id);
@@ -217,7 +224,7 @@ void DecodeScheduler::handle(Command& command) {
             }
           } else if constexpr (std::is_same_v<T, Command::KvComplete>) {
             try {
-              const int prompt = static_cast<int>(r.req.prompt.size());
+              const int prompt = static_cast<int>(r.req.prompt.size() + r.generated.size());
               for (int l = 0; l < kv_.shape().num_layers; ++l) {
                 const int n = kv_.length(r.seq_id, l);
                 HACK_CHECK(n == prompt, "layer {} holds {} tokens of a {}-token prompt", l, n, prompt);
@@ -226,6 +233,7 @@ void DecodeScheduler::handle(Command& command) {
               r.req.params.seed = c.seed;
               r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
               r.sampler->add_prompt_tokens(r.req.prompt);
+              for (int t : r.generated) r.sampler->record_token(t);
               r.sampler->record_token(c.first.token);
               start_decoding(r, c.first);
             } catch (const Error& e) {
@@ -251,9 +259,11 @@ void DecodeScheduler::admit() {
 
 bool DecodeScheduler::admit_one(Request& r) {
   const uint64_t id = r.req.id;
-  const bool recompute = !r.generated.empty();
+  // Preempted (it has sampled, so its last token is not yet run through the model) rather than
+  // new; a new request may still bring tokens generated elsewhere (a migrated stream).
+  const bool recompute = r.sampler != nullptr;
   // Tokens whose KV the sequence will hold right after admission.
-  const int length = static_cast<int>(r.req.prompt.size() + (recompute ? r.generated.size() - 1 : 0));
+  const int length = static_cast<int>(r.req.prompt.size() + r.generated.size()) - (recompute ? 1 : 0);
   const int target = static_cast<int>(reserve_target(r, length + 1));
   const KvCacheStats kv = kv_.stats();
   if (kv.bytes_capacity > 0 && kv_.sequence_bytes(target) > kv.bytes_capacity - kv.bytes_reserved) {
@@ -267,7 +277,9 @@ bool DecodeScheduler::admit_one(Request& r) {
     fail(r, fmt::format("cannot open its KV: {}", e.what()));
     return true;
   }
-  if (options_.record_block_tokens > 0) {
+  // A migrated stream's KV is not recorded for the vault: the exact copies prefill sends
+  // would start at its last full block of prompt + generated, not of the prompt.
+  if (options_.record_block_tokens > 0 && r.req.generated.empty()) {
     if (!r.recorder) {
       const int block = options_.record_block_tokens;
       r.recorder = std::make_unique<KvRecorder>(kv_.shape(), static_cast<int>(r.req.prompt.size()) / block * block);
@@ -285,7 +297,7 @@ bool DecodeScheduler::admit_one(Request& r) {
   }
   try {
     std::vector<int> tokens = r.req.prompt;
-    if (recompute) tokens.insert(tokens.end(), r.generated.begin(), r.generated.end() - 1);
+    tokens.insert(tokens.end(), r.generated.begin(), r.generated.end() - (recompute ? 1 : 0));
     engine_.prefill(seq, tokens, logits_);
     if (recompute) {
       r.state = Request::State::running;
@@ -294,8 +306,9 @@ bool DecodeScheduler::admit_one(Request& r) {
     }
     r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
     r.sampler->add_prompt_tokens(r.req.prompt);
+    for (int t : r.generated) r.sampler->record_token(t);
     std::span<float> row(logits_.data(), static_cast<size_t>(vocab_));
-    suppress_ending_tokens(row, r.req.params, r.req.eos_ids, 0);
+    suppress_ending_tokens(row, r.req.params, r.req.eos_ids, static_cast<int>(r.generated.size()));
     start_decoding(r, r.sampler->sample(row));
   } catch (const Error& e) {
     fail(r, fmt::format("prefill failed: {}", e.what()));

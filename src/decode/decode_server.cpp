@@ -87,7 +87,10 @@ struct DecodeServer::Impl {
       so.on_finished_kv = [this](const FinishedKv& f) { store_finished(f); };
     }
     scheduler = std::make_unique<DecodeScheduler>(*rt->engine, *rt->paged_kv, so);
-    receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks());
+    // With a secret, KV is accepted only sealed with it (net/wire.h WireAuth); without one, from anyone who
+    // reaches the UCX port, as before.
+    receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks(), net::WireAuth(config.secret));
+    if (config.secret.empty()) spdlog::warn("no --secret-file: the KV data plane accepts messages from anyone who reaches its port");
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
     HttpServerOptions ho;
     ho.host = config.host;
@@ -150,6 +153,9 @@ struct DecodeServer::Impl {
     cb.on_request_error = [this](uint64_t id, const Status& error) { scheduler->kv_failed(id, error); };
     cb.on_bad_message = [](net::EndpointId from, const Status& error) {
       spdlog::warn("UCX endpoint {}: unreadable message: {}", from, error.message());
+    };
+    cb.on_rejected = [this](net::EndpointId, const Status& error) {
+      metrics.count_kv_message_rejected(error.message().starts_with("bad MAC") ? "bad_mac" : "unauthenticated");
     };
     return cb;
   }
@@ -245,7 +251,7 @@ struct DecodeServer::Impl {
       streams.erase(id);
     });
     DecodeRequest dr{.id = id, .prompt = std::move(job.prompt), .params = job.params, .eos_ids = rt->eos_ids,
-                     .remote_kv = job.remote_kv};
+                     .remote_kv = job.remote_kv, .generated = std::move(job.generated)};
     const auto t0 = std::chrono::steady_clock::now();
     auto last = std::make_shared<std::chrono::steady_clock::time_point>(t0);
     const Status st = scheduler->submit(std::move(dr), [this, id, res, t0, last](const DecodeEvent& e) {

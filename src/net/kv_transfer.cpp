@@ -42,6 +42,7 @@ struct KvReceiver::State {
 
   UcxWorker& worker;
   KvReceiverCallbacks callbacks;
+  WireAuth auth;
   std::unordered_map<uint64_t, Request> requests;
   std::unordered_set<uint64_t> ended;
   std::deque<uint64_t> ended_order;
@@ -54,7 +55,12 @@ struct KvReceiver::State {
     }
   }
 
-  State(UcxWorker& w, KvReceiverCallbacks c) : worker(w), callbacks(std::move(c)) {}
+  State(UcxWorker& w, KvReceiverCallbacks c, WireAuth a) : worker(w), callbacks(std::move(c)), auth(std::move(a)) {}
+
+  void rejected(EndpointId from, const Status& error) {
+    spdlog::error("kv receiver: refused a message from endpoint {}: {}", from, error.message());
+    if (callbacks.on_rejected) callbacks.on_rejected(from, error);
+  }
 
   void bad_message(EndpointId from, const Status& error) {
     spdlog::warn("kv receiver: dropped a message from endpoint {}: {}", from, error.message());
@@ -69,11 +75,15 @@ struct KvReceiver::State {
     if (callbacks.on_request_error) callbacks.on_request_error(id, error);
     // Tell the sender, so it stops streaming and ends the request.
     const auto text = wire_text(error.message());
-    auto header = encode_wire_header(make_wire_header(WireType::request_error, id, 0, 0, text));
+    auto header = auth.seal(encode_wire_header(make_wire_header(WireType::request_error, id, 0, 0, text)), text,
+                            WireChannel::reply);
     worker.send(request.from, kKvReplyAmId, std::move(header), text);
   }
 
-  void on_message(EndpointId from, std::span<const std::byte> header_bytes, std::span<const std::byte> payload) {
+  void on_message(EndpointId from, std::span<const std::byte> sealed, std::span<const std::byte> payload) {
+    // Authenticated first: a message without this cluster's tag touches no request.
+    std::span<const std::byte> header_bytes;
+    if (Status s = auth.open(sealed, payload, WireChannel::data, header_bytes); !s) return rejected(from, s);
     WireHeader header;
     if (Status s = decode_wire_header(header_bytes, header); !s) return bad_message(from, s);
     const uint64_t id = header.request_id;
@@ -183,18 +193,24 @@ struct KvReceiver::State {
   }
 };
 
-KvReceiver::KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks)
-    : worker_(worker), state_(std::make_unique<State>(worker, std::move(callbacks))) {
+KvReceiver::KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks, WireAuth auth)
+    : worker_(worker), state_(std::make_unique<State>(worker, std::move(callbacks), std::move(auth))) {
   State* state = state_.get();
   worker_.set_message_handler(
       kKvDataAmId,
       [state](EndpointId from, std::span<const std::byte> header, std::span<const std::byte> payload) {
         state->on_message(from, header, payload);
       },
-      [state](EndpointId from, std::span<const std::byte> header_bytes, const Status& error) {
+      [state](EndpointId from, std::span<const std::byte> sealed, const Status& error) {
+        // The payload never arrived, so a tag cannot be checked: with auth on, only a request
+        // already streaming from this endpoint is failed.
+        const bool authed = state->auth.enabled();
+        if (authed && sealed.size() != kWireSealedHeaderBytes) return state->bad_message(from, error);
+        const auto header_bytes = authed ? sealed.first(kWireHeaderBytes) : sealed;
         WireHeader header;
         if (!decode_wire_header(header_bytes, header)) return state->bad_message(from, error);
         auto it = state->requests.find(header.request_id);
+        if (authed && (it == state->requests.end() || it->second.from != from)) return state->bad_message(from, error);
         if (it == state->requests.end()) {
           if (state->ended.contains(header.request_id)) return;  // a straggler of an ended request
           it = state->requests.try_emplace(header.request_id).first;
@@ -422,7 +438,8 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       ++request.in_flight;
       request.ended = end;
-      enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
+      enqueue(peer, Outgoing{id, true, options.auth.seal(encode_wire_header(header), payload, WireChannel::data),
+                             std::move(payload)});
     }
     drain(peer);
     return Status::ok();
@@ -432,7 +449,8 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   // it follows the request's earlier messages through the same queue.
   void send_cancel(EndpointId peer, uint64_t id, std::string_view reason) {
     auto payload = wire_text(reason);
-    auto header = encode_wire_header(make_wire_header(WireType::request_cancel, id, 0, 0, payload));
+    auto header = options.auth.seal(encode_wire_header(make_wire_header(WireType::request_cancel, id, 0, 0, payload)),
+                                    payload, WireChannel::data);
     {
       std::lock_guard lock(mutex);
       enqueue(peer, Outgoing{id, false, std::move(header), std::move(payload)});
@@ -440,7 +458,12 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     drain(peer);
   }
 
-  void on_reply(std::span<const std::byte> header_bytes, std::span<const std::byte> payload) {
+  void on_reply(std::span<const std::byte> sealed, std::span<const std::byte> payload) {
+    std::span<const std::byte> header_bytes;
+    if (Status s = options.auth.open(sealed, payload, WireChannel::reply, header_bytes); !s) {
+      spdlog::error("kv sender: refused a reply: {}", s.message());
+      return;
+    }
     WireHeader header;
     if (Status s = decode_wire_header(header_bytes, header); !s) {
       spdlog::warn("kv sender: dropped a reply: {}", s.message());

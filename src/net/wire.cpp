@@ -1,6 +1,9 @@
 // Wire header encoding and validation (include/hack/net/wire.h).
 #include "hack/net/wire.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <xxhash.h>
 
 #include <cstring>
@@ -132,6 +135,75 @@ Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> 
     return Status::error(fmt::format("request {}: {} (layer {}) payload checksum {:#018x} != header {:#018x}",
                                      header.request_id, wire_type_name(header.type), header.layer, sum,
                                      header.payload_checksum));
+  return Status::ok();
+}
+
+namespace {
+
+constexpr std::string_view kWireAuthLabel = "hackserve wire auth v1";
+
+}  // namespace
+
+WireAuth::WireAuth(std::string_view secret) {
+  if (secret.empty()) return;
+  unsigned int len = 0;
+  HACK_CHECK(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+                  reinterpret_cast<const unsigned char*>(kWireAuthLabel.data()), kWireAuthLabel.size(), key_.data(),
+                  &len) != nullptr && len == key_.size(),
+             "wire auth: HMAC-SHA256 key derivation failed");
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  HACK_CHECK(mac != nullptr, "wire auth: OpenSSL has no HMAC");
+  mac_ = std::shared_ptr<void>(mac, [](void* m) { EVP_MAC_free(static_cast<EVP_MAC*>(m)); });
+  enabled_ = true;
+}
+
+std::array<std::byte, kWireTagBytes> WireAuth::tag(std::span<const std::byte> header, std::span<const std::byte> payload,
+                                                   WireChannel channel) const {
+  std::array<std::byte, kWireTagBytes> out{};
+  HACK_CHECK(enabled_, "wire auth: no secret");
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(static_cast<EVP_MAC*>(mac_.get()));
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
+  const auto ch = static_cast<unsigned char>(channel);
+  size_t len = 0;
+  const bool ok = ctx != nullptr && EVP_MAC_init(ctx, key_.data(), key_.size(), params) == 1 &&
+                  EVP_MAC_update(ctx, &ch, 1) == 1 &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(header.data()), header.size()) == 1 &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(payload.data()), payload.size()) == 1 &&
+                  EVP_MAC_final(ctx, reinterpret_cast<unsigned char*>(out.data()), &len, out.size()) == 1 &&
+                  len == out.size();
+  EVP_MAC_CTX_free(ctx);
+  HACK_CHECK(ok, "wire auth: HMAC-SHA256 failed");
+  return out;
+}
+
+std::vector<std::byte> WireAuth::seal(std::vector<std::byte> header, std::span<const std::byte> payload,
+                                      WireChannel channel) const {
+  if (!enabled_) return header;
+  HACK_CHECK(header.size() == kWireHeaderBytes, "wire auth: sealing a {}-byte header", header.size());
+  const auto t = tag(header, payload, channel);
+  header.insert(header.end(), t.begin(), t.end());
+  return header;
+}
+
+Status WireAuth::open(std::span<const std::byte> header, std::span<const std::byte> payload, WireChannel channel,
+                      std::span<const std::byte>& plain) const {
+  plain = {};
+  if (!enabled_) {
+    if (header.size() == kWireSealedHeaderBytes)
+      return Status::error("an authenticated (sealed) message, but this node has no cluster secret: give every node "
+                           "the same --secret-file");
+    plain = header;
+    return Status::ok();
+  }
+  if (header.size() != kWireSealedHeaderBytes)
+    return Status::error(fmt::format("unauthenticated message ({}-byte header, no MAC): the sender lacks the cluster "
+                                     "secret", header.size()));
+  const auto body = header.first(kWireHeaderBytes);
+  const auto want = tag(body, payload, channel);
+  if (CRYPTO_memcmp(want.data(), header.data() + kWireHeaderBytes, kWireTagBytes) != 0)
+    return Status::error("bad MAC: the message was not sealed with this cluster's secret (or was altered)");
+  plain = body;
   return Status::ok();
 }
 

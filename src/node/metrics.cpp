@@ -109,6 +109,18 @@ struct Metrics::Impl {
                                                            .Name("hack:request_success_total")
                                                            .Help("Requests that finished, by finish reason.")
                                                            .Register(registry);
+  prometheus::Family<prometheus::Counter>& retries = prometheus::BuildCounter()
+                                                         .Name("hack:request_retries_total")
+                                                         .Help("Attempts that failed before any token and were retried, by cause.")
+                                                         .Register(registry);
+  prometheus::Family<prometheus::Counter>& migrations = prometheus::BuildCounter()
+                                                            .Name("hack:request_migrations_total")
+                                                            .Help("Streams continued on another node pair after tokens, by cause.")
+                                                            .Register(registry);
+  prometheus::Family<prometheus::Counter>& kv_rejected = prometheus::BuildCounter()
+                                                             .Name("hack:kv_messages_rejected_total")
+                                                             .Help("Data-plane messages refused, by reason.")
+                                                             .Register(registry);
 };
 
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
@@ -150,6 +162,16 @@ void Metrics::count_request_error(std::string_view type) {
 }
 void Metrics::count_request_success(std::string_view finish_reason) {
   impl_->successes.Add({{"finish_reason", std::string(finish_reason)}}).Increment();
+}
+
+void Metrics::count_request_retry(std::string_view cause) {
+  impl_->retries.Add({{"cause", std::string(cause)}}).Increment();
+}
+void Metrics::count_request_migration(std::string_view cause) {
+  impl_->migrations.Add({{"cause", std::string(cause)}}).Increment();
+}
+void Metrics::count_kv_message_rejected(std::string_view reason) {
+  impl_->kv_rejected.Add({{"reason", std::string(reason)}}).Increment();
 }
 
 std::string Metrics::serialize() const { return prometheus::TextSerializer().Serialize(impl_->registry.Collect()); }

@@ -136,6 +136,7 @@ std::string to_json(const GenerateJob& job) {
             {"sampling", sampling_json(job.params)},
             {"remote_kv", job.remote_kv}};
   if (!job.kv_format.empty()) j["kv_format"] = job.kv_format;
+  if (!job.generated.empty()) j["generated"] = job.generated;
   return j.dump();
 }
 
@@ -146,6 +147,7 @@ std::string to_json(const PrefillCall& call) {
             {"decode_ucx", call.decode_ucx}};
   if (call.corrupt_page) j["test_corrupt_page"] = true;
   if (!call.kv_format.empty()) j["kv_format"] = call.kv_format;
+  if (!call.generated.empty()) j["generated"] = call.generated;
   return j.dump();
 }
 
@@ -221,6 +223,7 @@ GenerateJob parse_generate_job(std::string_view text) {
   job.params = sampling_from(j["sampling"], what);
   job.remote_kv = field_or<bool>(j, what, "remote_kv", true);
   job.kv_format = field_or<std::string>(j, what, "kv_format", "");
+  job.generated = field_or<std::vector<int>>(j, what, "generated", {});
   return job;
 }
 
@@ -235,6 +238,7 @@ PrefillCall parse_prefill_call(std::string_view text) {
   call.decode_ucx = field<std::string>(j, what, "decode_ucx");
   call.corrupt_page = field_or<bool>(j, what, "test_corrupt_page", false);
   call.kv_format = field_or<std::string>(j, what, "kv_format", "");
+  call.generated = field_or<std::vector<int>>(j, what, "generated", {});
   return call;
 }
 

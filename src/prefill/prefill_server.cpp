@@ -76,6 +76,7 @@ struct PrefillServer::Impl {
     wo.engine = EngineOptions{config.model.prefill_chunk};
     HACK_CHECK(config.window_mb > 0, "--window-mb must be positive, got {}", config.window_mb);
     wo.sender.max_in_flight_bytes = static_cast<size_t>(config.window_mb) << 20;
+    wo.sender.auth = net::WireAuth(config.secret);  // KV messages carry the cluster's MAC (none without a secret)
     wo.send_timeout_s = config.send_timeout_s;
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
@@ -173,7 +174,12 @@ struct PrefillServer::Impl {
       HACK_CHECK(!call.corrupt_page || config.enable_test_hooks,
                  "test_corrupt_page needs a node started with --enable-test-hooks");
       job.request_id = call.request_id;
+      HACK_CHECK(call.generated.size() < static_cast<size_t>(call.params.max_tokens),
+                 "{} generated tokens leave nothing to generate under max_tokens {}", call.generated.size(),
+                 call.params.max_tokens);
       job.tokens = std::move(call.prompt);
+      job.generated_tokens = static_cast<int>(call.generated.size());
+      job.tokens.insert(job.tokens.end(), call.generated.begin(), call.generated.end());
       job.sampling = call.params;
       job.eos_ids = rt->eos_ids;
       job.peer = parse_peer(call.decode_ucx);

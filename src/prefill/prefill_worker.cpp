@@ -48,6 +48,8 @@ PrefillWorker::PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorke
   disconnect_token_ = ucx_.add_disconnect_handler([this](net::EndpointId endpoint, const Status&) {
     std::lock_guard lock(mutex_);
     std::erase_if(peers_, [&](const auto& entry) { return entry.second == endpoint; });
+    lost_endpoints_.push_back(endpoint);
+    if (lost_endpoints_.size() > 64) lost_endpoints_.pop_front();
   });
   thread_ = std::thread([this] { run(); });
 }
@@ -76,6 +78,9 @@ PrefillWorker::~PrefillWorker() {
 Status PrefillWorker::submit(PrefillJob job) {
   const int vocab = config_.vocab_size;
   if (job.tokens.empty()) return Status::error(fmt::format("request {}: empty prompt", job.request_id));
+  if (job.generated_tokens < 0 || job.generated_tokens >= static_cast<int>(job.tokens.size()))
+    return Status::error(fmt::format("request {}: {} generated tokens after a prompt of {}", job.request_id,
+                                     job.generated_tokens, static_cast<int>(job.tokens.size()) - job.generated_tokens));
   for (int t : job.tokens)
     if (t < 0 || t >= vocab)
       return Status::error(fmt::format("request {}: token {} is outside the vocabulary [0, {})", job.request_id, t, vocab));
@@ -139,7 +144,9 @@ net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
   }
   const net::EndpointId endpoint = ucx_.connect(peer.host, peer.port);  // failure arrives as a disconnect
   std::lock_guard lock(mutex_);
-  peers_[key] = endpoint;
+  // A connect to a node that is restarting can fail before it is cached here; caching it then
+  // would fail every later request to that node (seen under chaos: 720 in a row).
+  if (std::find(lost_endpoints_.begin(), lost_endpoints_.end(), endpoint) == lost_endpoints_.end()) peers_[key] = endpoint;
   return endpoint;
 }
 
@@ -194,7 +201,11 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     added = true;
     if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
     Sampler sampler(job.sampling, static_cast<int>(vocab));
-    sampler.add_prompt_tokens(job.tokens);
+    // A migrated stream: the prompt counts as prompt, the generated tail as this sampler's own
+    // output (penalties, step), so the next draw is the one the first node pair would have made.
+    const size_t prompt_len = job.tokens.size() - static_cast<size_t>(job.generated_tokens);
+    sampler.add_prompt_tokens(std::span<const int>(job.tokens).first(prompt_len));
+    for (size_t i = prompt_len; i < job.tokens.size(); ++i) sampler.record_token(job.tokens[i]);
     KvExportCursor cursor;
     cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
     int restored = 0;
@@ -250,7 +261,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     }
     // The first token, as generate() samples it.
     const std::span<float> row(logits.data() + (all_logits ? (job.tokens.size() - 1) * vocab : 0), vocab);
-    suppress_ending_tokens(row, job.sampling, job.eos_ids, 0);
+    suppress_ending_tokens(row, job.sampling, job.eos_ids, job.generated_tokens);
     result.first = sampler.sample(row);
     result.seed = sampler.seed();
     result.prompt_tokens = static_cast<int>(job.tokens.size());

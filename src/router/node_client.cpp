@@ -43,7 +43,7 @@ DisaggregatedCall::~DisaggregatedCall() {
 
 void DisaggregatedCall::start_prefill() {
   PrefillCall call{job_.request_id, job_.prompt, job_.params, decode_.ucx_address, options_.corrupt_page,
-                   decode_.kv_format};
+                   decode_.kv_format, job_.generated};
   prefill_thread_ = std::thread([this, body = to_json(call)]() mutable {
     std::string error;
     PrefillReply reply;

@@ -5,8 +5,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -52,6 +54,11 @@ void add_router_flags(FlagSet& flags, RouterConfig& c) {
   flags.add_secret("secret", &c.secret, "shared secret of the nodes' internal endpoints");
   flags.add_float("health-interval", &c.health_interval_s, "seconds between health polls of every node");
   flags.add_float("request-timeout", &c.request_timeout_s, "seconds a node connection may stay silent");
+  flags.add_int("max-migrations", &c.max_migrations,
+                "times a stream that fails after tokens is continued on another node pair before it fails");
+  flags.add_float("stall-timeout-s", &c.stall_timeout_s,
+                  "seconds without a token after which a stream whose node is unreachable or busy is migrated "
+                  "(0 = never)");
   flags.add_int64("max-queue-tokens", &c.max_queue_tokens,
                   "answer 429 when every node's queue is past this many tokens (0 = never)");
   flags.add_int64("prefix-affinity-tokens", &c.prefix_affinity_tokens,
@@ -316,6 +323,70 @@ struct ChoiceRun {
   SamplingParams params;
   ChoiceStream stream;
   ChoiceOutcome& out;
+  std::vector<int> generated;  // every token relayed so far, over all attempts (a migration resends them)
+};
+
+// Watches one attempt: when no node event has come for `stall_s`, asks `stalled` (a health
+// round trip); when it answers yes, the attempt is marked stalled and `abort` ends it.
+class StallWatch {
+ public:
+  StallWatch(double stall_s, std::function<bool()> stalled, std::function<void()> abort)
+      : stall_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(stall_s))),
+        stalled_(std::move(stalled)),
+        abort_(std::move(abort)) {
+    if (stall_s > 0) thread_ = std::thread([this] { watch(); });
+  }
+  ~StallWatch() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  StallWatch(const StallWatch&) = delete;
+  StallWatch& operator=(const StallWatch&) = delete;
+
+  // An event came: the stall clock restarts.
+  void touch() {
+    std::lock_guard lock(mutex_);
+    last_ = Clock::now();
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      if (Clock::now() < last_ + stall_) {
+        cv_.wait_until(lock, last_ + stall_);
+        continue;
+      }
+      const Clock::time_point seen = last_;
+      lock.unlock();
+      const bool stalled = stalled_();
+      lock.lock();
+      if (stop_) return;
+      if (last_ != seen) continue;  // a token came while the nodes were asked
+      if (stalled) {
+        fired_ = true;
+        lock.unlock();
+        abort_();
+        return;
+      }
+      last_ = Clock::now();  // alive and not stuck: give it another stall_s
+    }
+  }
+
+  const Clock::duration stall_;
+  std::function<bool()> stalled_;
+  std::function<void()> abort_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  Clock::time_point last_ = Clock::now();
+  bool stop_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
 };
 
 }  // namespace
@@ -330,6 +401,7 @@ struct RouterServer::Impl {
   int max_model_len = 0;
   int64_t created_s = 0;
   SamplingParams defaults;
+  std::vector<int> eos_ids;  // the model's, as the nodes merge them (a migrated stream that ended on one is done)
   ProtocolLimits limits;
   ApiKeys keys;
   NodePool prefill_pool, decode_pool;
@@ -380,6 +452,7 @@ struct RouterServer::Impl {
     if (gen.top_p) defaults.top_p = *gen.top_p;
     if (gen.top_k) defaults.top_k = *gen.top_k;
     if (gen.repetition_penalty) defaults.repetition_penalty = *gen.repetition_penalty;
+    eos_ids = merge_eos_ids(mc.eos_token_ids, gen, tokenizer.eos_id());
     std::optional<std::string> source;
     if (!config.chat_template.empty()) {
       source = read_file(config.chat_template, "chat template");
@@ -867,8 +940,12 @@ struct RouterServer::Impl {
 
   // ---- one choice -----------------------------------------------------------------------
 
-  // Runs one choice to its end, retrying once on other nodes while no token has been
-  // produced. With `stream`, chunks are sent as text settles.
+  // Runs one choice to its end. An attempt that fails before any token is retried once on
+  // other nodes; one that fails after tokens (node lost, stream broken, stalled) is migrated:
+  // prompt + the tokens so far go to another node pair, which continues the same stream
+  // (same seed, sampler step = tokens so far), at most config.max_migrations times. The text
+  // state (detokenizer, stop strings) spans every attempt, so the client sees one stream.
+  // With `stream`, chunks are sent as text settles.
   // `index`: the choice's number within its prompt (its sampling seed); `reported`: its index
   // in the response.
   ChoiceOutcome run_choice(RequestContext& ctx, const AdmittedRequest& req, int index, int reported,
@@ -877,6 +954,9 @@ struct RouterServer::Impl {
     const bool chat = r.endpoint == Endpoint::kChatCompletions;
     ChoiceOutcome out;
     ChoiceRun run{req, gauge, choice_params(req.params, index), ChoiceStream(stream, req.meta, reported, chat), out};
+    // A migrated stream draws on its new nodes what it would have drawn on the first pair only
+    // with the same seed: pick it here when the client gave none.
+    if (!run.params.seed) run.params.seed = random_id();
     out.choice.index = reported;
     if (run.params.logprobs >= 0) out.choice.logprobs.emplace();
     const std::string echo = r.echo && !chat ? req.prompt_text : std::string();
@@ -884,42 +964,105 @@ struct RouterServer::Impl {
     run.stream.open(echo);
 
     std::set<std::string> bad_prefill, bad_decode;
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    Attempt a{NodePair{}, ChoiceText(tokenizer, r)};
+    int retries = 0, migrations = 0;
+    for (int attempt = 0;; ++attempt) {
       out.error.reset();  // an earlier attempt's failure is not this one's
-      auto nodes = acquire_nodes(req, run.params, bad_prefill, bad_decode);
+      auto nodes = acquire_live_nodes(ctx, req, run.params, bad_prefill, bad_decode,
+                                      static_cast<int64_t>(run.generated.size()), attempt > 0);
       if (auto* e = std::get_if<ProtocolError>(&nodes)) {
         out.error = *e;
+        if (!run.generated.empty())
+          out.error->message = fmt::format("generation failed after {} tokens: {}", run.generated.size(), e->message);
         return out;
       }
-      Attempt a{std::get<NodePair>(std::move(nodes)), ChoiceText(tokenizer, r)};
-      const GenerateOutcome g = run_attempt(ctx, run, a, attempt);
+      a.nodes = std::get<NodePair>(std::move(nodes));
+      bool stalled = false;
+      const GenerateOutcome g = run_attempt(ctx, run, a, attempt, stalled);
       if (g.status.is_ok()) {
         finish_choice(run, a, g.finish_reason);
-        return out;
-      }
-      if (g.started) {
-        out.error = internal_error(
-            fmt::format("generation failed after {} tokens: {}", out.completion_tokens, g.status.message()));
         return out;
       }
       if (ctx.cancelled()) {
         out.error = internal_error("cancelled");
         return out;
       }
-      spdlog::warn("request {}: attempt {} on {} + {} failed before any token: {}", req.meta.id, attempt + 1,
-                   a.nodes.prefill.node().name, a.nodes.decode_node.name, g.status.message());
-      exclude_failed_nodes(a.nodes, bad_prefill, bad_decode);
-      out.error = internal_error(g.status.message());
+      // The stream broke after its last token, before the node said it had finished.
+      if (auto finish = ended_by_last_token(run)) {
+        finish_choice(run, a, *finish);
+        return out;
+      }
+      const std::string why = stalled ? fmt::format("no token for {} s (stalled)", config.stall_timeout_s)
+                                      : g.status.message();
+      const bool decode_lost = exclude_failed_nodes(a.nodes, bad_prefill, bad_decode, !run.generated.empty());
+      if (run.generated.empty()) {
+        if (retries >= std::max(1, config.max_migrations)) {
+          out.error = internal_error(why);
+          return out;
+        }
+        ++retries;
+        metrics.count_request_retry(stalled ? "stalled" : "node_failure");
+        spdlog::warn("request {}: attempt {} on {} + {} failed before any token: {}", req.meta.id, attempt + 1,
+                     a.nodes.prefill_node.name, a.nodes.decode_node.name, why);
+      } else {
+        if (migrations >= config.max_migrations) {
+          out.error = internal_error(fmt::format("generation failed after {} tokens and {} migrations: {}",
+                                                 run.generated.size(), migrations, why));
+          return out;
+        }
+        ++migrations;
+        const char* cause = stalled ? "stalled" : decode_lost ? "node_lost" : "stream_broken";
+        metrics.count_request_migration(cause);
+        spdlog::warn("request {}: choice {} migrates after {} tokens ({}: {} + {}: {})", req.meta.id, reported,
+                     run.generated.size(), cause, a.nodes.prefill_node.name, a.nodes.decode_node.name, why);
+      }
+      a.nodes = NodePair{};  // out of the failed nodes' load before the next pick
     }
-    return out;
+  }
+
+  // acquire_nodes for a retry or migration: when the pick falls back to a node excluded as
+  // failed (no other was free) and it still does not answer, wait for the pool to offer a
+  // live one (a restarted node, or the health poll dropping the dead one) for up to
+  // stall_timeout_s (at least 5 s) rather than spend an attempt on a dead node.
+  std::variant<NodePair, ProtocolError> acquire_live_nodes(RequestContext& ctx, const AdmittedRequest& req,
+                                                           const SamplingParams& params,
+                                                           const std::set<std::string>& bad_prefill,
+                                                           const std::set<std::string>& bad_decode, int64_t generated,
+                                                           bool after_failure) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(std::max(5.0f, config.stall_timeout_s)));
+    for (;;) {
+      auto nodes = acquire_nodes(req, params, bad_prefill, bad_decode, generated);
+      if (!after_failure || Clock::now() >= deadline || ctx.cancelled()) return nodes;
+      if (auto* pair = std::get_if<NodePair>(&nodes)) {
+        const bool prefill_ok = !bad_prefill.contains(pair->prefill_node.name) || node_alive(pair->prefill_node);
+        const bool decode_ok = !bad_decode.contains(pair->decode_node.name) || node_alive(pair->decode_node);
+        if (prefill_ok && decode_ok) return nodes;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+
+  // A stream that broke after the token that ended it (max_tokens reached, a stop id or EOS
+  // sampled) has nothing left to generate: how it finished, or nullopt when it has not.
+  std::optional<FinishReason> ended_by_last_token(const ChoiceRun& run) const {
+    if (run.generated.empty()) return std::nullopt;
+    const int last = run.generated.back();
+    const auto& stops = run.params.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), last) != stops.end()) return FinishReason::stop;
+    if (!run.params.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), last) != eos_ids.end())
+      return FinishReason::stop;
+    if (static_cast<int>(run.generated.size()) >= run.params.max_tokens) return FinishReason::length;
+    return std::nullopt;
   }
 
   // The prefill and decode node with the shortest queues, not one of `bad_*` unless there is
   // no other.
+  // `generated`: tokens of a migrated stream, prefilled with the prompt.
   std::variant<NodePair, ProtocolError> acquire_nodes(const AdmittedRequest& req, const SamplingParams& params,
                                                       const std::set<std::string>& bad_prefill,
-                                                      const std::set<std::string>& bad_decode) {
-    const auto prompt_tokens = static_cast<int64_t>(req.prompt.size());
+                                                      const std::set<std::string>& bad_decode, int64_t generated = 0) {
+    const auto prompt_tokens = static_cast<int64_t>(req.prompt.size()) + generated;
     const std::vector<uint64_t> prefix = config.prefix_affinity_tokens > 0
                                              ? prefix_block_hashes(req.prompt, config.prefix_block_tokens)
                                              : std::vector<uint64_t>{};
@@ -937,8 +1080,9 @@ struct RouterServer::Impl {
     }
     std::set<std::string> exclude = other_format;
     exclude.insert(bad_decode.begin(), bad_decode.end());
-    auto dl = decode_pool.acquire(prompt_tokens + params.max_tokens, exclude);
-    if (!dl) dl = decode_pool.acquire(prompt_tokens + params.max_tokens, other_format);
+    const int64_t decode_tokens = prompt_tokens + params.max_tokens - generated;
+    auto dl = decode_pool.acquire(decode_tokens, exclude);
+    if (!dl) dl = decode_pool.acquire(decode_tokens, other_format);
     if (!dl && !other_format.empty() && decode_pool.healthy_count() > 0)
       return unavailable_error(fmt::format("no healthy decode node has the KV format of prefill node {} ('{}'): "
                                            "start every node with the same --kv, --hack-* and --fdc",
@@ -957,17 +1101,51 @@ struct RouterServer::Impl {
   }
 
   // Generates on the attempt's nodes until the request ends, fails, or a stop string matches.
-  GenerateOutcome run_attempt(RequestContext& ctx, ChoiceRun& run, Attempt& a, int attempt) {
+  // Generates on the attempt's nodes until the request ends, fails, stalls (`stalled` set:
+  // no token for config.stall_timeout_s and stream_stalled says so) or a stop string matches.
+  // A migrated stream (run.generated not empty) continues from its tokens so far.
+  GenerateOutcome run_attempt(RequestContext& ctx, ChoiceRun& run, Attempt& a, int attempt, bool& stalled) {
     GenerateJob job{random_id(), run.req.prompt, run.params, true};
+    job.generated = run.generated;
+    if (!run.generated.empty()) job.params.prompt_logprobs = -1;  // the prompt's were relayed with the first token
     GenerateOptions go{config.secret, config.request_timeout_s, false};
     DisaggregatedCall call(a.nodes.prefill_node, a.nodes.decode_node, job, go);
     ctx.add(&call);
-    spdlog::debug("request {}: choice {} attempt {} on prefill {} + decode {} (node request {})", run.req.meta.id,
-                  run.out.choice.index, attempt + 1, a.nodes.prefill.node().name, a.nodes.decode_node.name,
-                  job.request_id);
-    const GenerateOutcome g = call.run([&](const NodeEvent& e) { return on_node_event(run, a, e); });
+    spdlog::debug("request {}: choice {} attempt {} on prefill {} + decode {} (node request {}, {} tokens so far)",
+                  run.req.meta.id, run.out.choice.index, attempt + 1, a.nodes.prefill_node.name,
+                  a.nodes.decode_node.name, job.request_id, run.generated.size());
+    std::atomic<bool> any_token{false};
+    GenerateOutcome g;
+    {
+      StallWatch watch(
+          config.stall_timeout_s, [&] { return stream_stalled(a.nodes, any_token); }, [&] { call.cancel(); });
+      g = call.run([&](const NodeEvent& e) {
+        watch.touch();
+        if (e.kind == NodeEventKind::token) {
+          any_token = true;
+          a.nodes.prefill.release();  // the first token is sampled by prefill: its part is done
+        }
+        return on_node_event(run, a, e);
+      });
+      stalled = watch.fired();
+    }
     ctx.remove(&call);
     return g;
+  }
+
+  // Whether an attempt silent for stall_timeout_s is stuck: its decode node does not answer
+  // its health check (hung, e.g. SIGSTOP, or dead), or after a token it is running requests
+  // yet sent none of ours; before the first token, also when the prefill node does not answer
+  // (a decode node waiting for KV, or a prefill queue, is not a stall).
+  bool stream_stalled(const NodePair& nodes, const std::atomic<bool>& any_token) {
+    NodeHealth h;
+    try {
+      h = fetch_health(nodes.decode_node, 1.0);
+    } catch (const std::exception&) {
+      return true;
+    }
+    if (any_token) return h.running > 0;
+    return !node_alive(nodes.prefill_node);
   }
 
   // One event of the decode stream; false stops generation (a stop string matched).
@@ -977,6 +1155,8 @@ struct RouterServer::Impl {
       return true;
     }
     if (e.kind != NodeEventKind::token) return true;
+    if (e.index < static_cast<int>(run.generated.size())) return true;  // relayed before a migration
+    run.generated.push_back(e.sample.token);
     count_token(run, a);
     if (!e.prompt_logprobs.empty()) relay_prompt_logprobs(run, e.prompt_logprobs);
     return relay_token(run, a, e.sample);
@@ -1046,17 +1226,20 @@ struct RouterServer::Impl {
   // Retry away from the node at fault. Which one failed is not always clear from the error
   // (a dead decode node also fails the prefill job), so ask both: a node that does not
   // answer its health check is excluded and its pool told (failures in a row take it out
-  // of rotation); when both answer, neither is trusted for the retry.
-  void exclude_failed_nodes(const NodePair& nodes, std::set<std::string>& bad_prefill,
-                            std::set<std::string>& bad_decode) {
-    const NodeAddress& prefill = nodes.prefill.node();
+  // of rotation); when both answer, neither is trusted for the retry. After tokens
+  // (`streaming`) the prefill node's part was done, so only a prefill node that is down is
+  // excluded. Returns whether the decode node is down.
+  bool exclude_failed_nodes(const NodePair& nodes, std::set<std::string>& bad_prefill,
+                            std::set<std::string>& bad_decode, bool streaming = false) {
+    const NodeAddress& prefill = nodes.prefill_node;
     const NodeAddress& decode = nodes.decode_node;
     const bool prefill_down = !node_alive(prefill);
     const bool decode_down = !node_alive(decode);
     if (prefill_down) prefill_pool.report_failure(prefill.name);
     if (decode_down) decode_pool.report_failure(decode.name);
-    if (prefill_down || !decode_down) bad_prefill.insert(prefill.name);
-    if (decode_down || !prefill_down) bad_decode.insert(decode.name);
+    if (prefill_down || (!decode_down && !streaming)) bad_prefill.insert(prefill.name);
+    if (decode_down || !prefill_down || streaming) bad_decode.insert(decode.name);
+    return decode_down;
   }
 };
 

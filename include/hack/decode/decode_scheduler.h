@@ -79,6 +79,10 @@ struct DecodeRequest {
   /// true: KV and the first token come from a prefill node (import_*, kv_complete);
   /// false: this node prefills the prompt itself.
   bool remote_kv = true;
+  /// A migrated stream (GenerateJob::generated): tokens already generated elsewhere. The KV
+  /// holds prompt + generated before the next token; they count as this request's output
+  /// (max_tokens, min_tokens, penalties, the sampler's step, token indices).
+  std::vector<int> generated;
 };
 
 enum class DecodeEventKind {

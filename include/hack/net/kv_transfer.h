@@ -55,12 +55,15 @@ struct KvReceiverCallbacks {
   std::function<void(uint64_t request_id, const Status& error)> on_request_error;
   /// A message whose header could not be read, so no request can be blamed.
   std::function<void(EndpointId from, const Status& error)> on_bad_message;
+  /// A message refused by WireAuth (no tag, bad tag): dropped before it touched any request.
+  std::function<void(EndpointId from, const Status& error)> on_rejected;
 };
 
 /// Receives KV from any number of senders on one worker (one receiver per worker).
 class KvReceiver {
  public:
-  KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks);
+  /// With `auth` enabled only messages sealed with the same secret are accepted (wire.h).
+  KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks, WireAuth auth = {});
   /// Unhooks from the worker; no callback runs after it returns.
   ~KvReceiver();
   KvReceiver(const KvReceiver&) = delete;
@@ -87,6 +90,8 @@ struct KvSenderOptions {
   /// single message larger than max_in_flight_bytes still goes out, alone.
   size_t max_in_flight_messages = 1024;
   size_t max_in_flight_bytes = size_t{64} << 20;
+  /// Seals every message (and checks replies) with the cluster secret when enabled (wire.h).
+  WireAuth auth;
 };
 
 /// Counters (read from any thread).

@@ -10,8 +10,10 @@
 ///   u64 payload_bytes | u64 payload_xxh64 (seed 0)
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -91,5 +93,44 @@ Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out);
 
 /// Checks a payload against a decoded header: its length and checksum.
 Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> payload);
+
+/// Data-plane authentication (DESIGN.md §4: reaching the UCX port is not enough to inject
+/// KV). With a cluster secret, every KV-transfer message carries after its 40-byte header a
+/// 32-byte tag, HMAC-SHA256(key, channel ‖ header ‖ payload) with key = HMAC-SHA256(secret,
+/// "hackserve wire auth v1"), so the AM header is kWireSealedHeaderBytes. The tag binds the
+/// payload to its type, request id, layer and seq; `channel` (data or reply) stops a message
+/// being reflected back to its sender. Replays: request ids are random per attempt and seq
+/// must arrive in order, so a replayed message is a duplicate (its request fails, nothing is
+/// injected) or a straggler of an ended request (dropped). Without a secret nothing is
+/// sealed and a sealed message is refused (the nodes must agree).
+inline constexpr size_t kWireTagBytes = 32;
+inline constexpr size_t kWireSealedHeaderBytes = kWireHeaderBytes + kWireTagBytes;
+
+enum class WireChannel : uint8_t { data = 1, reply = 2 };
+
+class WireAuth {
+ public:
+  /// Off: seal() returns the header as is, open() takes plain 40-byte headers.
+  WireAuth() = default;
+  /// On when `secret` is not empty.
+  explicit WireAuth(std::string_view secret);
+
+  bool enabled() const { return enabled_; }
+  /// The header (kWireHeaderBytes) with its tag over `payload` appended (when enabled).
+  std::vector<std::byte> seal(std::vector<std::byte> header, std::span<const std::byte> payload,
+                              WireChannel channel) const;
+  /// Checks a received AM header's tag over `payload` and returns the plain header in
+  /// `plain`; an error names what was wrong (no tag, bad tag) and leaves `plain` empty.
+  Status open(std::span<const std::byte> header, std::span<const std::byte> payload, WireChannel channel,
+              std::span<const std::byte>& plain) const;
+  /// The tag alone (tests build forged messages with it).
+  std::array<std::byte, kWireTagBytes> tag(std::span<const std::byte> header, std::span<const std::byte> payload,
+                                           WireChannel channel) const;
+
+ private:
+  bool enabled_ = false;
+  std::array<unsigned char, 32> key_{};
+  std::shared_ptr<void> mac_;  // the fetched OpenSSL EVP_MAC ("HMAC"), shared by copies
+};
 
 }  // namespace hack::net

@@ -48,6 +48,13 @@ class Metrics {
   void add_prefix_cache_misses(uint64_t blocks);  ///< hack:prefix_cache_misses_total (full blocks computed)
   void count_request_error(std::string_view type);             ///< hack:request_errors_total{type}
   void count_request_success(std::string_view finish_reason);  ///< hack:request_success_total{finish_reason}
+  /// hack:request_retries_total{cause}: an attempt that failed before any token, retried elsewhere.
+  void count_request_retry(std::string_view cause);
+  /// hack:request_migrations_total{cause}: a stream continued on another node pair after tokens
+  /// (cause: node_lost | stream_broken | stalled).
+  void count_request_migration(std::string_view cause);
+  /// hack:kv_messages_rejected_total{reason}: data-plane messages refused (bad or missing MAC, replay).
+  void count_kv_message_rejected(std::string_view reason);
 
   /// Everything in the Prometheus text exposition format (version 0.0.4).
   std::string serialize() const;

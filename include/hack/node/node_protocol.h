@@ -32,6 +32,11 @@ struct GenerateJob {
   SamplingParams params;
   bool remote_kv = true;  ///< KV comes from a prefill node (false: the decode node prefills)
   std::string kv_format;  ///< the prefill node's KV format (runtime kv_format); "" = not checked
+  /// A migrated stream: the tokens an earlier node pair already generated. The KV covers
+  /// prompt + generated, the sampler records them (penalties, step count) and the next token
+  /// is sampled at step generated.size(); params.max_tokens still counts the whole output
+  /// and params.seed must be the seed the stream began with. Empty for a new request.
+  std::vector<int> generated;
 };
 
 /// What a prefill node is asked to compute and where to send the KV.
@@ -42,6 +47,7 @@ struct PrefillCall {
   std::string decode_ucx;     ///< "host:port" of the decode node's UCX listener
   bool corrupt_page = false;  ///< test hook (honoured only with --enable-test-hooks)
   std::string kv_format;      ///< the decode node's KV format; "" = not checked
+  std::vector<int> generated; ///< as GenerateJob::generated: KV of prompt + generated, sample step generated.size()
 };
 
 /// The first token, sampled by the prefill node (also sent to decode with the KV).

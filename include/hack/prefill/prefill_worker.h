@@ -82,7 +82,9 @@ using PrefillOutcome = std::variant<PrefillResult, Status>;
 
 struct PrefillJob {
   uint64_t request_id = 0;         ///< names the request on the wire; unique among live jobs
-  std::vector<int> tokens;         ///< the prompt
+  std::vector<int> tokens;         ///< the prompt, then generated_tokens already generated (a migrated stream)
+  int generated_tokens = 0;        ///< trailing tokens of `tokens` that an earlier node pair generated: the
+                                   ///< sampler records them and samples step generated_tokens
   SamplingParams sampling;
   std::vector<int> eos_ids;        ///< the model's EOS ids (for min_tokens)
   DecodePeer peer;
@@ -156,6 +158,7 @@ class PrefillWorker {
   std::atomic<bool> cancel_running_{false};
   PrefillWorkerStats stats_;
   std::map<std::string, net::EndpointId> peers_;  // "host:port" → endpoint
+  std::deque<net::EndpointId> lost_endpoints_;  // recently lost (mutex_): a connect that failed before it was cached
   int next_seq_id_ = 1;
   std::thread thread_;
 };

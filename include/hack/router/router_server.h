@@ -30,6 +30,10 @@ struct RouterConfig {
   std::string secret;                  ///< the nodes' shared secret
   float health_interval_s = 1.0f;
   float request_timeout_s = 600;       ///< idle limit of each node connection
+  int max_migrations = 2;              ///< a stream whose node pair fails after tokens continues on another
+                                       ///< pair at most this many times (prompt + tokens so far), then fails
+  float stall_timeout_s = 10;          ///< no token for this long and the decode (or, before the first token,
+                                       ///< prefill) node is unreachable or busy: the stream is stalled, migrate it
   int64_t max_queue_tokens = 0;        ///< 429 when every node's queue passes this (0 = off)
   int64_t prefix_affinity_tokens = 512;  ///< prefill routing: prefer the node sent this prompt's prefix when
                                          ///< its queue is within this many tokens of the shortest (0 = off)

@@ -196,6 +196,62 @@ TEST_CASE("remote KV imported between steps continues exactly where prefill stop
   }
 }
 
+TEST_CASE("a migrated request (prompt + tokens generated elsewhere) continues the same stream", "[server][scheduler]") {
+  // The router re-submits prompt + the k tokens already streamed; the node recomputes their KV
+  // in one prefill (fp: the same K/V as the decode steps that made them), records them in the
+  // sampler (penalties, step) and samples step k with the same seed. Penalties and a seeded
+  // draw make a sampler that forgot the k tokens (or restarted at step 0) diverge. top_k keeps
+  // the draw away from the dense tail, where ~1e-6 logit differences could flip it.
+  SamplingParams penalized = greedy(24);
+  penalized.frequency_penalty = 0.8f;
+  penalized.presence_penalty = 0.4f;
+  SamplingParams seeded = greedy(24);
+  seeded.temperature = 0.9f;
+  seeded.top_k = 8;
+  seeded.seed = 4242;
+  seeded.min_tokens = 20;
+  const std::vector<int> prompt = prompt_of(37, 9);
+  for (const SamplingParams& params : {penalized, seeded}) {
+    INFO("temperature " << params.temperature);
+    Node ref_node(kv_options(KvMode::fp));
+    Collector ref_events;
+    std::vector<int> full;
+    {
+      DecodeScheduler scheduler(ref_node.engine, *ref_node.kv, {});
+      REQUIRE(scheduler.submit(DecodeRequest{.id = 1, .prompt = prompt, .params = params,
+                                             .eos_ids = tiny_model().config.eos_token_ids, .remote_kv = false},
+                               ref_events.sink(1))
+                  .is_ok());
+      REQUIRE(ref_events.wait_done(1, 60));
+      full = ref_events.get(1).tokens;
+    }
+    REQUIRE(full.size() == 24);
+    for (size_t k : {size_t{1}, size_t{7}, size_t{23}}) {
+      INFO("migrated after " << k << " tokens");
+      Node node(kv_options(KvMode::fp));
+      Collector events;
+      DecodeScheduler scheduler(node.engine, *node.kv, {});
+      DecodeRequest r{.id = 2, .prompt = prompt, .params = params, .eos_ids = tiny_model().config.eos_token_ids,
+                      .remote_kv = false};
+      r.generated.assign(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k));
+      REQUIRE(scheduler.submit(r, events.sink(2)).is_ok());
+      REQUIRE(events.wait_done(1, 60));
+      const Outcome o = events.get(2);
+      REQUIRE(o.error.empty());
+      CHECK(o.tokens == std::vector<int>(full.begin() + static_cast<std::ptrdiff_t>(k), full.end()));
+      CHECK(o.reason == FinishReason::length);  // max_tokens counts the tokens generated before the move
+      REQUIRE(scheduler.wait_idle(5));
+      CHECK(node.kv->stats().bytes_used == 0);
+    }
+  }
+  // Nothing left to generate is refused at submission.
+  Node node(kv_options(KvMode::fp));
+  DecodeScheduler scheduler(node.engine, *node.kv, {});
+  DecodeRequest done{.id = 3, .prompt = prompt, .params = greedy(2), .remote_kv = false};
+  done.generated = {5, 6};
+  CHECK_FALSE(scheduler.submit(done, [](const DecodeEvent&) {}).is_ok());
+}
+
 TEST_CASE("KV pressure preempts, recomputes and still finishes every request", "[server][scheduler]") {
   // Room for one and a half of the eight requests' full length: two are admitted (their
   // bf16 open blocks dominate) and the first HACK page either of them adds overflows.

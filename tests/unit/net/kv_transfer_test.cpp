@@ -3,6 +3,7 @@
 // and a lost peer on either side end in error callbacks, never a hang.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <memory>
 
 #include "hack/net/kv_transfer.h"
@@ -21,7 +22,10 @@ struct Link {
   std::unique_ptr<KvSender> sender;
   EndpointId peer = 0;
 
-  explicit Link(const std::string& tls) {
+  std::atomic<int> rejected{0};
+  uint16_t port = 0;
+
+  explicit Link(const std::string& tls, const WireAuth& rx_auth = {}, const WireAuth& tx_auth = {}) {
     receiver_worker = std::make_unique<UcxWorker>(test::options_for(tls));
     sender_worker = std::make_unique<UcxWorker>(test::options_for(tls));
     KvReceiverCallbacks callbacks;
@@ -33,10 +37,19 @@ struct Link {
     callbacks.on_request_done = [this](uint64_t id, std::span<const std::byte> payload) { rx.done(id, payload); };
     callbacks.on_request_error = [this](uint64_t id, const Status& s) { rx.error(id, s); };
     callbacks.on_bad_message = [this](EndpointId, const Status& s) { rx.bad_message(s); };
-    receiver = std::make_unique<KvReceiver>(*receiver_worker, callbacks);
+    callbacks.on_rejected = [this](EndpointId, const Status&) {
+      {
+        std::lock_guard lock(rx.mutex);
+        ++rejected;
+      }
+      rx.changed.notify_all();
+    };
+    receiver = std::make_unique<KvReceiver>(*receiver_worker, callbacks, rx_auth);
+    KvSenderOptions so;
+    so.auth = tx_auth;
     sender = std::make_unique<KvSender>(
-        *sender_worker, KvSenderCallbacks{[this](uint64_t id, const Status& s) { tx.error(id, s); }});
-    const uint16_t port = receiver_worker->listen("127.0.0.1", 0);
+        *sender_worker, KvSenderCallbacks{[this](uint64_t id, const Status& s) { tx.error(id, s); }}, so);
+    port = receiver_worker->listen("127.0.0.1", 0);
     peer = sender_worker->connect("127.0.0.1", port);
   }
   ~Link() {
@@ -319,4 +332,40 @@ TEST_CASE("kv transfer: sender options are validated", "[net][kv]") {
   REQUIRE_THROWS_WITH(KvSender(worker, {}, o), Catch::Contains("max_in_flight_messages"));
   o.max_in_flight_messages = 0;
   REQUIRE_THROWS_AS(KvSender(worker, {}, o), Error);
+}
+
+TEST_CASE("kv transfer: with a cluster secret, a rogue sender's messages are refused and counted", "[net][kv][auth]") {
+  Link link("tcp", WireAuth("cluster secret"), WireAuth("cluster secret"));
+  // Two rogues that reach the port: one without the secret, one with another secret.
+  for (const WireAuth& rogue_auth : {WireAuth(), WireAuth("guessed secret")}) {
+    UcxWorker rogue_worker(test::options_for("tcp"));
+    KvSenderOptions so;
+    so.auth = rogue_auth;
+    test::Events rogue_events;
+    KvSender rogue(rogue_worker, KvSenderCallbacks{[&](uint64_t id, const Status& s) { rogue_events.error(id, s); }}, so);
+    const EndpointId ep = rogue_worker.connect("127.0.0.1", link.port);
+    const int before = link.rejected.load();
+    REQUIRE(rogue.send_page(ep, 77, 0, page_bytes(77, 0, 0, 4096)).is_ok());
+    REQUIRE(rogue.layer_done(ep, 77, 0).is_ok());
+    REQUIRE(rogue.request_done(ep, 77).is_ok());
+    REQUIRE(link.rx.wait([&] { return link.rejected.load() >= before + 3; }));
+  }
+  // The cluster's own sender still streams: the node kept serving.
+  REQUIRE(link.sender->send_page(link.peer, 1, 0, page_bytes(1, 0, 0, 100000)).is_ok());
+  REQUIRE(link.sender->layer_done(link.peer, 1, 0).is_ok());
+  REQUIRE(link.sender->request_done(link.peer, 1).is_ok());
+  REQUIRE(link.rx.wait([&] { return link.rx.is_done(1) || link.rx.has_error(1); }));
+  std::lock_guard lock(link.rx.mutex);
+  CHECK(link.rx.errors.empty());
+  REQUIRE(link.rx.pages.size() == 1);  // nothing of request 77 got through
+  CHECK(link.rx.pages[0].request_id == 1);
+  CHECK(link.rx.pages[0].bytes == page_bytes(1, 0, 0, 100000));
+}
+
+TEST_CASE("kv transfer: a receiver without a secret refuses sealed messages (nodes must agree)", "[net][kv][auth]") {
+  Link link("tcp", WireAuth(), WireAuth("cluster secret"));
+  REQUIRE(link.sender->send_page(link.peer, 5, 0, page_bytes(5, 0, 0, 512)).is_ok());
+  REQUIRE(link.rx.wait([&] { return link.rejected.load() >= 1; }));
+  std::lock_guard lock(link.rx.mutex);
+  CHECK(link.rx.pages.empty());
 }

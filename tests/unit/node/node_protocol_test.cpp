@@ -62,6 +62,18 @@ TEST_CASE("node protocol bodies round-trip", "[server][node_protocol]") {
   CHECK(c2.prompt == call.prompt);
   CHECK(c2.decode_ucx == "10.0.0.2:8310");
   CHECK(c2.corrupt_page);
+  CHECK(c2.generated.empty());
+  CHECK(j2.generated.empty());
+
+  // A migrated stream carries the tokens generated so far on both calls.
+  GenerateJob moved = job;
+  moved.generated = {9, 10, 11};
+  CHECK(parse_generate_job(to_json(moved)).generated == moved.generated);
+  PrefillCall moved_call = call;
+  moved_call.generated = {4, 5};
+  CHECK(parse_prefill_call(to_json(moved_call)).generated == moved_call.generated);
+  CHECK_THROWS_WITH(parse_generate_job(R"({"request_id":1,"prompt":[1],"sampling":{},"generated":"x"})"),
+                    Catch::Contains("generated"));
 
   SampleResult s{17, -0.5f, {{17, -0.5f}, {3, -1.25f}}};
   const FirstToken first{s, 99};
