@@ -224,7 +224,7 @@ void DecodeScheduler::handle(Command& command) {
               }
               engine_.adopt_sequence(r.seq_id);
               r.req.params.seed = c.seed;
-              r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
+              r.sampler = std::make_unique<Sampler>(r.req.params, vocab_, options_.constraints, r.req.eos_ids);
               r.sampler->add_prompt_tokens(r.req.prompt);
               r.sampler->record_token(c.first.token);
               start_decoding(r, c.first);
@@ -292,7 +292,7 @@ bool DecodeScheduler::admit_one(Request& r) {
       r.next_token = r.generated.back();
       return true;
     }
-    r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
+    r.sampler = std::make_unique<Sampler>(r.req.params, vocab_, options_.constraints, r.req.eos_ids);
     r.sampler->add_prompt_tokens(r.req.prompt);
     std::span<float> row(logits_.data(), static_cast<size_t>(vocab_));
     suppress_ending_tokens(row, r.req.params, r.req.eos_ids, 0);

@@ -72,6 +72,7 @@ json sampling_json(const SamplingParams& p) {
             {"logprobs", p.logprobs}};
   if (p.seed) j["seed"] = *p.seed;
   if (!p.logit_bias.empty()) j["logit_bias"] = p.logit_bias;  // [[token, bias], ...]
+  if (!p.grammar.empty()) j["grammar"] = p.grammar;  // GBNF
   return j;
 }
 
@@ -91,6 +92,7 @@ SamplingParams sampling_from(const json& j, std::string_view what) {
   p.ignore_eos = field_or<bool>(j, what, "ignore_eos", false);
   p.logprobs = field_or<int>(j, what, "logprobs", -1);
   p.logit_bias = field_or<std::vector<std::pair<int, float>>>(j, what, "logit_bias", {});
+  p.grammar = field_or<std::string>(j, what, "grammar", "");
   if (j.contains("seed") && !j["seed"].is_null()) p.seed = field<uint64_t>(j, what, "seed");
   return p;
 }

@@ -193,7 +193,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
     added = true;
     if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
-    Sampler sampler(job.sampling, static_cast<int>(vocab));
+    Sampler sampler(job.sampling, static_cast<int>(vocab), options_.constraints, job.eos_ids);
     sampler.add_prompt_tokens(job.tokens);
     KvExportCursor cursor;
     cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill

@@ -5,8 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 #include <utility>
+
+#include "hack/core/error.h"
+#include "hack/grammar/grammar.h"
+#include "hack/grammar/json_schema.h"
 
 namespace hack::server {
 
@@ -297,6 +302,72 @@ void read_stream_options(const Json& v, CompletionRequest& r) {
 }
 
 // Fields whose value, when present and not null, is parsed by the loop in parse_body.
+// The GBNF of one structured-output field; a bad schema, regex or grammar is a 400 naming
+// the field. response_format {"type": "text"} gives "" (no constraint).
+std::string read_structured_output(const std::string& field, const Json& v) {
+  namespace g = hack::grammar;
+  auto schema_of = [&](const Json& s, const std::string& where) {
+    if (s.is_string()) {  // vLLM accepts guided_json as JSON text too
+      try {
+        return g::json_schema_to_gbnf(Json::parse(s.get<std::string>()));
+      } catch (const Json::parse_error& e) {
+        reject(field, fmt::format("{} is not valid JSON: {}", where, e.what()));
+      }
+    }
+    if (!s.is_object() && !s.is_boolean()) reject(field, fmt::format("{} must be a JSON Schema object, got {}", where, type_name(s)));
+    return g::json_schema_to_gbnf(s);
+  };
+  std::string gbnf;
+  try {
+    if (field == "response_format") {
+      if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) {
+        reject(field, "response_format must be an object with a string \"type\"");
+      }
+      const std::string type = v["type"].get<std::string>();
+      if (type == "text") return "";
+      if (type == "json_object") return g::json_object_gbnf();
+      if (type != "json_schema") {
+        reject(field, fmt::format("response_format type '{}' is not supported (text, json_object and json_schema are)", type));
+      }
+      if (!v.contains("json_schema") || !v["json_schema"].is_object()) {
+        reject(field, "response_format json_schema needs a \"json_schema\" object");
+      }
+      const Json& js = v["json_schema"];
+      if (!js.contains("schema")) reject(field, "response_format.json_schema.schema is required");
+      return schema_of(js["schema"], "response_format.json_schema.schema");
+    }
+    if (field == "guided_json") {
+      gbnf = schema_of(v, field);
+    } else if (field == "guided_regex") {
+      gbnf = g::regex_to_gbnf(read_string(v, field));
+    } else if (field == "guided_choice") {
+      if (!v.is_array() || v.empty()) reject(field, "guided_choice must be a non-empty list of strings");
+      std::vector<std::string> choices;
+      for (const Json& c : v) {
+        if (!c.is_string()) reject(field, fmt::format("guided_choice entries must be strings, got {}", type_name(c)));
+        choices.push_back(c.get<std::string>());
+      }
+      gbnf = g::choice_to_gbnf(choices);
+    } else if (field == "guided_grammar") {
+      gbnf = read_string(v, field);
+    } else {  // structured_outputs: {"json" | "regex" | "choice" | "grammar": ...}, exactly one
+      if (!v.is_object() || v.size() != 1) {
+        reject(field, "structured_outputs must be an object with exactly one of json, regex, choice, grammar");
+      }
+      const std::string key = v.begin().key();
+      static const std::map<std::string, std::string> kAlias = {
+          {"json", "guided_json"}, {"regex", "guided_regex"}, {"choice", "guided_choice"}, {"grammar", "guided_grammar"}};
+      const auto it = kAlias.find(key);
+      if (it == kAlias.end()) reject(field, fmt::format("structured_outputs.{} is not supported (json, regex, choice, grammar are)", key));
+      return read_structured_output(it->second, v.begin().value());
+    }
+    g::compile_gbnf(gbnf);  // schemas, regexes and choices compile by construction; user GBNF may not
+  } catch (const Error& e) {
+    reject(field, fmt::format("{}: {}", field, e.what()));
+  }
+  return gbnf;
+}
+
 struct Seen {
   std::optional<int> max_tokens;
   std::optional<int> max_completion_tokens;
@@ -307,6 +378,7 @@ struct Seen {
   bool prompt = false;
   bool messages = false;
   bool min_tokens = false;
+  std::vector<std::string> structured;  // the structured-output fields given
 };
 
 CompletionRequest parse_body(const Json& body, Endpoint endpoint, const ProtocolLimits& limits) {
@@ -352,10 +424,15 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
       r.chat_template_kwargs = v;
     } else if (key == "add_generation_prompt" && chat) {
       r.add_generation_prompt = read_bool(v, key);
-    } else if (key == "response_format" && chat) {
-      if (!v.is_object() || v.value("type", std::string()) != "text") {
-        reject(key, "response_format: only {\"type\": \"text\"} is supported");
+    } else if (key == "response_format" || key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
+               key == "guided_grammar" || key == "structured_outputs") {
+      std::string gbnf = read_structured_output(key, v);
+      if (!gbnf.empty()) {
+        seen.structured.push_back(key);
+        r.grammar = std::move(gbnf);
       }
+    } else if (key == "guided_decoding_backend" || key == "guided_whitespace_pattern") {
+      read_string(v, key);  // vLLM's backend choice: there is one here; whitespace is bounded by the grammar
     } else if (key == "max_completion_tokens" && chat) {
       seen.max_completion_tokens = read_int32(v, key, 1);
     } else if (key == "top_logprobs" && chat) {
@@ -424,6 +501,10 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
   }
 
   if (!chat && !seen.prompt) reject("prompt", "prompt is required");
+  if (seen.structured.size() > 1) {
+    reject(seen.structured[1], fmt::format("only one structured-output constraint per request, got {} and {}",
+                                           seen.structured[0], seen.structured[1]));
+  }
   if (chat && !seen.messages) reject("messages", "messages is required");
   if (seen.stream_options && !r.stream) {
     reject("stream_options", "Stream options can only be defined when `stream=True`.");
@@ -599,6 +680,7 @@ SamplingParams to_sampling_params(const CompletionRequest& r, int max_tokens, co
   p.min_tokens = std::min(r.min_tokens, max_tokens);
   p.stop_token_ids = r.stop_token_ids;
   p.logit_bias = r.logit_bias;
+  p.grammar = r.grammar;
   p.ignore_eos = r.ignore_eos;
   p.logprobs = r.logprobs;
   return p;

@@ -52,7 +52,7 @@ class GrammarStateTable {
  public:
   static constexpr int32_t kDead = -1;
   /// Reset (states forgotten) when it grows past this many states, between calls.
-  static constexpr size_t kMaxStates = 65536;
+  static constexpr size_t kMaxStates = 16384;  // ~1 KiB of transitions each
 
   GrammarStateTable(std::shared_ptr<const CompiledGrammar> grammar, std::shared_ptr<const TokenVocabulary> vocab);
 

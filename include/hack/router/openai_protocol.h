@@ -87,6 +87,10 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   std::vector<int> stop_token_ids;
   std::vector<std::pair<int, float>> logit_bias;  ///< {"token id": bias in [-100, 100]}, by id
+  /// Structured output as GBNF (empty = none), compiled from the one of response_format
+  /// (json_object, json_schema), guided_json, guided_regex, guided_choice, guided_grammar or
+  /// structured_outputs the request gave; validated here, so a bad one is a 400 naming it.
+  std::string grammar;
   std::optional<float> presence_penalty;
   std::optional<float> frequency_penalty;
   std::optional<float> repetition_penalty;
