@@ -394,7 +394,16 @@ void DecodeScheduler::step() {
     Request& r = *batch[i];
     std::span<float> row(logits_.data() + i * vocab, vocab);
     suppress_ending_tokens(row, r.req.params, r.req.eos_ids, static_cast<int>(r.generated.size()));
-    emit_token(r, r.sampler->sample(row));
+    SampleResult s;
+    try {
+      s = r.sampler->sample(row);
+    } catch (const Error& e) {
+      // This request's sampling alone failed (e.g. its grammar allows only EOS before
+      // min_tokens): the others in the batch go on.
+      fail(r, fmt::format("sampling failed: {}", e.what()));
+      continue;
+    }
+    emit_token(r, s);
   }
 }
 
