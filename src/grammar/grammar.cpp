@@ -187,12 +187,11 @@ class Parser {
   uint32_t synthetic_rule(Alternatives alts) {
     const uint32_t id = static_cast<uint32_t>(rules_.size());
     rules_.push_back(std::move(alts));
-    names_.push_back(fmt::format("{}-{}", current_name(), id));
+    names_.push_back(fmt::format("rule-{}", id));
     defined_.push_back(true);
     first_use_.push_back(pos_);
     return id;
   }
-  std::string current_name() const { return "rule"; }
 
   Alternatives parse_alternatives(bool nested) {
     Alternatives alts;

@@ -15,8 +15,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 const std::set<std::string> kIgnored = {"title", "description", "default", "examples", "$schema", "$id",
-                                        "$comment", "readOnly", "writeOnly", "deprecated", "$defs", "definitions",
-                                        "strict", "name"};
+                                        "$comment", "readOnly", "writeOnly", "deprecated", "$defs", "definitions"};
 const std::set<std::string> kHandled = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                         "items", "minItems", "maxItems", "minLength", "maxLength", "pattern",
                                         "format", "anyOf", "oneOf", "allOf", "$ref", "nullable", "minimum",

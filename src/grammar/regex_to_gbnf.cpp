@@ -138,11 +138,9 @@ class RegexParser {
     if (json_) r = subtract(r, kJsonUnsafe);
     r = normalize(r);
     if (r.empty()) error("character class matches nothing");
-    std::string cls = class_text(r);
-    if (!json_) return cls;
-    // Escaped forms of the unsafe characters the class held are not offered: the model
-    // writes safe characters (documented limitation of patterns with quotes or controls).
-    return cls;
+    // Inside a JSON string the class keeps only characters written as themselves; escaped
+    // forms of quote, backslash and controls are not offered (a documented limitation).
+    return class_text(r);
   }
 
   std::string literal(uint32_t cp) {
