@@ -85,13 +85,14 @@ void Engine::decode(std::span<const int> seq_ids, std::span<const int> tokens, s
 }
 
 GenerationResult generate(Engine& engine, int seq_id, std::span<const int> prompt, const SamplingParams& params,
-                          std::span<const int> eos_ids, const std::function<bool(const SampleResult&)>& on_token) {
+                          std::span<const int> eos_ids, const std::function<bool(const SampleResult&)>& on_token,
+                          const LogitsConstraintFactory* constraints) {
   using clock = std::chrono::steady_clock;
   const int vocab = engine.config().vocab_size;
   params.validate(vocab);
   GenerationResult result;
   result.stats.prompt_tokens = static_cast<int>(prompt.size());
-  Sampler sampler(params, vocab);
+  Sampler sampler(params, vocab, constraints, eos_ids);
   sampler.add_prompt_tokens(prompt);
 
   const auto t_start = clock::now();

@@ -231,7 +231,7 @@ void DecodeScheduler::handle(Command& command) {
               }
               engine_.adopt_sequence(r.seq_id);
               r.req.params.seed = c.seed;
-              r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
+              r.sampler = std::make_unique<Sampler>(r.req.params, vocab_, options_.constraints, r.req.eos_ids);
               r.sampler->add_prompt_tokens(r.req.prompt);
               for (int t : r.generated) r.sampler->record_token(t);
               r.sampler->record_token(c.first.token);
@@ -304,7 +304,7 @@ bool DecodeScheduler::admit_one(Request& r) {
       r.next_token = r.generated.back();
       return true;
     }
-    r.sampler = std::make_unique<Sampler>(r.req.params, vocab_);
+    r.sampler = std::make_unique<Sampler>(r.req.params, vocab_, options_.constraints, r.req.eos_ids);
     r.sampler->add_prompt_tokens(r.req.prompt);
     for (int t : r.generated) r.sampler->record_token(t);
     std::span<float> row(logits_.data(), static_cast<size_t>(vocab_));
@@ -407,7 +407,16 @@ void DecodeScheduler::step() {
     Request& r = *batch[i];
     std::span<float> row(logits_.data() + i * vocab, vocab);
     suppress_ending_tokens(row, r.req.params, r.req.eos_ids, static_cast<int>(r.generated.size()));
-    emit_token(r, r.sampler->sample(row));
+    SampleResult s;
+    try {
+      s = r.sampler->sample(row);
+    } catch (const Error& e) {
+      // This request's sampling alone failed (e.g. its grammar allows only EOS before
+      // min_tokens): the others in the batch go on.
+      fail(r, fmt::format("sampling failed: {}", e.what()));
+      continue;
+    }
+    emit_token(r, s);
   }
 }
 

@@ -73,6 +73,7 @@ struct DecodeServer::Impl {
                               .reserve_ahead_tokens = config.reserve_ahead_tokens,
                               .kv_wait_timeout_s = config.kv_timeout_s,
                               .test_step_delay_ms = config.test_step_delay_ms};
+    so.constraints = rt->constraints.get();
     if (!config.vault.address.empty()) {
       // A finished request's blocks past its prompt's last full block go to the vault, keyed
       // like the prefill nodes' (same fingerprint), so the conversation's next turn restores them.

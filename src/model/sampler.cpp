@@ -84,12 +84,17 @@ void SamplingParams::validate(int vocab_size) const {
   }
 }
 
-Sampler::Sampler(const SamplingParams& params, int vocab_size)
+Sampler::Sampler(const SamplingParams& params, int vocab_size, const LogitsConstraintFactory* constraints,
+                 std::span<const int> eos_ids)
     : params_(params),
       vocab_size_(vocab_size),
       seed_(params.seed ? *params.seed : random_seed()),
       seen_in_prompt_or_output_(static_cast<size_t>(std::max(vocab_size, 0)), 0) {
   params_.validate(vocab_size);
+  if (!params_.grammar.empty()) {
+    HACK_CHECK(constraints != nullptr, "grammar: this process cannot apply a grammar (no tokenizer loaded)");
+    constraint_ = constraints->make(params_, eos_ids);
+  }
 }
 
 void Sampler::mark_seen(int token) {
@@ -107,6 +112,7 @@ void Sampler::add_prompt_tokens(std::span<const int> tokens) {
 
 void Sampler::record_token(int token) {
   mark_seen(token);  // validates the id
+  if (constraint_) constraint_->accept(token);
   ++output_counts_[token];
   ++step_;
 }
@@ -135,6 +141,8 @@ SampleResult Sampler::sample(std::span<float> logits) {
   const bool want_logprobs = params_.logprobs >= 0;
   // logit_bias first: the reported logprobs are of the biased distribution, as OpenAI's are.
   for (const auto& [t, bias] : params_.logit_bias) logits[static_cast<size_t>(t)] += bias;
+  // The grammar next: reported logprobs are of the distribution sampled from.
+  if (constraint_) constraint_->mask_logits(logits);
   if (want_logprobs) raw_logits_.assign(logits.begin(), logits.end());
 
   apply_penalties(logits);
@@ -152,6 +160,7 @@ SampleResult Sampler::sample(std::span<float> logits) {
   }
 
   if (want_logprobs) fill_logprobs(result);
+  if (constraint_) constraint_->accept(result.token);
   ++output_counts_[result.token];
   mark_seen(result.token);
   ++step_;

@@ -73,6 +73,7 @@ json sampling_json(const SamplingParams& p) {
   if (p.seed) j["seed"] = *p.seed;
   if (!p.logit_bias.empty()) j["logit_bias"] = p.logit_bias;  // [[token, bias], ...]
   if (p.prompt_logprobs >= 0) j["prompt_logprobs"] = p.prompt_logprobs;
+  if (!p.grammar.empty()) j["grammar"] = p.grammar;  // GBNF
   return j;
 }
 
@@ -94,6 +95,7 @@ SamplingParams sampling_from(const json& j, std::string_view what) {
   p.logit_bias = field_or<std::vector<std::pair<int, float>>>(j, what, "logit_bias", {});
   p.prompt_logprobs = field_or<int>(j, what, "prompt_logprobs", -1);
   HACK_CHECK(p.prompt_logprobs >= -1, "{}: 'prompt_logprobs' must be -1 or more", what);
+  p.grammar = field_or<std::string>(j, what, "grammar", "");
   if (j.contains("seed") && !j["seed"].is_null()) p.seed = field<uint64_t>(j, what, "seed");
   return p;
 }

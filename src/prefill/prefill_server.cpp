@@ -108,6 +108,7 @@ struct PrefillServer::Impl {
     }
     worker_has_prefix_cache = wo.prefix_cache.has_value();
     block_tokens = wo.kv.block_tokens;
+    wo.constraints = rt->constraints.get();
     worker = std::make_unique<PrefillWorker>(rt->model, *rt->pool, *ucx, wo);
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics.serialize(); }};
     HttpServerOptions ho;

@@ -200,7 +200,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
     added = true;
     if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
-    Sampler sampler(job.sampling, static_cast<int>(vocab));
+    Sampler sampler(job.sampling, static_cast<int>(vocab), options_.constraints, job.eos_ids);
     // A migrated stream: the prompt counts as prompt, the generated tail as this sampler's own
     // output (penalties, step), so the next draw is the one the first node pair would have made.
     const size_t prompt_len = job.tokens.size() - static_cast<size_t>(job.generated_tokens);

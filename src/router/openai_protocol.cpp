@@ -5,8 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 #include <utility>
+
+#include "hack/core/error.h"
+#include "hack/grammar/grammar.h"
+#include "hack/grammar/json_schema.h"
 
 namespace hack::server {
 
@@ -282,8 +287,8 @@ Json read_tools(const Json& v) {
   return v;
 }
 
-// "none" | "auto"; "required" and {"type": "function", "function": {"name"}} are valid
-// requests this server cannot honour yet: forcing a call needs grammar-constrained decoding.
+// "none" | "auto" | "required" | {"type": "function", "function": {"name"}} (the last two are
+// checked against tools once the whole body is read).
 void read_tool_choice(const Json& v, CompletionRequest& r) {
   const std::string name = "tool_choice";
   if (v.is_string()) {
@@ -292,7 +297,10 @@ void read_tool_choice(const Json& v, CompletionRequest& r) {
       r.tool_choice_none = c == "none";
       return;
     }
-    if (c == "required") reject(name, "tool_choice 'required' needs grammar support: not yet wired");
+    if (c == "required") {
+      r.tool_choice_required = true;
+      return;
+    }
     reject(name, fmt::format("tool_choice must be \"none\", \"auto\", \"required\" or a named function, got '{}'", c));
   }
   if (v.is_object()) {
@@ -301,8 +309,8 @@ void read_tool_choice(const Json& v, CompletionRequest& r) {
         !fn->contains("name") || !(*fn)["name"].is_string()) {
       reject(name, "tool_choice as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
-    reject(name, fmt::format("tool_choice naming function '{}' needs grammar support: not yet wired",
-                             (*fn)["name"].get<std::string>()));
+    r.tool_choice_function = (*fn)["name"].get<std::string>();
+    return;
   }
   reject(name, fmt::format("tool_choice must be a string or an object, got {}", type_name(v)));
 }
@@ -322,6 +330,72 @@ void read_stream_options(const Json& v, CompletionRequest& r) {
 }
 
 // Fields whose value, when present and not null, is parsed by the loop in parse_body.
+// The GBNF of one structured-output field; a bad schema, regex or grammar is a 400 naming
+// the field. response_format {"type": "text"} gives "" (no constraint).
+std::string read_structured_output(const std::string& field, const Json& v) {
+  namespace g = hack::grammar;
+  auto schema_of = [&](const Json& s, const std::string& where) {
+    if (s.is_string()) {  // vLLM accepts guided_json as JSON text too
+      try {
+        return g::json_schema_to_gbnf(Json::parse(s.get<std::string>()));
+      } catch (const Json::parse_error& e) {
+        reject(field, fmt::format("{} is not valid JSON: {}", where, e.what()));
+      }
+    }
+    if (!s.is_object() && !s.is_boolean()) reject(field, fmt::format("{} must be a JSON Schema object, got {}", where, type_name(s)));
+    return g::json_schema_to_gbnf(s);
+  };
+  std::string gbnf;
+  try {
+    if (field == "response_format") {
+      if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) {
+        reject(field, "response_format must be an object with a string \"type\"");
+      }
+      const std::string type = v["type"].get<std::string>();
+      if (type == "text") return "";
+      if (type == "json_object") return g::json_object_gbnf();
+      if (type != "json_schema") {
+        reject(field, fmt::format("response_format type '{}' is not supported (text, json_object and json_schema are)", type));
+      }
+      if (!v.contains("json_schema") || !v["json_schema"].is_object()) {
+        reject(field, "response_format json_schema needs a \"json_schema\" object");
+      }
+      const Json& js = v["json_schema"];
+      if (!js.contains("schema")) reject(field, "response_format.json_schema.schema is required");
+      return schema_of(js["schema"], "response_format.json_schema.schema");
+    }
+    if (field == "guided_json") {
+      gbnf = schema_of(v, field);
+    } else if (field == "guided_regex") {
+      gbnf = g::regex_to_gbnf(read_string(v, field));
+    } else if (field == "guided_choice") {
+      if (!v.is_array() || v.empty()) reject(field, "guided_choice must be a non-empty list of strings");
+      std::vector<std::string> choices;
+      for (const Json& c : v) {
+        if (!c.is_string()) reject(field, fmt::format("guided_choice entries must be strings, got {}", type_name(c)));
+        choices.push_back(c.get<std::string>());
+      }
+      gbnf = g::choice_to_gbnf(choices);
+    } else if (field == "guided_grammar") {
+      gbnf = read_string(v, field);
+    } else {  // structured_outputs: {"json" | "regex" | "choice" | "grammar": ...}, exactly one
+      if (!v.is_object() || v.size() != 1) {
+        reject(field, "structured_outputs must be an object with exactly one of json, regex, choice, grammar");
+      }
+      const std::string key = v.begin().key();
+      static const std::map<std::string, std::string> kAlias = {
+          {"json", "guided_json"}, {"regex", "guided_regex"}, {"choice", "guided_choice"}, {"grammar", "guided_grammar"}};
+      const auto it = kAlias.find(key);
+      if (it == kAlias.end()) reject(field, fmt::format("structured_outputs.{} is not supported (json, regex, choice, grammar are)", key));
+      return read_structured_output(it->second, v.begin().value());
+    }
+    g::compile_gbnf(gbnf);  // schemas, regexes and choices compile by construction; user GBNF may not
+  } catch (const Error& e) {
+    reject(field, fmt::format("{}: {}", field, e.what()));
+  }
+  return gbnf;
+}
+
 struct Seen {
   std::optional<int> max_tokens;
   std::optional<int> max_completion_tokens;
@@ -332,6 +406,7 @@ struct Seen {
   bool prompt = false;
   bool messages = false;
   bool min_tokens = false;
+  std::vector<std::string> structured;  // the structured-output fields given
 };
 
 CompletionRequest parse_body(const Json& body, Endpoint endpoint, const ProtocolLimits& limits) {
@@ -370,16 +445,21 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
     } else if ((key == "functions" || key == "function_call") && chat) {
       reject(key, fmt::format("{} is deprecated and not supported: use tools and tool_choice", key));
     } else if (key == "parallel_tool_calls" && chat) {
-      read_bool(v, key);
+      r.parallel_tool_calls = read_bool(v, key);
     } else if (key == "chat_template_kwargs" && chat) {
       if (!v.is_object()) reject(key, fmt::format("chat_template_kwargs must be an object, got {}", type_name(v)));
       r.chat_template_kwargs = v;
     } else if (key == "add_generation_prompt" && chat) {
       r.add_generation_prompt = read_bool(v, key);
-    } else if (key == "response_format" && chat) {
-      if (!v.is_object() || v.value("type", std::string()) != "text") {
-        reject(key, "response_format: only {\"type\": \"text\"} is supported");
+    } else if (key == "response_format" || key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
+               key == "guided_grammar" || key == "structured_outputs") {
+      std::string gbnf = read_structured_output(key, v);
+      if (!gbnf.empty()) {
+        seen.structured.push_back(key);
+        r.grammar = std::move(gbnf);
       }
+    } else if (key == "guided_decoding_backend" || key == "guided_whitespace_pattern") {
+      read_string(v, key);  // vLLM's backend choice: there is one here; whitespace is bounded by the grammar
     } else if (key == "max_completion_tokens" && chat) {
       seen.max_completion_tokens = read_int32(v, key, 1);
     } else if (key == "top_logprobs" && chat) {
@@ -448,7 +528,23 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
   }
 
   if (!chat && !seen.prompt) reject("prompt", "prompt is required");
+  if (seen.structured.size() > 1) {
+    reject(seen.structured[1], fmt::format("only one structured-output constraint per request, got {} and {}",
+                                           seen.structured[0], seen.structured[1]));
+  }
   if (chat && !seen.messages) reject("messages", "messages is required");
+  if (r.tool_choice_required || !r.tool_choice_function.empty()) {
+    const std::string what = r.tool_choice_required ? "tool_choice 'required'"
+                                                    : fmt::format("tool_choice naming function '{}'", r.tool_choice_function);
+    if (!r.tools.is_array() || r.tools.empty()) reject("tool_choice", what + " needs tools");
+    if (!r.tool_choice_function.empty() &&
+        std::none_of(r.tools.begin(), r.tools.end(),
+                     [&](const Json& t) { return t["function"]["name"] == r.tool_choice_function; }))
+      reject("tool_choice", fmt::format("no function named '{}' in tools", r.tool_choice_function));
+    if (!seen.structured.empty())
+      reject("tool_choice", fmt::format("{} cannot be combined with {}: only one constraint per request", what,
+                                        seen.structured.front()));
+  }
   if (seen.stream_options && !r.stream) {
     reject("stream_options", "Stream options can only be defined when `stream=True`.");
   }
@@ -627,6 +723,7 @@ SamplingParams to_sampling_params(const CompletionRequest& r, int max_tokens, co
   p.min_tokens = std::min(r.min_tokens, max_tokens);
   p.stop_token_ids = r.stop_token_ids;
   p.logit_bias = r.logit_bias;
+  p.grammar = r.grammar;
   p.ignore_eos = r.ignore_eos;
   p.logprobs = r.logprobs;
   // echo with logprobs: the prompt's own logprobs too, from the prefill.

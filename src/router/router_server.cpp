@@ -844,6 +844,14 @@ struct RouterServer::Impl {
       req.request.tool_parser = tool_parser;
       // Mistral's [TOOL_CALLS] is a special token: keep it in the text (vLLM does the same).
       if (tool_parser == ToolParserKind::mistral) req.request.skip_special_tokens = false;
+      if (req.request.tool_choice_required || !req.request.tool_choice_function.empty()) {
+        try {  // the reply is forced to be calls, in the syntax the parser reads
+          req.request.grammar = forced_tool_calls_gbnf(tool_parser, req.request.tools, req.request.tool_choice_function,
+                                                       req.request.parallel_tool_calls);
+        } catch (const Error& e) {
+          return Rejection{bad_request(e.what(), "tool_choice"), "invalid_request"};
+        }
+      }
     }
     const CompletionRequest& r = req.request;
     auto tokens = prompt_tokens(r, req.prompt_text);
@@ -1213,7 +1221,9 @@ struct RouterServer::Impl {
     FinishReason finish =
         a.text.stopped() || node_finish == FinishReason::stop ? FinishReason::stop : FinishReason::length;
     // As vLLM: a choice that called tools and was not cut off finishes with "tool_calls".
-    if (finish == FinishReason::stop && !a.text.tool_calls().empty()) finish = FinishReason::tool_calls;
+    // A named tool_choice finishes with "stop", as OpenAI reports it.
+    if (finish == FinishReason::stop && !a.text.tool_calls().empty() && run.req.request.tool_choice_function.empty())
+      finish = FinishReason::tool_calls;
     run.out.choice.finish_reason = finish;
     if (run.stream.streaming()) {
       run.stream.send(std::move(tail.content), std::nullopt, finish, std::move(tail.calls));

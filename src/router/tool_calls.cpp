@@ -6,6 +6,8 @@
 #include <random>
 
 #include "hack/core/error.h"
+#include "hack/grammar/grammar.h"
+#include "hack/grammar/json_schema.h"
 
 namespace hack::server {
 
@@ -429,6 +431,47 @@ bool ToolCallParser::step_after_object(ToolParseStep& out) {
   mode_ = Mode::text;  // text after the calls
   (void)out;
   return true;
+}
+
+std::string forced_tool_calls_gbnf(ToolParserKind kind, const nlohmann::ordered_json& tools,
+                                   const std::string& function, bool parallel) {
+  HACK_CHECK(kind == ToolParserKind::hermes || kind == ToolParserKind::llama3_json,
+             "tool_choice 'required' or a named function needs the hermes or llama3_json tool-call syntax "
+             "(this router parses {}{})",
+             tool_parser_name(kind),
+             kind == ToolParserKind::mistral ? ": mistral's [TOOL_CALLS] is a special token no grammar can produce" : "");
+  // {"name": "f", "arguments": ARGS} (hermes) or {"name": "f", "parameters": ARGS} (llama3_json).
+  const char* args_key = kind == ToolParserKind::hermes ? "arguments" : "parameters";
+  std::string rules, alternatives;
+  int n = 0;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const nlohmann::ordered_json& fn = tools[i]["function"];
+    const std::string name = fn["name"].get<std::string>();
+    if (!function.empty() && name != function) continue;
+    const nlohmann::ordered_json schema =
+        fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"] : nlohmann::ordered_json{{"type", "object"}};
+    const std::string prefix = fmt::format("tool{}-", i);
+    try {
+      rules += grammar::json_schema_to_gbnf(schema, grammar::GbnfOptions{prefix});
+    } catch (const Error& e) {
+      throw Error(fmt::format("tools.[{}].function.parameters: {}", i, e.what()));
+    }
+    rules += "\n";
+    if (n++ > 0) alternatives += " | ";
+    alternatives += grammar::gbnf_literal(fmt::format("{{\"name\": \"{}\", \"{}\": ", name, args_key)) + " " + prefix +
+                    "root " + grammar::gbnf_literal("}");
+  }
+  HACK_CHECK(n > 0, "tool_choice: no function named '{}' in tools", function);
+  std::string root;
+  if (kind == ToolParserKind::hermes) {
+    root = "call ::= " + grammar::gbnf_literal("<tool_call>\n") + " (" + alternatives + ") " +
+           grammar::gbnf_literal("\n</tool_call>") + "\n";
+    root += parallel ? "root ::= call (" + grammar::gbnf_literal("\n") + " call)*\n" : "root ::= call\n";
+  } else {
+    root = "call ::= " + alternatives + "\n";
+    root += parallel ? "root ::= call (" + grammar::gbnf_literal("; ") + " call)*\n" : "root ::= call\n";
+  }
+  return root + rules;
 }
 
 }  // namespace hack::server

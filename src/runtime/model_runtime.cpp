@@ -1,5 +1,7 @@
 #include "hack/runtime/model_runtime.h"
 
+#include "hack/grammar/grammar_constraint.h"
+
 #include <filesystem>
 
 #include "hack/core/error.h"
@@ -48,7 +50,11 @@ namespace {
 void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (c.synthetic.empty()) {
     rt.model = Model::load(c.model);
-    if (std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) rt.tokenizer = Tokenizer::load(c.model);
+    if (std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) {
+      rt.tokenizer = Tokenizer::load(c.model);
+      rt.constraints = std::make_shared<const grammar::GrammarConstraintFactory>(
+          std::make_shared<const grammar::TokenVocabulary>(grammar::TokenVocabulary::from_tokenizer(*rt.tokenizer)));
+    }
     rt.eos_ids = merge_eos_ids(rt.model.config.eos_token_ids, load_generation_config(c.model),
                                rt.tokenizer ? rt.tokenizer->eos_id() : -1);
   } else {

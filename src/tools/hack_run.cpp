@@ -11,6 +11,8 @@
 #include "hack/core/flags.h"
 #include "hack/core/logging.h"
 #include "hack/core/read_file.h"
+#include "hack/grammar/grammar.h"
+#include "hack/grammar/json_schema.h"
 #include "hack/runtime/model_runtime.h"
 #include "hack/tokenizer/chat_template.h"
 #include "hack/tokenizer/tokenizer.h"
@@ -24,6 +26,8 @@ struct RunConfig {
   std::string prompt_ids;
   std::string chat_file;
   std::string chat_template;
+  std::string grammar_file;
+  std::string json_schema_file;
   int max_tokens = 128;
   int min_tokens = 0;
   float temperature = 0.8f;
@@ -54,6 +58,8 @@ bool parse_flags(int argc, char** argv, RunConfig& c) {
   flags.add_string("prompt-ids", &c.prompt_ids, "prompt as token ids, comma separated");
   flags.add_string("chat-file", &c.chat_file, "JSON list of chat messages, rendered with the model's chat template");
   flags.add_string("chat-template", &c.chat_template, "Jinja file overriding the model's chat template");
+  flags.add_string("grammar", &c.grammar_file, "GBNF file the output must match (structured output)");
+  flags.add_string("json-schema", &c.json_schema_file, "JSON Schema file the output must match (structured output)");
   flags.add_int("max-tokens", &c.max_tokens, "tokens to generate at most");
   flags.add_int("min-tokens", &c.min_tokens, "EOS and stop tokens are suppressed until this many are generated");
   flags.add_float("temperature", &c.temperature, "sampling temperature; 0 = greedy");
@@ -125,6 +131,14 @@ hack::SamplingParams sampling_params(const RunConfig& c) {
   sp.min_tokens = c.min_tokens;
   sp.ignore_eos = c.ignore_eos;
   sp.logprobs = c.logprobs;
+  HACK_CHECK(c.grammar_file.empty() || c.json_schema_file.empty(), "--grammar and --json-schema exclude each other");
+  if (!c.grammar_file.empty()) {
+    sp.grammar = hack::read_file(c.grammar_file, "--grammar");
+    hack::grammar::compile_gbnf(sp.grammar);  // a bad grammar fails here, with its line and column
+  } else if (!c.json_schema_file.empty()) {
+    sp.grammar = hack::grammar::json_schema_to_gbnf(
+        nlohmann::ordered_json::parse(hack::read_file(c.json_schema_file, "--json-schema")));
+  }
   return sp;
 }
 
@@ -195,6 +209,7 @@ int run(int argc, char** argv) {
   const nlohmann::json prompt_lps =
       c.prompt_logprobs >= 0 ? prompt_logprobs_json(*rt->engine, prompt, c.prompt_logprobs) : nlohmann::json();
   rt->engine->add_sequence(0, static_cast<int>(prompt.size()) + c.max_tokens);
+  HACK_CHECK(sp.grammar.empty() || rt->constraints, "--grammar/--json-schema need the model's tokenizer.json");
   const hack::GenerationResult r = hack::generate(*rt->engine, 0, prompt, sp, rt->eos_ids, [&](const hack::SampleResult& s) {
     if (!detok) return true;
     const std::string piece = detok->step(s.token);
@@ -204,7 +219,7 @@ int run(int argc, char** argv) {
       std::fflush(stdout);
     }
     return true;
-  });
+  }, rt->constraints.get());
   if (detok) {
     const std::string rest = detok->finish();
     text += rest;

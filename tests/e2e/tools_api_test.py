@@ -7,6 +7,8 @@
   <tool_call> pattern (deterministic: greedy ids on the CPU backend are bit-reproducible).
   The call is parsed (whole and streamed, the same), its result is sent back as a `tool`
   message, and a final text answer comes.
+- tool_choice "required" / a named function: grammar-constrained decoding forces valid calls
+  (arguments validated with `jsonschema`) where the model would have answered in text.
 - echo + logprobs on /v1/completions equal hack-run's teacher-forced prompt logprobs.
 
     cd tests/e2e && HACK_BUILD_DIR=../../build python3 -m unittest -v tools_api_test
@@ -16,6 +18,8 @@ import json
 import os
 import subprocess
 import unittest
+
+import jsonschema
 
 try:
     import openai
@@ -40,6 +44,15 @@ WEATHER_TOOL = {
         "name": "get_weather",
         "description": "Get the current weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a time zone",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
+                       "required": ["zone"]},
     },
 }
 
@@ -140,11 +153,42 @@ class ToolsApiTest(unittest.TestCase):
                                                 tool_choice="none", temperature=0, max_tokens=40)
         self.assertFalse(r.choices[0].message.tool_calls)
         self.assertIn("get_weather", r.choices[0].message.content)
-        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-            with self.assertRaises(openai.BadRequestError) as e:
-                self.client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL],
-                                                    tool_choice=choice, max_tokens=4)
-            self.assertIn("needs grammar support", str(e.exception))
+        # required / a named function: the grammar forces calls even where the model would
+        # answer in text (a question without a tool in sight), at temperature 1, several seeds.
+        plain = [{"role": "user", "content": "Write one sentence about cats."}]
+        finished = 0
+        for seed in range(3):
+            r = self.client.chat.completions.create(model=MODEL, messages=plain, tools=[WEATHER_TOOL, TIME_TOOL],
+                                                    tool_choice="required", parallel_tool_calls=False,
+                                                    temperature=1, seed=seed, max_tokens=80)
+            c = r.choices[0]
+            if c.finish_reason == "length":
+                continue  # a long city name: cut off, nothing to check
+            finished += 1
+            self.assertEqual(c.finish_reason, "tool_calls", c)
+            self.assertEqual(len(c.message.tool_calls), 1)
+            call = c.message.tool_calls[0]
+            self.assertIn(call.function.name, ("get_weather", "get_time"))
+            args = json.loads(call.function.arguments)
+            jsonschema.validate(args, {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.function.name]
+                                ["function"]["parameters"])
+        self.assertGreaterEqual(finished, 2)
+        r = self.client.chat.completions.create(model=MODEL, messages=plain, tools=[WEATHER_TOOL, TIME_TOOL],
+                                                tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                                temperature=0, max_tokens=80)
+        c = r.choices[0]
+        self.assertEqual(c.finish_reason, "stop")  # as OpenAI reports a named tool_choice
+        self.assertEqual([t.function.name for t in c.message.tool_calls], ["get_time"])
+        jsonschema.validate(json.loads(c.message.tool_calls[0].function.arguments), TIME_TOOL["function"]["parameters"])
+        # Refused: an unknown function, and a forced call together with a response_format.
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.chat.completions.create(model=MODEL, messages=plain, tools=[WEATHER_TOOL],
+                                                tool_choice={"type": "function", "function": {"name": "nope"}})
+        self.assertIn("no function named 'nope'", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.chat.completions.create(model=MODEL, messages=plain, tools=[WEATHER_TOOL], tool_choice="required",
+                                                response_format={"type": "json_object"})
+        self.assertIn("only one constraint", str(e.exception))
 
     def test_echo_logprobs_equal_hack_run(self):
         prompt = "The capital of France is Paris, and the capital of Italy is"

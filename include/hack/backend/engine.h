@@ -84,9 +84,11 @@ struct GenerationResult {
 
 /// Generates for one prompt until a stop token or params.max_tokens. `on_token` sees each
 /// sample as it is produced and may return false to stop early (finish_reason stop).
-/// eos_ids: the model's EOS ids (ignored when params.ignore_eos).
+/// eos_ids: the model's EOS ids (ignored when params.ignore_eos). `constraints` builds
+/// params.grammar's constraint (required when it is set).
 GenerationResult generate(Engine& engine, int seq_id, std::span<const int> prompt, const SamplingParams& params,
                           std::span<const int> eos_ids,
-                          const std::function<bool(const SampleResult&)>& on_token = nullptr);
+                          const std::function<bool(const SampleResult&)>& on_token = nullptr,
+                          const LogitsConstraintFactory* constraints = nullptr);
 
 }  // namespace hack

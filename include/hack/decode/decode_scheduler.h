@@ -67,6 +67,8 @@ struct DecodeSchedulerOptions {
   /// requests only; a preempted request is recomputed, not swapped to the vault.
   int record_block_tokens = 0;
   std::function<void(const FinishedKv&)> on_finished_kv;
+  /// Builds requests' grammar constraints (SamplingParams::grammar); null: grammar requests fail.
+  const LogitsConstraintFactory* constraints = nullptr;
 };
 
 /// A request as the decode node gets it. The caller fills prompt and params; eos_ids are

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -30,6 +32,10 @@ struct SamplingParams {
   /// Reported logprobs include it (the biased distribution, as OpenAI reports).
   std::vector<std::pair<int, float>> logit_bias;
   bool ignore_eos = false;
+  /// Structured output: GBNF text the output must match (empty = unconstrained). The
+  /// router compiles JSON schemas, regexes and choices to GBNF; every node that samples
+  /// builds a matcher from it through a LogitsConstraintFactory.
+  std::string grammar;
   int logprobs = -1;  ///< -1: none (SampleResult::logprob left 0); 0: the sampled token's; k > 0: also the top k
   /// -1: none; k >= 0: the prefill also reports every prompt token's logprob (with the top k
   /// alternatives) under the raw logits of the tokens before it (prompt_logprobs()).
@@ -81,11 +87,36 @@ std::string_view finish_reason_name(FinishReason reason);
 void suppress_ending_tokens(std::span<float> logits, const SamplingParams& params, std::span<const int> eos_ids,
                             int generated);
 
+/// A constraint on which tokens may come next (a grammar matcher). The sampler calls
+/// mask_logits after logit_bias and before penalties and temperature, and accept for every
+/// token it samples or records. Defined here so the model library needs no grammar code.
+class LogitsConstraint {
+ public:
+  virtual ~LogitsConstraint() = default;
+  /// Sets the logits of disallowed tokens to −inf; EOS (`eos_ids` given at creation) is
+  /// allowed only where the constraint can end, and is the only token once it is terminated.
+  /// Must not allocate (the decode hot path).
+  virtual void mask_logits(std::span<float> logits) = 0;
+  /// Advances over `token`; throws hack::Error if the constraint does not allow it.
+  /// Ending tokens (EOS) are ignored.
+  virtual void accept(int token) = 0;
+};
+
+/// Builds the constraint a request's SamplingParams ask for (params.grammar).
+class LogitsConstraintFactory {
+ public:
+  virtual ~LogitsConstraintFactory() = default;
+  /// nullptr when params.grammar is empty; throws hack::Error if the grammar is invalid.
+  virtual std::unique_ptr<LogitsConstraint> make(const SamplingParams& params, std::span<const int> eos_ids) const = 0;
+};
+
 class Sampler {
  public:
   /// Validates `params` (throws hack::Error like SamplingParams::validate). Without
-  /// params.seed a random seed is picked (see seed()).
-  Sampler(const SamplingParams& params, int vocab_size);
+  /// params.seed a random seed is picked (see seed()). A non-empty params.grammar needs
+  /// `constraints` (throws otherwise); `eos_ids` are the tokens the grammar lets end it.
+  Sampler(const SamplingParams& params, int vocab_size, const LogitsConstraintFactory* constraints = nullptr,
+          std::span<const int> eos_ids = {});
 
   /// The seed in use: params.seed, or the one picked at construction (hand it to the
   /// process that continues the sequence).
@@ -93,8 +124,8 @@ class Sampler {
   /// Tokens generated or recorded so far (the step index of the next sample).
   int64_t step() const { return step_; }
   /// Records a token generated elsewhere (e.g. the first token, sampled by the prefill
-  /// node) as if this sampler had produced it: it counts for penalties and advances the
-  /// step, without drawing.
+  /// node) as if this sampler had produced it: it counts for penalties, advances the
+  /// step and the grammar (throws if the grammar rejects it), without drawing.
   void record_token(int token);
 
   /// Records prompt tokens (they count for the repetition penalty only).
@@ -125,6 +156,7 @@ class Sampler {
   std::vector<std::pair<float, int>> scratch_;  // (logit, token) candidates
   std::vector<float> raw_logits_;         // copy before penalties, when logprobs are wanted
   std::vector<double> bucket_mass_;       // top-p histogram
+  std::unique_ptr<LogitsConstraint> constraint_;  // params.grammar's matcher, if any
 };
 
 }  // namespace hack

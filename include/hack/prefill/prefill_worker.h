@@ -49,6 +49,8 @@ struct PrefillWorkerOptions {
   /// so a decode node that stores finished conversations in the vault has those tokens exactly
   /// (hack mode: it otherwise gets the block's first tokens only inside a quantized page).
   bool send_exact_tail = false;
+  /// Builds jobs' grammar constraints (SamplingParams::grammar); null: grammar jobs fail.
+  const LogitsConstraintFactory* constraints = nullptr;
 };
 
 /// Where a job's KV goes: an endpoint of the worker's UcxWorker, or host:port, connected

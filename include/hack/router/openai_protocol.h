@@ -78,9 +78,13 @@ struct CompletionRequest {
   nlohmann::ordered_json chat_template_kwargs;  ///< object, or null
   bool add_generation_prompt = true;
   /// tool_choice: "none" renders the tools but parses no calls (vLLM's default); "auto"
-  /// parses calls when tools are given. "required" and a named function are refused (they
-  /// need grammar-constrained decoding).
+  /// parses calls when tools are given; "required" and a named function (tool_choice_function)
+  /// force calls with a grammar (forced_tool_calls_gbnf, built by the router, which knows the
+  /// tool-call syntax).
   bool tool_choice_none = false;
+  bool tool_choice_required = false;
+  std::string tool_choice_function;
+  bool parallel_tool_calls = true;  ///< false: a forced reply holds exactly one call
   /// Set by the router once the request is admitted: the syntax to parse tool calls in
   /// (none unless tools are given and tool_choice is auto).
   ToolParserKind tool_parser = ToolParserKind::none;
@@ -94,6 +98,10 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   std::vector<int> stop_token_ids;
   std::vector<std::pair<int, float>> logit_bias;  ///< {"token id": bias in [-100, 100]}, by id
+  /// Structured output as GBNF (empty = none), compiled from the one of response_format
+  /// (json_object, json_schema), guided_json, guided_regex, guided_choice, guided_grammar or
+  /// structured_outputs the request gave; validated here, so a bad one is a 400 naming it.
+  std::string grammar;
   std::optional<float> presence_penalty;
   std::optional<float> frequency_penalty;
   std::optional<float> repetition_penalty;

@@ -38,6 +38,16 @@ bool template_knows_tools(std::string_view template_source);
 /// syntax gets none.
 ToolParserKind detect_tool_parser(std::string_view template_source);
 
+/// GBNF that forces the reply to be tool calls in `kind`'s syntax (tool_choice "required",
+/// or a named function): each call's name is one of `tools` (only `function` when not
+/// empty) and its arguments JSON matching that tool's `parameters` schema
+/// (grammar::json_schema_to_gbnf; absent parameters = any object). `parallel`: one or more
+/// calls, else exactly one. Throws hack::Error for the mistral syntax (its [TOOL_CALLS] is a
+/// special token, which no grammar can produce), for none, and for a schema the grammar
+/// compiler refuses (naming the tool).
+std::string forced_tool_calls_gbnf(ToolParserKind kind, const nlohmann::ordered_json& tools,
+                                   const std::string& function, bool parallel);
+
 /// For a template that does not know tools: `messages` rewritten the way Qwen2.5's template
 /// (the Hermes format) renders them — the tool signatures in a "# Tools" section of the
 /// system message (one is added when there is none), assistant tool_calls as

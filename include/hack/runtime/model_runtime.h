@@ -53,6 +53,9 @@ struct ModelRuntime {
   std::vector<int> eos_ids;
   int max_model_len = 0;
   std::optional<Tokenizer> tokenizer;  ///< the model directory's tokenizer.json, when it has one
+  /// Grammar constraints (structured outputs) over the tokenizer's vocabulary, with the
+  /// node's compiled-grammar cache; null without a tokenizer (grammar requests then fail).
+  std::shared_ptr<const LogitsConstraintFactory> constraints;
   DeviceKind device = DeviceKind::cpu;
   KvCacheOptions kv_options;
   std::unique_ptr<ThreadPool> pool;

@@ -21,6 +21,7 @@ SamplingParams full_params() {
   p.min_tokens = 3;
   p.stop_token_ids = {5, 9};
   p.logit_bias = {{3, -100.0f}, {17, 2.5f}};
+  p.grammar = "root ::= \"{\" [a-z]* \"}\"\n";
   p.ignore_eos = true;
   p.logprobs = 2;
   return p;
@@ -39,6 +40,7 @@ void check_same(const SamplingParams& a, const SamplingParams& b) {
   CHECK(a.min_tokens == b.min_tokens);
   CHECK(a.stop_token_ids == b.stop_token_ids);
   CHECK(a.logit_bias == b.logit_bias);
+  CHECK(a.grammar == b.grammar);
   CHECK(a.ignore_eos == b.ignore_eos);
   CHECK(a.logprobs == b.logprobs);
 }

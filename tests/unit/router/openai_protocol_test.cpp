@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "hack/router/openai_protocol.h"
+#include "hack/grammar/json_schema.h"
 
 using namespace hack;
 using namespace hack::server;
@@ -78,6 +79,25 @@ TEST_CASE("logit_bias: token ids as strings, sorted by id, carried into the samp
   CHECK(parse_ok(R"({"prompt":"x","logit_bias":null})", kCmpl).logit_bias.empty());
   CHECK(parse_ok(R"({"messages":[{"role":"user","content":"hi"}],"logit_bias":{"3":1}})", kChat).logit_bias ==
         std::vector<std::pair<int, float>>{{3, 1.0f}});
+}
+
+TEST_CASE("structured outputs: each field becomes one GBNF grammar in the sampling parameters") {
+  const auto json_mode = parse_ok(R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})", kChat);
+  CHECK(json_mode.grammar == hack::grammar::json_object_gbnf());
+  CHECK(to_sampling_params(json_mode, 8).grammar == json_mode.grammar);
+  CHECK(parse_ok(R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"text"}})", kChat).grammar.empty());
+  const auto schema = parse_ok(
+      R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}}}})",
+      kChat);
+  CHECK(schema.grammar == hack::grammar::json_schema_to_gbnf(nlohmann::ordered_json::parse(
+                              R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})")));
+  CHECK(parse_ok(R"({"prompt":"x","guided_json":{"type":"boolean"}})", kCmpl).grammar ==
+        hack::grammar::json_schema_to_gbnf(nlohmann::ordered_json::parse(R"({"type":"boolean"})")));
+  CHECK(parse_ok(R"({"prompt":"x","guided_regex":"[0-9]+"})", kCmpl).grammar == hack::grammar::regex_to_gbnf("[0-9]+"));
+  CHECK(parse_ok(R"({"prompt":"x","guided_choice":["a","b"]})", kCmpl).grammar == hack::grammar::choice_to_gbnf({"a", "b"}));
+  CHECK(parse_ok(R"({"prompt":"x","guided_grammar":"root ::= \"z\""})", kCmpl).grammar == "root ::= \"z\"");
+  CHECK(parse_ok(R"({"prompt":"x","structured_outputs":{"choice":["a","b"]}})", kCmpl).grammar ==
+        hack::grammar::choice_to_gbnf({"a", "b"}));
 }
 
 TEST_CASE("completions: prompt forms") {
@@ -288,17 +308,28 @@ TEST_CASE("malformed requests: status and param of each") {
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", 400,
        "tools.[0].function", "object"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", 400, "tool_choice",
-       "'required' needs grammar support"},
+       "needs tools"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"f"}}})",
-       400, "tool_choice", "function 'f' needs grammar support"},
+       400, "tool_choice", "needs tools"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function"}})", 400, "tool_choice",
        "must be {"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"any"})", 400, "tool_choice", "got 'any'"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":3})", 400, "tool_choice", "string or an object"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", 400, "functions", "use tools"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"function_call":"auto"})", 400, "function_call", "use tools"},
-      {kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", 400,
-       "response_format", "only"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", 400,
+       "response_format", "'xml' is not supported"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a"}}})",
+       400, "response_format", "schema is required"},
+      {kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"a":{"not":{}}}}}}})",
+       400, "response_format", "unsupported keyword 'not'"},
+      {kCmpl, R"({"prompt":"x","guided_json":{"type":"integer","multipleOf":2}})", 400, "guided_json", "'multipleOf'"},
+      {kCmpl, R"({"prompt":"x","guided_json":"{bad"})", 400, "guided_json", "not valid JSON"},
+      {kCmpl, R"({"prompt":"x","guided_regex":"(a"})", 400, "guided_regex", "unclosed"},
+      {kCmpl, R"({"prompt":"x","guided_choice":[]})", 400, "guided_choice", "non-empty"},
+      {kCmpl, R"({"prompt":"x","guided_grammar":"root ::= undefined"})", 400, "guided_grammar", "undefined rule"},
+      {kCmpl, R"({"prompt":"x","structured_outputs":{"structural_tag":{}}})", 400, "structured_outputs", "not supported"},
+      {kCmpl, R"({"prompt":"x","guided_regex":"a","guided_choice":["b"]})", 400, "guided_choice", "only one"},
       {kChat, R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", 400, "chat_template_kwargs",
        "object"},
   };
