@@ -12,6 +12,7 @@ import unittest
 import urllib.request
 
 import cluster
+import vault_test
 
 # ~400 tokens: 25 pages of 16 tokens.
 PROMPT = " ".join(["In the beginning God created the heaven and the earth. And the earth was without form, and void;"
@@ -68,6 +69,21 @@ class EvictClusterTest(unittest.TestCase):
         self.assertGreater(shipped["0"], 0)
         self.assertLess(shipped["0.5"], 0.7 * shipped["0"])
         self.assertLess(shipped["0.2"], 0.6 * shipped["0.5"])
+
+    def test_vault_gets_the_whole_prompt_before_eviction(self):
+        # The pruning prefill node stores its prompt's full blocks in the vault; a later prompt
+        # restores them and its first token (the prefill's, before any eviction shows) is the
+        # uncached one's: the stored blocks are the whole prompt, not the pruned pages.
+        keep = ["--kv-keep-ratio", "0.2"]
+        with cluster.Cluster(vault=True, node_flags=vault_test.CHUNK,
+                             prefill_flags=[*keep, "--prefix-cache-bytes", "0", "--vault-codec", "exact"]) as c:
+            vault_test.complete(c.router, vault_test.PREFIX + "first", max_tokens=2)
+            vault_test.wait_for(lambda: c.vault.health()["store"]["blocks"] >= 7, "blocks in the vault")
+            prompt = vault_test.PREFIX + "second"
+            got = vault_test.complete(c.router, prompt, max_tokens=1, logprobs=1)
+            self.assertGreaterEqual(vault_test.hits(c.prefill[0], "vault"), 7)
+        ref = vault_test.hack_run_json(prompt, max_tokens=1)
+        self.assertEqual(got["choices"][0]["text"], ref["text"])
 
     def test_bad_flag_is_refused(self):
         for flags, name in ((["--kv-keep-ratio", "2"], "--kv-keep-ratio"),
