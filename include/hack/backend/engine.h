@@ -55,7 +55,9 @@ class Engine {
   /// chunk: `before_evict(layer)` sees each layer's whole prompt still exact (a prefix cache
   /// captures it there), then the layer is pruned, then on_layer_done(layer, true) runs (with
   /// KeepScope::model, once every layer is done, in layer order). Without eviction
-  /// before_evict(layer) runs just before on_layer_done(layer, true).
+  /// before_evict(layer) runs just before on_layer_done(layer, true). An evicting prefill
+  /// scores through the backend's activation observer: it replaces any observer set, and
+  /// clears it when it returns.
   void prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits = false,
                const std::function<void(int layer, bool last_chunk)>& on_layer_done = {},
                const std::function<void(int layer)>& before_evict = {});
