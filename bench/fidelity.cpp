@@ -17,6 +17,9 @@
 // <model>/fdc.safetensors) at removal rate R ("fp32 fdc=R": FDC alone; "k4v4 fdc=R": FDC +
 // HACK); "fdc-uniform=R" gives every head the mean ranks of rate R (no adaptive ranks);
 // "fdc-qk=R" compresses Q/K at rate R and keeps V whole.
+// "keep=γ" (with keep-tokens=, keep-recent=, keep-window=, keep-scope=) runs MPCache's static
+// eviction in every prefill (EngineOptions::keep); with --passkey-question-decode the question
+// goes through decode, so the eviction cannot see it.
 // KL, top-1 and Δppl carry 95 % block-bootstrap intervals (32-position blocks across
 // windows, 1000 resamples, fixed seed). --ablation turns each config into three rows:
 // codes only (dequantized attention), + INT8 Q/P (homomorphic), + quantized prefill.
@@ -43,6 +46,7 @@
 #include "hack/core/read_file.h"
 #include "hack/kv/hack_allocation.h"
 #include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/static_eviction.h"
 #include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
 #include "hack/model/weights.h"
@@ -68,6 +72,7 @@ struct Config {
                                         // no-adaptive-ranks ablation, about the same bytes)
   bool fdc_qk_only = false;             // "fdc-qk=R": Q/K at rate R, V kept whole
   const hack::Model* model = nullptr;   // the model the config runs (FDC applied), set in main; null = --model's
+  hack::KeepOptions keep;               // "keep=γ": static eviction in prefill (kv/static_eviction.h)
 };
 
 // One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill",
@@ -75,7 +80,7 @@ struct Config {
 // or "bf16" (the fp cache with bf16 pages: what storing exact tokens in bf16 costs, which
 // every HACK config pays for its sinks, open block and recent window). Space or ','
 // separated; unnamed fields keep the defaults of the other flags.
-hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions o) {
+hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions o, hack::KeepOptions& keep) {
   std::string item;
   std::string norm = spec;
   for (char& ch : norm) if (ch == ',') ch = ' ';
@@ -109,6 +114,12 @@ hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions 
     else if (key == "coarse") o.select.coarse_ratio = std::stod(val);
     else if (key == "dense") o.select.dense_layers = std::stoi(val);
     else if (key == "share") o.select.share_layers = std::stoi(val);
+    // MPCache static eviction (kv/static_eviction.h): "keep=0.2 keep-recent=32 keep-scope=layer".
+    else if (key == "keep") keep.ratio = std::stof(val);
+    else if (key == "keep-tokens") keep.tokens = std::stoi(val);
+    else if (key == "keep-recent") keep.recent = std::stoi(val);
+    else if (key == "keep-window") keep.window = std::stof(val);
+    else if (key == "keep-scope") keep.scope = hack::parse_keep_scope(val);
     else if (key == "bf16") {
       o.mode = hack::KvMode::fp;
       o.fp_dtype = hack::DType::bf16;
@@ -143,9 +154,12 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
       else if (w == "fp32") o = reference_options();
       else rest += w + " ";
     }
-    o = parse_config(rest, o);
+    hack::KeepOptions keep;
+    o = parse_config(rest, o, keep);
+    keep.sinks = o.sinks;
+    hack::validate(keep);
     if (!ablation) {
-      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only});
+      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only, nullptr, keep});
       continue;
     }
     Config codes{spec + " | codes only", o, fdc_rate, fdc_uniform, fdc_qk_only},
@@ -221,8 +235,8 @@ enum class Path { decode, prefill };
 //         rows predict tokens[n_prefill + 1, n).
 // prefill: tokens[0, n − 1) prefilled with all_logits; rows predict tokens[1, n).
 Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt, Path path,
-             std::span<const int> tokens, int n_prefill) {
-  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
+             std::span<const int> tokens, int n_prefill, const hack::KeepOptions& keep = {}) {
+  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk, keep});
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(tokens.size()));
   e.backend->set_measure_sharing(b.measure_sharing);
@@ -235,6 +249,9 @@ Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOption
     for (size_t i = 0; i < run.logprobs.rows(); ++i) log_softmax(run.logprobs.data.data() + i * b.vocab, b.vocab);
   } else {
     engine.prefill(0, tokens.first(static_cast<size_t>(n_prefill)), logits);
+    // What a prefill node would ship: the prompt's KV after prefill (pages, sinks, exact tail).
+    std::fprintf(stderr, "  [%s%s] prompt KV after prefill: %d of %d tokens, %.2f MB\n", hack::describe(opt).c_str(),
+                 keep.enabled() ? " keep" : "", e.kv->length(0, 0), n_prefill, e.kv->stats().bytes_used / 1e6);
     const int seq = 0;
     for (size_t t = static_cast<size_t>(n_prefill); t + 1 < tokens.size(); ++t) {
       engine.decode(std::span<const int>(&seq, 1), tokens.subspan(t, 1), logits);
@@ -256,8 +273,8 @@ Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOption
 
 // Greedy continuation (stops at EOS or max_tokens).
 std::vector<int> greedy(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt,
-                        std::span<const int> prompt, int max_tokens) {
-  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk});
+                        std::span<const int> prompt, int max_tokens, const hack::KeepOptions& keep = {}) {
+  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk, keep});
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(prompt.size()) + max_tokens);
   hack::SamplingParams sp;
@@ -428,7 +445,7 @@ std::vector<Compared> compare(const Bench& b, Path path, const std::vector<Sampl
     out[0].scores.push_back(score(ref.logprobs, ref.logprobs, targets));
     out[0].attend_bytes_per_token = ref.attend_bytes_per_token;
     for (size_t c = 0; c < configs.size(); ++c) {
-      const Run got = run_path(b, model_of(b, configs[c]), configs[c].options, path, tokens, s.n_prefill);
+      const Run got = run_path(b, model_of(b, configs[c]), configs[c].options, path, tokens, s.n_prefill, configs[c].keep);
       out[c + 1].scores.push_back(score(ref.logprobs, got.logprobs, targets));
       out[c + 1].attend_bytes_per_token = got.attend_bytes_per_token;
     }
@@ -572,14 +589,17 @@ std::vector<std::vector<int>> question_decode_answers(const Bench& b, const std:
   const auto prefill_key = [&](const Config& c) {
     hack::KvCacheOptions o = c.options;
     o.select = {};
-    return hack::describe(o);
+    const hack::KeepOptions& k = c.keep;  // static eviction acts in prefill: part of the key
+    return fmt::format("{} keep {} {} {} {} {}", hack::describe(o), k.ratio, k.tokens, k.recent, k.window,
+                       static_cast<int>(k.scope));
   };
   for (size_t first = 0; first < rows.size(); ++first) {
     if (done[first]) continue;
     const hack::Model& model = model_of(b, rows[first]);
     hack::KvCacheOptions base = rows[first].options;
     base.select = {};
-    hack::CpuEngine prefilled = hack::make_cpu_engine(model, b.pool, base, hack::EngineOptions{b.prefill_chunk});
+    hack::CpuEngine prefilled =
+        hack::make_cpu_engine(model, b.pool, base, hack::EngineOptions{b.prefill_chunk, rows[first].keep});
     prefilled.engine->add_sequence(0, total);
     std::vector<float> logits;
     prefilled.engine->prefill(0, prefix, logits);
@@ -590,8 +610,8 @@ std::vector<std::vector<int>> question_decode_answers(const Bench& b, const std:
       const std::unique_ptr<hack::Backend> backend = hack::make_cpu_backend(model, b.pool, kv);
       hack::Engine engine(*backend, hack::EngineOptions{b.prefill_chunk});
       const int seq = 1;
-      kv.fork_sequence(0, seq, static_cast<int>(prefix.size()), total);
-      engine.adopt_sequence(seq);
+      kv.fork_sequence(0, seq, kv.length(0, 0), total);  // the kept tokens, when eviction pruned the prefix
+      engine.adopt_sequence(seq, static_cast<int>(prefix.size()));
       for (size_t t = 0; t < question.size(); ++t) engine.decode(std::span<const int>(&seq, 1), question.subspan(t, 1), logits);
       for (int i = 0; i < max_tokens; ++i) {
         const int next = static_cast<int>(
@@ -628,7 +648,7 @@ void run_passkey(const Bench& b, const Output& out, const std::vector<Config>& c
                               : std::vector<std::vector<int>>{};
         for (size_t r = 0; r < rows.size(); ++r) {
           const std::vector<int> ids =
-              b.question_decode ? answers[r] : greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8);
+              b.question_decode ? answers[r] : greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8, rows[r].keep);
           const std::string answer = b.tok.decode(ids, true);
           hits[r][li] += answer.find(key) != std::string::npos;
         }
@@ -689,7 +709,7 @@ void run_greedy(const Bench& b, const Output& out, const std::vector<Config>& co
     const std::vector<int> ref = greedy(b, b.model, reference_options(), prompt, max_tokens);
     ref_tokens += ref.size();
     for (size_t c = 0; c < configs.size(); ++c) {
-      const std::vector<int> got = greedy(b, model_of(b, configs[c]), configs[c].options, prompt, max_tokens);
+      const std::vector<int> got = greedy(b, model_of(b, configs[c]), configs[c].options, prompt, max_tokens, configs[c].keep);
       identical[c] += got == ref;
       prefix[c] += static_cast<size_t>(std::mismatch(ref.begin(), ref.end(), got.begin(), got.end()).first - ref.begin());
     }

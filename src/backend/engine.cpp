@@ -8,80 +8,169 @@
 
 namespace hack {
 
-Engine::Engine(Backend& backend, EngineOptions options)
-    : backend_(backend), kv_(backend.kv()), options_(options) {
+Engine::Engine(Backend& backend, EngineOptions options, ThreadPool* pool)
+    : backend_(backend), kv_(backend.kv()), options_(options), pool_(pool) {
   HACK_CHECK(options_.prefill_chunk_tokens > 0, "prefill_chunk_tokens must be positive");
+  validate(options_.keep);
+  if (options_.keep.enabled()) {
+    HACK_CHECK(backend_.name() == "cpu", "--kv-keep-ratio / --kv-keep-tokens: static eviction runs on the CPU "
+                                         "backend only so far (this engine runs on {})",
+               backend_.name());
+    // Scores come from the observer's uncompressed q against the cache's keys, which FDC
+    // stores projected: the dot would be wrong.
+    HACK_CHECK(!kv_.shape().compressed(), "--kv-keep-ratio / --kv-keep-tokens cannot be combined with --fdc yet");
+  }
 }
 
 void Engine::add_sequence(int seq_id, int max_tokens) {
-  HACK_CHECK(!positions_.contains(seq_id), "sequence {} already exists", seq_id);
+  HACK_CHECK(!sequences_.contains(seq_id), "sequence {} already exists", seq_id);
   kv_.add_sequence(seq_id, max_tokens);
-  positions_[seq_id] = 0;
+  sequences_[seq_id] = SequenceState{};
 }
 
 CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options, EngineOptions options) {
   CpuEngine e;
   e.kv = make_paged_kv_cache(kv_shape(model), kv_options);
   e.backend = make_cpu_backend(model, pool, *e.kv);
-  e.engine = std::make_unique<Engine>(*e.backend, options);
+  e.engine = std::make_unique<Engine>(*e.backend, options, &pool);
   return e;
 }
 
-void Engine::adopt_sequence(int seq_id) {
-  auto it = positions_.find(seq_id);
-  HACK_CHECK(it == positions_.end() || it->second == 0, "adopt: sequence {} has already run {} tokens", seq_id,
-             it == positions_.end() ? 0 : it->second);
+void Engine::adopt_sequence(int seq_id, int position) {
+  auto it = sequences_.find(seq_id);
+  HACK_CHECK(it == sequences_.end() || it->second.position == 0, "adopt: sequence {} has already run {} tokens",
+             seq_id, it == sequences_.end() ? 0 : it->second.position);
   HACK_CHECK(kv_.has_sequence(seq_id), "adopt: sequence {} is not in the KV cache", seq_id);
   const int length = kv_.length(seq_id, 0);
   for (int l = 1; l < kv_.shape().num_layers; ++l)
     HACK_CHECK(kv_.length(seq_id, l) == length, "adopt: sequence {} holds {} tokens in layer 0 but {} in layer {}",
                seq_id, length, kv_.length(seq_id, l), l);
-  positions_[seq_id] = length;
+  if (position < 0) position = length;
+  HACK_CHECK(position >= length, "adopt: sequence {} holds {} tokens, more than the {} it stands for", seq_id, length,
+             position);
+  sequences_[seq_id] = SequenceState{position, position - length};
 }
 
 void Engine::remove_sequence(int seq_id) {
   kv_.remove_sequence(seq_id);
-  positions_.erase(seq_id);
+  sequences_.erase(seq_id);
 }
 
-int Engine::position(int seq_id) const {
-  auto it = positions_.find(seq_id);
-  HACK_CHECK(it != positions_.end(), "unknown sequence {}", seq_id);
+Engine::SequenceState& Engine::state(int seq_id) {
+  auto it = sequences_.find(seq_id);
+  HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
   return it->second;
 }
 
+int Engine::position(int seq_id) const {
+  auto it = sequences_.find(seq_id);
+  HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
+  return it->second.position;
+}
+
+bool Engine::evicts(int prompt_tokens) const {
+  return options_.keep.enabled() && options_.keep.budget(prompt_tokens) < prompt_tokens;
+}
+
+void Engine::score_chunk(int layer, int first_pos, int rows, const float* q, const float* k, int window_start) {
+  const int first_row = std::max(0, window_start - first_pos);
+  if (first_row >= rows) return;
+  const ModelConfig& c = config();
+  const size_t kvd = static_cast<size_t>(c.kv_dim()), qd = static_cast<size_t>(c.q_dim());
+  const int n_keys = first_pos + rows;
+  // Keys [0, first_pos) as the cache holds them (exact inside the prefill), then the chunk's own.
+  keys_.resize(static_cast<size_t>(n_keys) * kvd);
+  values_.resize(static_cast<size_t>(first_pos) * kvd);
+  if (first_pos > 0) kv_.read_exact_tokens(current_seq_, layer, 0, first_pos, keys_.data(), values_.data());
+  std::copy_n(k, static_cast<size_t>(rows) * kvd, keys_.begin() + static_cast<std::ptrdiff_t>(first_pos * kvd));
+  std::vector<float>& scores = scores_[options_.keep.scope == KeepScope::layer ? static_cast<size_t>(layer) : 0];
+  accumulate_attention_scores(q + static_cast<size_t>(first_row) * qd, rows - first_row, first_pos + first_row,
+                              keys_.data(), n_keys, c.num_heads, c.num_kv_heads, c.head_dim, scores, pool_);
+}
+
 void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits,
-                     const std::function<void(int layer, bool last_chunk)>& on_layer_done) {
+                     const std::function<void(int layer, bool last_chunk)>& on_layer_done,
+                     const std::function<void(int layer)>& before_evict) {
   HACK_CHECK(!tokens.empty(), "sequence {}: empty prompt", seq_id);
   const size_t vocab = static_cast<size_t>(config().vocab_size);
-  int& pos = positions_.at(seq_id);
+  SequenceState& st = state(seq_id);
+  const int num_layers = config().num_layers;
+  const int prompt = st.position + static_cast<int>(tokens.size());  // a restored prefix included
+  const bool evict = st.evicted == 0 && evicts(prompt);
+  const int window_start = options_.keep.window_start(prompt);
+  struct ObserverGuard {  // the observer lives only inside this prefill
+    Backend* backend = nullptr;
+    ~ObserverGuard() {
+      if (backend) backend->set_activation_observer({});
+    }
+  } guard;
+  int chunk_first = 0;
+  if (evict) {
+    scores_.assign(options_.keep.scope == KeepScope::layer ? static_cast<size_t>(num_layers) : 1,
+                   std::vector<float>(static_cast<size_t>(prompt), 0.0f));
+    current_seq_ = seq_id;
+    backend_.set_activation_observer([&](int layer, size_t rows, const float* q, const float* k, const float*) {
+      score_chunk(layer, chunk_first, static_cast<int>(rows), q, k, window_start);
+    });
+    guard.backend = &backend_;
+  }
   std::vector<float> chunk_logits;
   if (all_logits) logits.resize(tokens.size() * vocab);
   size_t done = 0;
   kv_.begin_prefill(seq_id);
   while (done < tokens.size()) {
     const size_t n = std::min(tokens.size() - done, static_cast<size_t>(options_.prefill_chunk_tokens));
-    SequenceChunk c{seq_id, pos, tokens.subspan(done, n), all_logits};
+    chunk_first = st.position - st.evicted;
+    SequenceChunk c{seq_id, chunk_first, tokens.subspan(done, n), all_logits, st.evicted};
     const bool last_chunk = done + n == tokens.size();
     LayerDoneFn layer_done;
-    if (on_layer_done) layer_done = [&](int layer) { on_layer_done(layer, last_chunk); };
+    if (last_chunk && evict) {
+      layer_done = [&](int layer) {
+        if (options_.keep.scope == KeepScope::layer) {
+          if (before_evict) before_evict(layer);
+          evict_layer(seq_id, layer);
+          if (on_layer_done) on_layer_done(layer, true);
+        } else if (layer + 1 == num_layers) {  // one kept set from every layer's scores
+          for (int l = 0; l < num_layers; ++l)
+            if (before_evict) before_evict(l);
+          for (int l = 0; l < num_layers; ++l) evict_layer(seq_id, l);
+          for (int l = 0; l < num_layers; ++l)
+            if (on_layer_done) on_layer_done(l, true);
+        }
+      };
+    } else if (on_layer_done || (last_chunk && before_evict)) {
+      layer_done = [&](int layer) {
+        if (last_chunk && before_evict) before_evict(layer);
+        if (on_layer_done) on_layer_done(layer, last_chunk);
+      };
+    }
     backend_.forward(std::span<const SequenceChunk>(&c, 1), chunk_logits, layer_done);
     if (all_logits) std::copy(chunk_logits.begin(), chunk_logits.end(), logits.begin() + static_cast<std::ptrdiff_t>(done * vocab));
-    pos += static_cast<int>(n);
+    st.position += static_cast<int>(n);
     done += n;
   }
+  if (evict) st.evicted = st.position - evict_kept_;
   kv_.end_prefill(seq_id);
   if (!all_logits) logits.swap(chunk_logits);
+}
+
+void Engine::evict_layer(int seq_id, int layer) {
+  const std::vector<float>& scores =
+      scores_[options_.keep.scope == KeepScope::layer ? static_cast<size_t>(layer) : 0];
+  const std::vector<int> kept = select_kept_tokens(scores, options_.keep);
+  kv_.keep_tokens(seq_id, layer, kept);
+  evict_kept_ = static_cast<int>(kept.size());
 }
 
 void Engine::decode(std::span<const int> seq_ids, std::span<const int> tokens, std::vector<float>& logits) {
   HACK_CHECK(seq_ids.size() == tokens.size(), "decode: {} sequences but {} tokens", seq_ids.size(), tokens.size());
   chunks_.clear();
   for (size_t i = 0; i < seq_ids.size(); ++i) {
-    chunks_.push_back(SequenceChunk{seq_ids[i], position(seq_ids[i]), tokens.subspan(i, 1), false});
+    const SequenceState& st = state(seq_ids[i]);
+    chunks_.push_back(SequenceChunk{seq_ids[i], st.position - st.evicted, tokens.subspan(i, 1), false, st.evicted});
   }
   backend_.forward(chunks_, logits);
-  for (int id : seq_ids) ++positions_.at(id);
+  for (int id : seq_ids) ++state(id).position;
 }
 
 GenerationResult generate(Engine& engine, int seq_id, std::span<const int> prompt, const SamplingParams& params,

@@ -224,12 +224,22 @@ void DecodeScheduler::handle(Command& command) {
             }
           } else if constexpr (std::is_same_v<T, Command::KvComplete>) {
             try {
+              // A prefill node's static eviction (--kv-keep-*) may have pruned the prompt: every
+              // layer then holds the same kept tokens, fewer than the prompt, and new tokens take
+              // their positions after the whole prompt (the prompt's length minus what arrived
+              // is the tokens dropped). A migrated stream's prompt includes its tokens so far.
               const int prompt = static_cast<int>(r.req.prompt.size() + r.generated.size());
+              const int kept = kv_.length(r.seq_id, 0);
               for (int l = 0; l < kv_.shape().num_layers; ++l) {
                 const int n = kv_.length(r.seq_id, l);
-                HACK_CHECK(n == prompt, "layer {} holds {} tokens of a {}-token prompt", l, n, prompt);
+                HACK_CHECK(n == kept && n > 0 && n <= prompt, "layer {} holds {} tokens of a {}-token prompt (layer 0: {})",
+                           l, n, prompt, kept);
               }
-              engine_.adopt_sequence(r.seq_id);
+              engine_.adopt_sequence(r.seq_id, prompt);
+              if (kept < prompt && r.recorder) {  // pruned KV is no conversation prefix for the vault
+                kv_.set_append_observer(r.seq_id, nullptr);
+                r.recorder.reset();
+              }
               r.req.params.seed = c.seed;
               r.sampler = std::make_unique<Sampler>(r.req.params, vocab_, options_.constraints, r.req.eos_ids);
               r.sampler->add_prompt_tokens(r.req.prompt);
@@ -299,6 +309,10 @@ bool DecodeScheduler::admit_one(Request& r) {
     std::vector<int> tokens = r.req.prompt;
     tokens.insert(tokens.end(), r.generated.begin(), r.generated.end() - (recompute ? 1 : 0));
     engine_.prefill(seq, tokens, logits_);
+    if (r.recorder && kv_.length(seq, 0) < engine_.position(seq)) {  // pruned (--kv-keep-*): not recordable
+      kv_.set_append_observer(seq, nullptr);
+      r.recorder.reset();
+    }
     if (recompute) {
       r.state = Request::State::running;
       r.next_token = r.generated.back();
@@ -335,7 +349,7 @@ void DecodeScheduler::emit_token(Request& r, const SampleResult& s) {
 }
 
 bool DecodeScheduler::grow_or_preempt(Request& r) {
-  const int needed = engine_.position(r.seq_id) + 1;
+  const int needed = kv_.length(r.seq_id, 0) + 1;  // KV tokens (fewer than the position after a static eviction)
   if (needed <= r.reserved_tokens) return true;
   const int target = static_cast<int>(reserve_target(r, needed));
   for (;;) {

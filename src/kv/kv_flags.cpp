@@ -47,6 +47,18 @@ void add_kv_flags(FlagSet& flags, KvFlags& c) {
   flags.add_int("kv-select-dense", &c.kv_select_dense, "leading layers that attend to every page");
   flags.add_int("kv-select-share", &c.kv_select_share,
                 "layers (after the dense ones) that share one selection, made in the first of them");
+  flags.add_float("kv-keep-ratio", &c.kv_keep_ratio,
+                  "MPCache static eviction in prefill: keep this fraction of the prompt's tokens — the sinks "
+                  "(--hack-sinks), the newest --kv-keep-recent and those the last --kv-keep-window of the prompt's "
+                  "queries attend to most — and drop the rest before quantizing and sending; 0 = off. Measured on "
+                  "SmolLM2-135M in bench/RESULTS.md");
+  flags.add_int("kv-keep-tokens", &c.kv_keep_tokens, "instead of --kv-keep-ratio: the tokens kept per prompt; 0 = off");
+  flags.add_int("kv-keep-recent", &c.kv_keep_recent, "newest prompt tokens static eviction always keeps");
+  flags.add_float("kv-keep-window", &c.kv_keep_window,
+                  "fraction of the prompt (its end) whose queries' attention scores the tokens, (0, 1]");
+  flags.add_string("kv-keep-scope", &c.kv_keep_scope,
+                   "layer (each layer keeps the tokens its own attention favours) or model (one set from the sum "
+                   "over layers, chosen once every layer is done)");
 }
 
 KvCacheOptions kv_options_from(const KvFlags& c, const std::string& model_dir, int num_layers) {
@@ -94,6 +106,18 @@ KvCacheOptions kv_options_from(const KvFlags& c, const std::string& model_dir, i
     apply_hack_allocation(o, load_hack_allocation(file), num_layers, c.hack_recent >= 0);
   }
   return o;
+}
+
+KeepOptions keep_options_from(const KvFlags& c) {
+  KeepOptions k;
+  k.ratio = c.kv_keep_ratio;
+  k.tokens = c.kv_keep_tokens;
+  k.recent = c.kv_keep_recent;
+  k.window = c.kv_keep_window;
+  k.sinks = c.hack_sinks;
+  k.scope = parse_keep_scope(c.kv_keep_scope);
+  validate(k);
+  return k;
 }
 
 }  // namespace hack

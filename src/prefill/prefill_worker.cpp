@@ -206,8 +206,11 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     const size_t prompt_len = job.tokens.size() - static_cast<size_t>(job.generated_tokens);
     sampler.add_prompt_tokens(std::span<const int>(job.tokens).first(prompt_len));
     for (size_t i = prompt_len; i < job.tokens.size(); ++i) sampler.record_token(job.tokens[i]);
+    // Static eviction decides which tokens stay only once the prompt's last chunk is done: its
+    // KV leaves then (sinks excepted), not as blocks fill.
+    const bool evicting = engine_->evicts(static_cast<int>(job.tokens.size()));
     KvExportCursor cursor;
-    cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
+    if (!evicting) cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
     int restored = 0;
     if (prefix_) {
       // Restore the longest cached prefix into the prefill bracket, so the rest of the prompt
@@ -232,13 +235,17 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
     std::vector<float> logits;  // [vocab], or [prompt][vocab] when prompt logprobs are wanted
     const bool all_logits = job.sampling.prompt_logprobs >= 0;
     const std::span<const int> compute = std::span<const int>(job.tokens).subspan(static_cast<size_t>(restored));
+    auto capture = [&](int layer) {
+      // The whole prompt, still exact and not yet pruned: a pruned prompt's pages are no
+      // prefix of anything, its full blocks before eviction are.
+      if (prefix_) prefix_->capture_layer(*kv_, seq, layer);
+    };
     engine_->prefill(seq, compute, logits, all_logits, [&](int layer, bool last_chunk) {
       if (cancel_running_) fail("request {} was cancelled", id);
+      if (evicting && !last_chunk) return;
       const auto l = static_cast<uint32_t>(layer);
-      // Before the export: its final call quantizes the layer's blocks (hack mode).
-      if (last_chunk && prefix_) prefix_->capture_layer(*kv_, seq, layer);
-      if (last_chunk && options_.send_exact_tail) {
-        const int n = static_cast<int>(job.tokens.size()), from = n / options_.kv.block_tokens * options_.kv.block_tokens;
+      if (last_chunk && options_.send_exact_tail && !evicting) {  // a pruned prompt is not recorded
+        const int n = kv_->length(seq, layer), from = n / options_.kv.block_tokens * options_.kv.block_tokens;
         if (from < n) throw_if_failed(sender_->send_exact_copy(*peer, id, l, encode_exact_tokens(*kv_, seq, layer, from, n - from)));
       }
       export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
@@ -252,7 +259,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
       if (options_.test_layer_delay_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
       }
-    });
+    }, capture);
     const double t_prefilled = monotonic_s();
 
     if (all_logits) {

@@ -92,7 +92,7 @@ void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, ModelRuntime&
   auto kv = make_cuda_kv_cache(rt.model.config, ko);
   rt.backend = make_cuda_backend(rt.model, *kv, bo);
   rt.kv = std::move(kv);
-  rt.engine = std::make_unique<Engine>(*rt.backend, EngineOptions{c.prefill_chunk});
+  rt.engine = std::make_unique<Engine>(*rt.backend, EngineOptions{c.prefill_chunk, keep_options_from(c.kv)});
 #else
   (void)c;
   (void)device_kv_tokens;
@@ -114,6 +114,8 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
   load_model(c, *rt);
   rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
   rt->kv_options = kv_options_from(c, rt->model.config.num_layers);
+  const KeepOptions keep = keep_options_from(c.kv);  // refused early, before a node binds its ports
+  HACK_CHECK(!keep.enabled() || !rt->model.fdc, "--kv-keep-ratio / --kv-keep-tokens cannot be combined with --fdc yet");
   rt->pool = std::make_unique<ThreadPool>(c.threads);
   if (parts.engine) build_engine(c, *rt);
   return rt;
@@ -123,7 +125,10 @@ std::string kv_format(const ModelRuntime& rt) {
   // FdcRuntime::digest names the artifact and the ranks in use (a --fdc-rate re-cut included).
   const std::string fdc = rt.model.fdc ? rt.model.fdc->digest.substr(0, 16) : "none";
   // Page selection changes which pages decode reads, never their bytes, and prefill never
-  // selects: a prefill node pairs with decode nodes of any selection.
+  // selects: a prefill node pairs with decode nodes of any selection. Static eviction
+  // (--kv-keep-*) is not here either: it changes which tokens a prompt's KV holds, not the
+  // format of their bytes; a decode node imports a pruned prompt whatever its own flags and
+  // takes the position from the prompt's length.
   KvCacheOptions bytes = rt.kv_options;
   bytes.select = {};
   return fmt::format("{} fdc={}", describe(bytes), fdc);
@@ -135,7 +140,7 @@ void build_engine(const ModelRuntimeConfig& c, ModelRuntime& rt, int device_kv_t
     build_cuda(c, device_kv_tokens, rt);
     return;
   }
-  CpuEngine e = make_cpu_engine(rt.model, *rt.pool, rt.kv_options, EngineOptions{c.prefill_chunk});
+  CpuEngine e = make_cpu_engine(rt.model, *rt.pool, rt.kv_options, EngineOptions{c.prefill_chunk, keep_options_from(c.kv)});
   rt.paged_kv = e.kv.get();
   rt.kv = std::move(e.kv);
   rt.backend = std::move(e.backend);

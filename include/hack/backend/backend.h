@@ -28,9 +28,12 @@ DeviceKind parse_device(const std::string& name);
 /// of a long prompt over successive calls), decode is many chunks of one token each.
 struct SequenceChunk {
   int seq_id = 0;
-  int start_pos = 0;             ///< position of tokens[0]; equals the KV length before the call
+  int start_pos = 0;             ///< KV index of tokens[0]: the sequence's KV length before the call
   std::span<const int> tokens;
   bool all_logits = false;       ///< logits for every token (else only the last)
+  /// RoPE position of tokens[i] is start_pos + rope_offset + i: prompt tokens a static
+  /// eviction dropped (kv/static_eviction.h) still count for positions, not in the KV.
+  int rope_offset = 0;
 };
 
 /// Called by forward() once per layer, after that layer's K/V of every chunk are appended

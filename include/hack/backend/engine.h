@@ -12,18 +12,20 @@
 #include <vector>
 
 #include "hack/backend/backend.h"
+#include "hack/kv/static_eviction.h"
 #include "hack/model/sampler.h"
 
 namespace hack {
 
 struct EngineOptions {
   int prefill_chunk_tokens = 512;  ///< longer prompts are prefilled in chunks of this size
+  KeepOptions keep;                ///< --kv-keep-*: static eviction of every prompt (kv/static_eviction.h)
 };
 
 class Engine {
  public:
-  /// Runs over backend.kv().
-  explicit Engine(Backend& backend, EngineOptions options = {});
+  /// Runs over backend.kv(). `pool` (optional) runs static eviction's scoring.
+  explicit Engine(Backend& backend, EngineOptions options = {}, ThreadPool* pool = nullptr);
 
   const ModelConfig& config() const { return backend_.config(); }
   KvCache& kv() { return kv_; }
@@ -31,29 +33,59 @@ class Engine {
   /// Opens a sequence able to hold max_tokens (prompt + generated).
   void add_sequence(int seq_id, int max_tokens);
   /// Takes over a sequence that already holds KV in kv() (e.g. imported from a prefill
-  /// node): its position is its stored length, which must be the same in every layer. The
-  /// sequence may have been opened with add_sequence (the usual way to reserve its KV)
-  /// as long as the engine has not run it yet.
-  void adopt_sequence(int seq_id);
+  /// node): its stored length must be the same in every layer. Its position is `position`
+  /// (the tokens that KV stands for: the prompt's length when a static eviction pruned it,
+  /// so new tokens get their true RoPE positions), or its length when -1. The sequence may
+  /// have been opened with add_sequence (the usual way to reserve its KV) as long as the
+  /// engine has not run it yet.
+  void adopt_sequence(int seq_id, int position = -1);
   void remove_sequence(int seq_id);
-  /// Tokens processed so far for the sequence (its next position).
+  /// Tokens processed so far for the sequence (its next RoPE position). Its KV length is
+  /// smaller by the tokens a static eviction dropped.
   int position(int seq_id) const;
+  /// Whether prefilling a prompt of n tokens into an empty sequence evicts (--kv-keep-* on
+  /// and its budget below n).
+  bool evicts(int prompt_tokens) const;
 
   /// Runs `tokens` through the model in chunks; `logits` gets the last token's logits
   /// (vocab floats), or every token's ([n][vocab]) when all_logits. `on_layer_done(layer,
   /// last_chunk)` runs after each layer of each chunk (Backend::forward's LayerDoneFn);
   /// last_chunk is true in the chunk that ends the prompt, when the layer's KV is final.
+  /// With static eviction (options().keep, evicts()) the prompt's layers are pruned in that
+  /// chunk: `before_evict(layer)` sees each layer's whole prompt still exact (a prefix cache
+  /// captures it there), then the layer is pruned, then on_layer_done(layer, true) runs (with
+  /// KeepScope::model, once every layer is done, in layer order). Without eviction
+  /// before_evict(layer) runs just before on_layer_done(layer, true). An evicting prefill
+  /// scores through the backend's activation observer: it replaces any observer set, and
+  /// clears it when it returns.
   void prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits = false,
-               const std::function<void(int layer, bool last_chunk)>& on_layer_done = {});
+               const std::function<void(int layer, bool last_chunk)>& on_layer_done = {},
+               const std::function<void(int layer)>& before_evict = {});
+  const EngineOptions& options() const { return options_; }
   /// One decode step: tokens[i] is the next token of seq_ids[i]; logits [n][vocab].
   void decode(std::span<const int> seq_ids, std::span<const int> tokens, std::vector<float>& logits);
 
  private:
   Backend& backend_;
   KvCache& kv_;
+  struct SequenceState {
+    int position = 0;  // tokens run: the next RoPE position
+    int evicted = 0;   // of them, dropped from the KV by static eviction
+  };
+  SequenceState& state(int seq_id);
+  // Static eviction inside prefill(): scores [layer][prompt token] (one row with KeepScope::model).
+  void score_chunk(int layer, int first_pos, int rows, const float* q, const float* k, int window_start);
+  void evict_layer(int seq_id, int layer);
+
   EngineOptions options_;
-  std::unordered_map<int, int> positions_;
+  ThreadPool* pool_ = nullptr;
+  std::unordered_map<int, SequenceState> sequences_;
   std::vector<SequenceChunk> chunks_;
+  // Engine thread, during one prefill() that evicts.
+  std::vector<std::vector<float>> scores_;
+  std::vector<float> keys_, values_;
+  int current_seq_ = 0;
+  int evict_kept_ = 0;
 };
 
 /// A paged KV cache, the CPU backend over it and an engine over both: what a tool or a test

@@ -73,6 +73,15 @@ class KvCache {
   virtual void begin_prefill(int /*seq_id*/) {}
   virtual void end_prefill(int /*seq_id*/) {}
 
+  /// Copies tokens [first_token, first_token + n_tokens) of a layer that are stored exactly,
+  /// as f32: k, v [n_tokens][num_kv_heads][head_dim]. A cache that cannot throws hack::Error.
+  virtual void read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const;
+  /// Static eviction (kv/static_eviction.h): a layer keeps only the tokens `kept` (ascending
+  /// indices into what it stores), in order, at indices 0 .. kept.size(); the rest are freed.
+  /// Only inside a prefill bracket (or in an exact cache), before anything is quantized. Every
+  /// layer of a sequence must end with the same length. A cache that cannot throws hack::Error.
+  virtual void keep_tokens(int seq_id, int layer, const std::vector<int>& kept);
+
   virtual KvCacheStats stats() const = 0;
 };
 

@@ -8,6 +8,7 @@
 
 #include "hack/core/flags.h"
 #include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/static_eviction.h"
 
 namespace hack {
 
@@ -34,6 +35,12 @@ struct KvFlags {
   float kv_select_coarse = 0.5f;    ///< fraction of groups the coarse level keeps
   int kv_select_dense = 2;          ///< leading layers that attend to everything
   int kv_select_share = 2;          ///< layers sharing one selection
+  // MPCache static eviction in prefill (kv/static_eviction.h); off unless a budget is given.
+  float kv_keep_ratio = 0;          ///< fraction of the prompt's tokens kept, (0, 1]
+  int kv_keep_tokens = 0;           ///< budget in tokens
+  int kv_keep_recent = 32;          ///< newest prompt tokens always kept
+  float kv_keep_window = 0.2f;      ///< fraction of the prompt whose queries score
+  std::string kv_keep_scope = "layer";  ///< layer | model
 };
 
 /// Registers the flags on `flags`; the values already in `config` are the defaults shown.
@@ -45,5 +52,9 @@ void add_kv_flags(FlagSet& flags, KvFlags& config);
 /// recent window applies unless --hack-recent is given. Throws hack::Error naming the bad
 /// flag or file.
 KvCacheOptions kv_options_from(const KvFlags& config, const std::string& model_dir = "", int num_layers = 0);
+
+/// The static eviction the flags ask for (the engine runs it, EngineOptions::keep); sinks
+/// are --hack-sinks. Throws hack::Error naming the bad flag.
+KeepOptions keep_options_from(const KvFlags& config);
 
 }  // namespace hack

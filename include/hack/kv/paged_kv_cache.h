@@ -198,7 +198,10 @@ class PagedKvCache final : public KvCache {
   /// exactly, converted to f32. k, v: [n_tokens][num_kv_heads][head_dim]. Valid for sink,
   /// pending and open-block tokens (hack mode) and every token (fp mode); throws
   /// hack::Error for a token that is quantized or not stored.
-  void read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const;
+  void read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const override;
+  /// Rebuilds the layer from its kept tokens (exact, as appended; KvCache::keep_tokens).
+  /// hack mode: only between begin_prefill and end_prefill (nothing quantized yet).
+  void keep_tokens(int seq_id, int layer, const std::vector<int>& kept) override;
   /// The same without conversion: k, v receive exact_dtype() elements (bit copies).
   void copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k, std::byte* v) const;
 

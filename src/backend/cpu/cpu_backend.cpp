@@ -72,7 +72,7 @@ class CpuBackend final : public Backend {
     size_t row = 0;
     for (const SequenceChunk& c : batch) {
       for (size_t i = 0; i < c.tokens.size(); ++i, ++row) {
-        positions_[row] = c.start_pos + static_cast<int>(i);
+        positions_[row] = c.start_pos + c.rope_offset + static_cast<int>(i);
         cpu::embedding_row(model_.weights.embed, c.tokens[i], &x_[row * H]);
       }
     }

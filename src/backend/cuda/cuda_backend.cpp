@@ -411,7 +411,7 @@ class CudaBackend final : public Backend {
         const int pos = c.start_pos + i;
         const size_t r = static_cast<size_t>(row + i);
         h[o.tokens + r] = token;
-        h[o.positions + r] = pos;
+        h[o.positions + r] = pos + c.rope_offset;  // RoPE only; KV slots and masks use pos
         h[o.slots + r] = table[static_cast<size_t>(pos / P)] * P + pos % P;
       }
       if (c.all_logits) {
