@@ -97,6 +97,7 @@ class ComposeTest(unittest.TestCase):
         size = run(["podman", "image", "inspect", "-f", "{{.Size}}", IMAGE]).stdout.strip()
         print(f"compose_test: image {IMAGE} built in {built.seconds:.0f} s, {int(size) / 1e6:.0f} MB", flush=True)
         cls.compose = ["podman-compose", "-p", PROJECT, "-f", COMPOSE_FILE]
+        cls.volumes_before = set(run(["podman", "volume", "ls", "-q"]).stdout.split())
         up = run(cls.compose + ["up", "-d"], check=False, timeout=900)
         print(f"compose_test: up -d in {up.seconds:.0f} s (exit {up.returncode})", flush=True)
         if up.returncode != 0:
@@ -128,6 +129,8 @@ class ComposeTest(unittest.TestCase):
             print(f"compose_test: KEEP=1, cluster {PROJECT} left up", flush=True)
             return
         run(cls.compose + ["down", "-v"], check=False, timeout=300)
+        # podman-compose 1.0.3's `down` leaves the project's network behind.
+        run(["podman", "network", "rm", "-f", f"{PROJECT}_hacknet"], check=False)
         run(["podman", "rmi", "-f", IMAGE], check=False)
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
@@ -145,6 +148,19 @@ class ComposeTest(unittest.TestCase):
     def inspect(self, service):
         p = run(["podman", "inspect", self.container(service)])
         return json.loads(p.stdout)[0]
+
+    def test_4_nothing_left_after_down(self):
+        """Runs last (tests run in name order): the teardown the class does, checked."""
+        if os.environ.get("KEEP") == "1":
+            self.skipTest("KEEP=1 leaves the cluster up")
+        type(self).tearDownClass()
+        type(self).tearDownClass = classmethod(lambda cls: None)
+        left = run(["podman", "ps", "-a", "--filter", f"name={PROJECT}", "-q"]).stdout.split()
+        self.assertEqual(left, [], "containers left after down")
+        volumes = set(run(["podman", "volume", "ls", "-q"]).stdout.split()) - self.volumes_before
+        self.assertEqual(volumes, set(), "volumes (named or anonymous) left after down -v")
+        self.assertFalse(run(["podman", "network", "exists", f"{PROJECT}_hacknet"], check=False).returncode == 0,
+                         "network left after down")
 
     def test_1_runs_as_configured(self):
         for service in ("vault", "prefill", "decode", "router"):
