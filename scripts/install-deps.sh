@@ -17,6 +17,8 @@ DEBIAN_PACKAGES=(
   bible-kjv                           # training corpus for fixtures (scripts/make_fixtures.py)
   python3 python3-pip python3-venv
   curl iproute2                       # local-cluster.sh readiness checks; bench/jct_experiment.sh (ip netns, tc)
+  podman podman-compose runc          # tests/e2e/compose_test.py (deploy/docker-compose.yml); runc: crun fails on hybrid cgroups
+  debootstrap uidmap slirp4netns      # deploy/docker/make-base-image.sh (debian:12 without a registry), rootless podman
 )
 
 SUDO=""
@@ -34,11 +36,11 @@ else
   echo "install-deps: Debian packages present"
 fi
 
-# Python packages the tests use (goldens are committed; the tests need only these), and
-# gguf for scripts/fetch-models.sh. The fixture generator's heavier needs (torch,
+# Python packages the tests use (goldens are committed; the tests need only these), gguf
+# for scripts/fetch-models.sh and matplotlib for bench/load/hack_load.py's plots. The fixture generator's heavier needs (torch,
 # transformers) are in scripts/requirements-fixtures.txt and are not needed to build or test.
 PY=python3
-if ! $PY -c "import jinja2, numpy, openai, gguf" 2>/dev/null; then
+if ! $PY -c "import jinja2, numpy, openai, gguf, matplotlib" 2>/dev/null; then
   $PY -m pip install -q -r "$(dirname "$0")/requirements-test.txt" \
     || $PY -m pip install -q --break-system-packages -r "$(dirname "$0")/requirements-test.txt"
 fi

@@ -28,6 +28,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_string("host", &c.host, "address to bind HTTP and UCX to");
   flags.add_int("port", &c.port, "HTTP port of the internal API (0 = any free port)");
   flags.add_int("ucx-port", &c.ucx_port, "UCX listener port for KV from prefill nodes (0 = any free port)");
+  flags.add_string("advertise-host", &c.advertise_host,
+                   "host prefill nodes connect to for KV, reported by /health (empty = --host; set it when "
+                   "--host is 0.0.0.0, e.g. to the container's name)");
   flags.add_secret("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
@@ -112,7 +115,10 @@ struct DecodeServer::Impl {
     worker.reset();
   }
 
-  std::string ucx_address() const { return config.host + ":" + std::to_string(ucx_port); }
+  // What the router hands prefill nodes: the bind address is no address to dial when it is 0.0.0.0.
+  std::string ucx_address() const {
+    return (config.advertise_host.empty() ? config.host : config.advertise_host) + ":" + std::to_string(ucx_port);
+  }
 
   // Engine thread (DecodeSchedulerOptions::on_finished_kv).
   void store_finished(const FinishedKv& f) {

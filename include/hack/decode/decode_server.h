@@ -20,6 +20,7 @@ struct DecodeServerConfig {
   std::string host = "127.0.0.1";  ///< HTTP and UCX bind address
   int port = 8300;                 ///< HTTP port (0 = any)
   int ucx_port = 0;                ///< UCX listener port (0 = any; reported by /health)
+  std::string advertise_host;      ///< host prefill nodes dial for KV (empty = host)
   std::string secret;              ///< shared secret of the internal endpoints ("" = none)
   int http_threads = 2;
   int max_batch = 64;
