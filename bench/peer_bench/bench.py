@@ -258,6 +258,12 @@ def hack_tokenize(tokenize_bin: Path, model_dir: Path, text: str):
 
 # ---------------------------------------------------------------- main
 
+def progress(engine, cfg, t, kind, n, timing):
+    print(f"[peer]   {engine} {cfg} {t}t {kind} {n}: prompt {timing['prefill_tok_s']:.1f} tok/s, TTFT "
+          f"{timing['ttft_s'] * 1e3:.1f} ms, decode {timing['decode_tok_s']:.1f} tok/s (load {loadavg_1m():.2f})",
+          flush=True)
+
+
 def median_timing(runs):
     keys = runs[0].keys()
     return {k: statistics.median(r[k] for r in runs) for k in keys}
@@ -350,6 +356,92 @@ def main():
     runs = {}  # (engine, config, threads, kind, n) -> [timing]
     outputs = {}  # (engine, config, threads) -> greedy ids of the decode workload (first repeat)
     started = datetime.datetime.now(datetime.timezone.utc)
+    def report(reps_done):
+        """Prints the table and writes the JSON (after every repeat, so an interrupted run keeps what it measured)."""
+        # Greedy agreement: every engine/config against llama.cpp fa off at the same thread count.
+        agreement = []
+        for (engine, cfg, t), ids in sorted(outputs.items()):
+            ref = outputs.get(("llama.cpp", "fa off", t))
+            if ref is not None and (engine, cfg) != ("llama.cpp", "fa off"):
+                agreement.append({"engine": engine, "config": cfg, "threads": t, "vs": "llama.cpp fa off",
+                                  "common_prefix": common_prefix(ids, ref), "of": len(ref)})
+
+        results = []
+        for (engine, cfg, t, kind, n), rs in runs.items():
+            med = median_timing(rs)
+            results.append({"engine": engine, "config": cfg, "threads": t, "workload": kind, "prompt_tokens": n,
+                            "max_tokens": max_tokens_of(kind), "median": med, "runs": rs})
+
+        def get(engine, cfg, t, kind, n, key):
+            for r in results:
+                if (r["engine"], r["config"], r["threads"], r["workload"], r["prompt_tokens"]) == (engine, cfg, t, kind, n):
+                    return r["median"][key]
+            return None
+
+        cols = [("hack", f"kv {kv}") for kv in kvs] + [("llama.cpp", f"fa {'on' if fa else 'off'}") for fa in fas]
+        ref_col = ("llama.cpp", "fa on") if True in fas else cols[-1]
+        header = ["metric", "thr"] + [f"{e} {c}" for e, c in cols] + [f"{c}/{ref_col[1]}" for e, c in cols
+                                                                       if e == "hack"]
+        rows = []
+        for t in threads:
+            for kind, n in workloads:
+                metrics = [("decode tok/s", "decode_tok_s", 1)] if kind == "decode" else [
+                    (f"prompt {n} tok/s", "prefill_tok_s", 1), (f"TTFT {n} ms", "ttft_s", 1e3)]
+                for label, key, scale in metrics:
+                    vals = {c: get(c[0], c[1], t, kind, n, key) for c in cols}
+                    row = [label, str(t)] + [f"{vals[c] * scale:.1f}" for c in cols]
+                    ref = vals[ref_col]
+                    for c in cols:
+                        if c[0] == "hack":
+                            # Speed ratio: > 1 means hack-run is faster (for TTFT: llama's time / ours).
+                            r = (vals[c] / ref) if key != "ttft_s" else (ref / vals[c])
+                            row.append(f"{r:.2f}x")
+                    rows.append(row)
+                if kind == "decode":
+                    vals = [get(c[0], c[1], t, kind, n, "decode_tok_s") for c in cols]
+                    rows.append(["  weights GB/s", str(t)] + [f"{v * weight_bytes / 1e9:.1f}" for v in vals] +
+                                [""] * (len(header) - 2 - len(cols)))
+                    rows.append([f"  of membw {membw[t]:.1f} GB/s", str(t)] +
+                                [f"{v * weight_bytes / 1e9 / membw[t]:.0%}" for v in vals] +
+                                [""] * (len(header) - 2 - len(cols)))
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        lines = ["  ".join(h.ljust(widths[i]) if i == 0 else h.rjust(widths[i]) for i, h in enumerate(header))]
+        for r in rows:
+            lines.append("  ".join(v.ljust(widths[i]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(r)))
+        table = "\n".join(lines)
+
+        load_summary = {**quiet, "loadavg_1m_during": {"min": min(loads), "median": statistics.median(loads),
+                                                       "max": max(loads)}, **other.summary()}
+        print()
+        print(f"model {name} ({weight_bytes / 1e6:.0f} MB bf16 weights), decode after a {len(chat_ids)}-token chat "
+              f"prompt for {a.decode_tokens} tokens, medians of {reps_done} (of {a.repeats}); ratio = hack / llama.cpp {ref_col[1]}")
+        print(table)
+        print()
+        print(f"load: 1-min loadavg {quiet['loadavg_1m_at_start']:.2f} at start (quiet={quiet['quiet']}), during "
+              f"{load_summary['loadavg_1m_during']['min']:.2f}..{load_summary['loadavg_1m_during']['max']:.2f} (includes "
+              f"this benchmark); other processes used {load_summary.get('other_cores_median', 0):.2f} cores median, "
+              f"{load_summary.get('other_cores_max', 0):.2f} max of {os.cpu_count()}")
+        print(f"tokenizers (llama.cpp vs hack): {len(text)}-char text identical={tokenizer_check['text_identical']}, "
+              f"chat prompt identical={tokenizer_check['chat_identical']}")
+        for g in agreement:
+            print(f"greedy: {g['engine']} {g['config']} {g['threads']}t agrees with {g['vs']} on the first "
+                  f"{g['common_prefix']}/{g['of']} tokens")
+
+        out = {
+            "date": started.isoformat(timespec="seconds"), "model": name, "hf_dir": str(hf_dir), "gguf": str(gguf),
+            "weight_bytes": weight_bytes, "llama_cpp_python": llama_cpp.__version__,
+            "hack_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                          text=True).stdout.strip(),
+            "cpu_count": os.cpu_count(), "threads": threads, "repeats": a.repeats, "repeats_done": reps_done, "decode_tokens": a.decode_tokens,
+            "chat_prompt_tokens": len(chat_ids), "prompt_lens": prompt_lens, "token_ids_from": "llama.cpp tokenizer",
+            "tokenizer_check": tokenizer_check, "membw_read_gbs": membw, "greedy_agreement": agreement, "load": load_summary,
+            "table": table, "results": results,
+        }
+        out_path = Path(a.out) if a.out else peer / f"results-{name}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(out, indent=1))
+        print(f"[peer] wrote {out_path}")
+
     for rep in range(a.repeats):
         for t in threads:
             for kv in kvs:
@@ -358,6 +450,7 @@ def main():
                     with other:
                         ids, timing = hack_run(hack_bin, hf_dir, prompt_of(kind, n), max_tokens_of(kind), t, kv)
                     runs.setdefault(("hack", f"kv {kv}", t, kind, n), []).append(timing)
+                    progress("hack", f"kv {kv}", t, kind, n, timing)
                     if kind == "decode" and rep == 0:
                         outputs[("hack", f"kv {kv}", t)] = ids
             for fa in fas:
@@ -368,94 +461,14 @@ def main():
                     with other:
                         ids, timing = llm.generate(prompt_of(kind, n), max_tokens_of(kind))
                     runs.setdefault(("llama.cpp", cfg, t, kind, n), []).append(timing)
+                    progress("llama.cpp", cfg, t, kind, n, timing)
                     if kind == "decode" and rep == 0:
                         outputs[("llama.cpp", cfg, t)] = ids
                 llm.free_context()
         print(f"[peer] repeat {rep + 1}/{a.repeats} done (load {loadavg_1m():.2f})", flush=True)
 
-    # Greedy agreement: every engine/config against llama.cpp fa off at the same thread count.
-    agreement = []
-    for (engine, cfg, t), ids in sorted(outputs.items()):
-        ref = outputs.get(("llama.cpp", "fa off", t))
-        if ref is not None and (engine, cfg) != ("llama.cpp", "fa off"):
-            agreement.append({"engine": engine, "config": cfg, "threads": t, "vs": "llama.cpp fa off",
-                              "common_prefix": common_prefix(ids, ref), "of": len(ref)})
+        report(rep + 1)
 
-    results = []
-    for (engine, cfg, t, kind, n), rs in runs.items():
-        med = median_timing(rs)
-        results.append({"engine": engine, "config": cfg, "threads": t, "workload": kind, "prompt_tokens": n,
-                        "max_tokens": max_tokens_of(kind), "median": med, "runs": rs})
-
-    def get(engine, cfg, t, kind, n, key):
-        for r in results:
-            if (r["engine"], r["config"], r["threads"], r["workload"], r["prompt_tokens"]) == (engine, cfg, t, kind, n):
-                return r["median"][key]
-        return None
-
-    cols = [("hack", f"kv {kv}") for kv in kvs] + [("llama.cpp", f"fa {'on' if fa else 'off'}") for fa in fas]
-    ref_col = ("llama.cpp", "fa on") if True in fas else cols[-1]
-    header = ["metric", "thr"] + [f"{e} {c}" for e, c in cols] + [f"{c}/{ref_col[1]}" for e, c in cols
-                                                                   if e == "hack"]
-    rows = []
-    for t in threads:
-        for kind, n in workloads:
-            metrics = [("decode tok/s", "decode_tok_s", 1)] if kind == "decode" else [
-                (f"prompt {n} tok/s", "prefill_tok_s", 1), (f"TTFT {n} ms", "ttft_s", 1e3)]
-            for label, key, scale in metrics:
-                vals = {c: get(c[0], c[1], t, kind, n, key) for c in cols}
-                row = [label, str(t)] + [f"{vals[c] * scale:.1f}" for c in cols]
-                ref = vals[ref_col]
-                for c in cols:
-                    if c[0] == "hack":
-                        # Speed ratio: > 1 means hack-run is faster (for TTFT: llama's time / ours).
-                        r = (vals[c] / ref) if key != "ttft_s" else (ref / vals[c])
-                        row.append(f"{r:.2f}x")
-                rows.append(row)
-            if kind == "decode":
-                vals = [get(c[0], c[1], t, kind, n, "decode_tok_s") for c in cols]
-                rows.append(["  weights GB/s", str(t)] + [f"{v * weight_bytes / 1e9:.1f}" for v in vals] +
-                            [""] * (len(header) - 2 - len(cols)))
-                rows.append([f"  of membw {membw[t]:.1f} GB/s", str(t)] +
-                            [f"{v * weight_bytes / 1e9 / membw[t]:.0%}" for v in vals] +
-                            [""] * (len(header) - 2 - len(cols)))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(widths[i]) if i == 0 else h.rjust(widths[i]) for i, h in enumerate(header))]
-    for r in rows:
-        lines.append("  ".join(v.ljust(widths[i]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(r)))
-    table = "\n".join(lines)
-
-    load_summary = {**quiet, "loadavg_1m_during": {"min": min(loads), "median": statistics.median(loads),
-                                                   "max": max(loads)}, **other.summary()}
-    print()
-    print(f"model {name} ({weight_bytes / 1e6:.0f} MB bf16 weights), decode after a {len(chat_ids)}-token chat "
-          f"prompt for {a.decode_tokens} tokens, medians of {a.repeats}; ratio = hack / llama.cpp {ref_col[1]}")
-    print(table)
-    print()
-    print(f"load: 1-min loadavg {quiet['loadavg_1m_at_start']:.2f} at start (quiet={quiet['quiet']}), during "
-          f"{load_summary['loadavg_1m_during']['min']:.2f}..{load_summary['loadavg_1m_during']['max']:.2f} (includes "
-          f"this benchmark); other processes used {load_summary.get('other_cores_median', 0):.2f} cores median, "
-          f"{load_summary.get('other_cores_max', 0):.2f} max of {os.cpu_count()}")
-    print(f"tokenizers (llama.cpp vs hack): {len(text)}-char text identical={tokenizer_check['text_identical']}, "
-          f"chat prompt identical={tokenizer_check['chat_identical']}")
-    for g in agreement:
-        print(f"greedy: {g['engine']} {g['config']} {g['threads']}t agrees with {g['vs']} on the first "
-              f"{g['common_prefix']}/{g['of']} tokens")
-
-    out = {
-        "date": started.isoformat(timespec="seconds"), "model": name, "hf_dir": str(hf_dir), "gguf": str(gguf),
-        "weight_bytes": weight_bytes, "llama_cpp_python": llama_cpp.__version__,
-        "hack_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                      text=True).stdout.strip(),
-        "cpu_count": os.cpu_count(), "threads": threads, "repeats": a.repeats, "decode_tokens": a.decode_tokens,
-        "chat_prompt_tokens": len(chat_ids), "prompt_lens": prompt_lens, "token_ids_from": "llama.cpp tokenizer",
-        "tokenizer_check": tokenizer_check, "membw_read_gbs": membw, "greedy_agreement": agreement, "load": load_summary,
-        "table": table, "results": results,
-    }
-    out_path = Path(a.out) if a.out else peer / f"results-{name}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(out, indent=1))
-    print(f"[peer] wrote {out_path}")
     llm.free_context()
 
 
