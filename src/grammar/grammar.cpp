@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "hack/core/error.h"
+#include "src/tokenizer/utf8.h"
 
 namespace hack::grammar {
 
@@ -41,23 +42,7 @@ Item ref_item(uint32_t rule) {
   return it;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
+using tok::append_utf8;  // the tokenizer's UTF-8 encoder (src/tokenizer/utf8.h)
 
 // The UTF-8 encodings of the code points [lo, hi] (same encoded length, no surrogates) as
 // sequences of byte ranges, by splitting the range until every byte position varies
