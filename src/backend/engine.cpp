@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "hack/core/error.h"
 
@@ -56,17 +57,17 @@ void Engine::remove_sequence(int seq_id) {
   sequences_.erase(seq_id);
 }
 
-Engine::SequenceState& Engine::state(int seq_id) {
+const Engine::SequenceState& Engine::state(int seq_id) const {
   auto it = sequences_.find(seq_id);
   HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
   return it->second;
 }
 
-int Engine::position(int seq_id) const {
-  auto it = sequences_.find(seq_id);
-  HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
-  return it->second.position;
+Engine::SequenceState& Engine::state(int seq_id) {
+  return const_cast<SequenceState&>(std::as_const(*this).state(seq_id));
 }
+
+int Engine::position(int seq_id) const { return state(seq_id).position; }
 
 bool Engine::evicts(int prompt_tokens) const {
   return options_.keep.enabled() && options_.keep.budget(prompt_tokens) < prompt_tokens;
@@ -80,8 +81,7 @@ void Engine::score_chunk(int layer, int first_pos, int rows, const float* q, con
   const int n_keys = first_pos + rows;
   // Keys [0, first_pos) as the cache holds them (exact inside the prefill), then the chunk's own.
   keys_.resize(static_cast<size_t>(n_keys) * kvd);
-  values_.resize(static_cast<size_t>(first_pos) * kvd);
-  if (first_pos > 0) kv_.read_exact_tokens(current_seq_, layer, 0, first_pos, keys_.data(), values_.data());
+  if (first_pos > 0) kv_.read_exact_tokens(current_seq_, layer, 0, first_pos, keys_.data(), nullptr);
   std::copy_n(k, static_cast<size_t>(rows) * kvd, keys_.begin() + static_cast<std::ptrdiff_t>(first_pos * kvd));
   std::vector<float>& scores = scores_[options_.keep.scope == KeepScope::layer ? static_cast<size_t>(layer) : 0];
   accumulate_attention_scores(q + static_cast<size_t>(first_row) * qd, rows - first_row, first_pos + first_row,

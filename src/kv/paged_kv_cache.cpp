@@ -887,8 +887,9 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
       const size_t kb = static_cast<size_t>(e.k_dim[h]) * elem, vb = static_cast<size_t>(e.v_dim[h]) * elem;
       const size_t dst = (static_cast<size_t>(i) * H + h) * row_bytes;
       std::memcpy(k + dst, base + e.k_at(hi, cap, static_cast<size_t>(slot)) * elem, kb);
-      std::memcpy(v + dst, base + e.v_at(hi, cap, static_cast<size_t>(slot)) * elem, vb);
       std::memset(k + dst + kb, 0, row_bytes - kb);
+      if (v == nullptr) continue;
+      std::memcpy(v + dst, base + e.v_at(hi, cap, static_cast<size_t>(slot)) * elem, vb);
       std::memset(v + dst + vb, 0, row_bytes - vb);
     }
   }
@@ -902,13 +903,12 @@ void PagedKvCache::read_exact_tokens(int seq_id, int layer, int first_token, int
                       reinterpret_cast<std::byte*>(v));
     return;
   }
-  std::vector<uint16_t> kb(elems), vb(elems);
+  std::vector<uint16_t> kb(elems), vb(v ? elems : 0);
   copy_exact_tokens(seq_id, layer, first_token, n_tokens, reinterpret_cast<std::byte*>(kb.data()),
-                    reinterpret_cast<std::byte*>(vb.data()));
-  for (size_t i = 0; i < elems; ++i) {
-    k[i] = bf16_to_f32(kb[i]);
-    v[i] = bf16_to_f32(vb[i]);
-  }
+                    v ? reinterpret_cast<std::byte*>(vb.data()) : nullptr);
+  for (size_t i = 0; i < elems; ++i) k[i] = bf16_to_f32(kb[i]);
+  if (v)
+    for (size_t i = 0; i < elems; ++i) v[i] = bf16_to_f32(vb[i]);
 }
 
 void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {

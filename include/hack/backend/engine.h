@@ -73,6 +73,7 @@ class Engine {
     int evicted = 0;   // of them, dropped from the KV by static eviction
   };
   SequenceState& state(int seq_id);
+  const SequenceState& state(int seq_id) const;
   // Static eviction inside prefill(): scores [layer][prompt token] (one row with KeepScope::model).
   void score_chunk(int layer, int first_pos, int rows, const float* q, const float* k, int window_start);
   void evict_layer(int seq_id, int layer);
@@ -83,7 +84,7 @@ class Engine {
   std::vector<SequenceChunk> chunks_;
   // Engine thread, during one prefill() that evicts.
   std::vector<std::vector<float>> scores_;
-  std::vector<float> keys_, values_;
+  std::vector<float> keys_;
   int current_seq_ = 0;
   int evict_kept_ = 0;
 };

@@ -74,7 +74,8 @@ class KvCache {
   virtual void end_prefill(int /*seq_id*/) {}
 
   /// Copies tokens [first_token, first_token + n_tokens) of a layer that are stored exactly,
-  /// as f32: k, v [n_tokens][num_kv_heads][head_dim]. A cache that cannot throws hack::Error.
+  /// as f32: k, v [n_tokens][num_kv_heads][head_dim]; v may be null (keys only). A cache that
+  /// cannot throws hack::Error.
   virtual void read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const;
   /// Static eviction (kv/static_eviction.h): a layer keeps only the tokens `kept` (ascending
   /// indices into what it stores), in order, at indices 0 .. kept.size(); the rest are freed.

@@ -202,7 +202,7 @@ class PagedKvCache final : public KvCache {
   /// Rebuilds the layer from its kept tokens (exact, as appended; KvCache::keep_tokens).
   /// hack mode: only between begin_prefill and end_prefill (nothing quantized yet).
   void keep_tokens(int seq_id, int layer, const std::vector<int>& kept) override;
-  /// The same without conversion: k, v receive exact_dtype() elements (bit copies).
+  /// The same without conversion: k, v receive exact_dtype() elements (bit copies); v may be null.
   void copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k, std::byte* v) const;
 
   /// The page block `block` (tokens [sinks + block·Π, sinks + (block + 1)·Π)) of a layer
