@@ -1170,12 +1170,12 @@ struct RouterServer::Impl {
     return relay_token(run, a, e.sample);
   }
 
-  // A token in the metrics and the nodes' load; the first ends the prefill node's part.
+  // A token in the metrics and the decode node's load (run_attempt ends the prefill node's
+  // lease at each attempt's first token).
   void count_token(ChoiceRun& run, Attempt& a) {
     const auto now = Clock::now();
     if (run.out.completion_tokens == 0) {
       if (run.gauge.first_token()) metrics.observe_time_to_first_token_s(seconds_since(run.req.t_arrival));
-      a.nodes.prefill.release();  // the first token is sampled by prefill: its work for this request is done
     } else {
       metrics.observe_inter_token_latency_s(std::chrono::duration<double>(now - a.last_token).count());
     }
