@@ -397,7 +397,9 @@ bool ToolCallParser::step_after_object(ToolParseStep& out) {
       if (kHermesClose.starts_with(rest)) return false;
       break;
     case ToolParserKind::mistral:
-      if (rest.front() == ',') {
+    case ToolParserKind::llama3_json: {
+      // Calls are separated by ',' (inside mistral's list) or ';' (llama3_json).
+      if (rest.front() == (kind_ == ToolParserKind::mistral ? ',' : ';')) {
         buf_.erase(0, i + 1);
         return true;
       }
@@ -407,25 +409,13 @@ bool ToolCallParser::step_after_object(ToolParseStep& out) {
         reset_object();
         return true;
       }
-      if (rest.front() == ']') {
-        buf_.erase(0, i + 1);
-        mode_ = Mode::text;
+      if (kind_ == ToolParserKind::llama3_json) {  // the reply was calls only: the rest passes through
+        mode_ = Mode::passthrough;
         return true;
       }
+      if (rest.front() == ']') buf_.erase(0, i + 1);  // mistral's list ends
       break;
-    case ToolParserKind::llama3_json:
-      if (rest.front() == ';') {
-        buf_.erase(0, i + 1);
-        return true;
-      }
-      if (rest.front() == '{') {
-        buf_.erase(0, i);
-        mode_ = Mode::object;
-        reset_object();
-        return true;
-      }
-      mode_ = Mode::passthrough;
-      return true;
+    }
     case ToolParserKind::none: break;
   }
   mode_ = Mode::text;  // text after the calls
