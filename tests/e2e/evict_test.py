@@ -6,36 +6,13 @@ KV bytes the prefill node ships fall with the ratio; a bad keep flag stops hack-
 message naming it.
 """
 
-import json
 import subprocess
 import unittest
-import urllib.request
 
 import cluster
 import vault_test
-
-# ~400 tokens: 25 pages of 16 tokens.
-PROMPT = " ".join(["In the beginning God created the heaven and the earth. And the earth was without form, and void;"
-                   " and darkness was upon the face of the deep."] * 12)
-BLOCK = ["--hack-block", "16"]
-
-
-def complete(router, max_tokens):
-    body = {"model": "hack-tiny", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1}
-    req = urllib.request.Request(f"http://127.0.0.1:{router.port}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
-def hack_run(extra, max_tokens, kv="hack"):
-    argv = [cluster.binary("hack-run"), "--model", cluster.MODEL_DIR, "--threads", "1", "--temperature", "0",
-            "--max-tokens", str(max_tokens), "--logprobs", "1", "--json", "--prompt", PROMPT, "--kv", kv, *BLOCK,
-            *extra]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise AssertionError(r.stderr)
-    return json.loads(r.stdout)
+# The ~400-token prompt (16-token pages) and helpers the selection test drives hack-tiny with.
+from select_test import BLOCK, complete, hack_run
 
 
 class EvictClusterTest(unittest.TestCase):

@@ -26,9 +26,10 @@ def complete(router, max_tokens):
         return json.loads(r.read())
 
 
-def hack_run(extra, max_tokens):
+def hack_run(extra, max_tokens, kv="hack"):
     argv = [cluster.binary("hack-run"), "--model", cluster.MODEL_DIR, "--threads", "1", "--temperature", "0",
-            "--max-tokens", str(max_tokens), "--logprobs", "1", "--json", "--prompt", PROMPT, *BLOCK, *extra]
+            "--max-tokens", str(max_tokens), "--logprobs", "1", "--json", "--prompt", PROMPT, "--kv", kv, *BLOCK,
+            *extra]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise AssertionError(r.stderr)
