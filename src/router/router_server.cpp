@@ -1129,10 +1129,8 @@ struct RouterServer::Impl {
           config.stall_timeout_s, [&] { return stream_stalled(a.nodes, any_token); }, [&] { call.cancel(); });
       g = call.run([&](const NodeEvent& e) {
         watch.touch();
-        if (e.kind == NodeEventKind::token) {
-          any_token = true;
-          a.nodes.prefill.release();  // the first token is sampled by prefill: its part is done
-        }
+        // The attempt's first token is sampled by prefill: that node's part is done.
+        if (e.kind == NodeEventKind::token && !any_token.exchange(true)) a.nodes.prefill.release();
         return on_node_event(run, a, e);
       });
       stalled = watch.fired();
