@@ -3,7 +3,12 @@
 // biases are small and converted to f32 copies.
 #include "hack/model/weights.h"
 
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <xxhash.h>
@@ -124,6 +129,64 @@ size_t Model::weight_bytes() const {
   }
   add(weights.final_norm);
   add(weights.lm_head);
+  return total;
+}
+
+namespace {
+
+// An anonymous private mapping, 2 MiB aligned, advised for transparent huge pages.
+class HugePageArena {
+ public:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+
+  explicit HugePageArena(size_t bytes) : bytes_((bytes + kHugePage - 1) / kHugePage * kHugePage) {
+    // Over-map by one huge page so the start can be aligned; the slack is unmapped again.
+    const size_t mapped = bytes_ + kHugePage;
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    HACK_CHECK(p != MAP_FAILED, "cannot map {} bytes for the weights: {}", mapped, std::strerror(errno));
+    const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+    if (aligned > start) ::munmap(p, aligned - start);
+    if (const size_t tail = start + mapped - (aligned + bytes_); tail > 0)
+      ::munmap(reinterpret_cast<void*>(aligned + bytes_), tail);
+    data_ = reinterpret_cast<char*>(aligned);
+    // Advice only: where THP is off ("never") the copy still works, on small pages.
+    (void)::madvise(data_, bytes_, MADV_HUGEPAGE);
+  }
+  ~HugePageArena() { ::munmap(data_, bytes_); }
+  HugePageArena(const HugePageArena&) = delete;
+  HugePageArena& operator=(const HugePageArena&) = delete;
+
+  char* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  char* data_ = nullptr;
+};
+
+}  // namespace
+
+size_t Model::place_in_huge_pages() {
+  std::vector<Tensor*> matrices{&weights.embed, &weights.lm_head};
+  for (LayerWeights& l : weights.layers)
+    for (Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(t);
+  constexpr size_t kAlign = 64;
+  std::unordered_map<const void*, size_t> offsets;  // a tied matrix is copied once
+  size_t total = 0;
+  for (const Tensor* t : matrices) {
+    if (!t->defined() || offsets.contains(t->raw())) continue;
+    offsets.emplace(t->raw(), total);
+    total += (t->bytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  if (total == 0) return 0;
+  auto arena = std::make_shared<const HugePageArena>(total);
+  std::unordered_set<const void*> copied;
+  for (Tensor* t : matrices) {
+    if (!t->defined()) continue;
+    char* dst = arena->data() + offsets.at(t->raw());
+    if (copied.insert(t->raw()).second) std::memcpy(dst, t->raw(), t->bytes());
+    *t = Tensor::view(t->dtype(), t->shape(), t->ndim(), dst, arena);
+  }
   return total;
 }
 

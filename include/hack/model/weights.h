@@ -56,6 +56,13 @@ struct Model {
   static Model synthetic(const ModelConfig& config, uint64_t seed, DType dtype = DType::bf16);
   /// Bytes of all weights (tied lm_head counted once).
   size_t weight_bytes() const;
+  /// Copies every matrix (tied ones once) into one anonymous mapping advised for
+  /// transparent huge pages and points the tensors at it. Decode streams all weights per
+  /// token, and on 4 KiB pages the hardware prefetcher stops at every page boundary: on
+  /// the dev VM a bf16 GEMV read 15 GB/s from the mmapped checkpoint and 21 GB/s from
+  /// huge pages (bench/RESULTS.md, issue 16). Costs a second copy of the weights while the
+  /// checkpoint's pages stay in the page cache (reclaimable). Returns the bytes copied.
+  size_t place_in_huge_pages();
 };
 
 /// A digest of a model's weights (xxh3 over every tensor's shape, dtype and bytes; hex):

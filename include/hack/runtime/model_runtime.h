@@ -28,6 +28,7 @@ struct ModelRuntimeConfig {
   std::string served_name;         ///< name reported to clients; default: the directory's name (nodes)
   std::string device = "cpu";      ///< cpu | cuda
   int threads = 0;                 ///< 0 = all cores
+  std::string weights_memory = "huge-pages";  ///< huge-pages | mmap (Model::place_in_huge_pages)
   KvFlags kv;                      ///< --kv, --hack-*, --kv-dtype (kv/kv_flags.h)
   int64_t kv_capacity_mb = 0;      ///< KV byte budget in MiB; 0 = unbounded
   int prefill_chunk = 512;

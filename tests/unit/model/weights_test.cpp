@@ -190,6 +190,25 @@ TEST_CASE("Model::load: a checkpoint written from a synthetic model loads back e
   }
 }
 
+TEST_CASE("Model::place_in_huge_pages keeps every byte and the tie", "[model][weights]") {
+  for (bool tied : {false, true}) {
+    INFO("tied " << tied);
+    test::TempDir dir;
+    const Model src = Model::synthetic(tiny_config(ModelArch::llama, tied), 13);
+    write_model_dir(dir.path(), src, hf_tensors(src));
+    Model m = Model::load(dir.path());
+    const void* mapped = m.weights.layers[0].wq.raw();
+    const size_t copied = m.place_in_huge_pages();
+    CHECK(copied >= m.weight_bytes() - m.weights.final_norm.bytes() * (1 + 2 * m.weights.layers.size()));
+    CHECK(m.weights.layers[0].wq.raw() != mapped);
+    CHECK(reinterpret_cast<uintptr_t>(m.weights.embed.raw()) % (size_t{2} << 20) == 0);  // the arena's start
+    CHECK((m.weights.lm_head.raw() == m.weights.embed.raw()) == tied);
+    const auto a = all_tensors(src.weights), b = all_tensors(m.weights);
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i]->defined()) CHECK(same_bytes(*a[i], *b[i]));
+  }
+}
+
 TEST_CASE("Model::load: bf16 norms and biases are converted to f32", "[model][weights]") {
   test::TempDir dir;
   const Model src = Model::synthetic(tiny_config(ModelArch::qwen2), 3, DType::bf16);
