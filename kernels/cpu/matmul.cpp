@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "hack/core/error.h"
+#include "hack/kernels/cpu/ops.h"
 #include "kernels/cpu/gemv_kernels.h"
 
 namespace hack::cpu {
@@ -23,6 +24,13 @@ void set_blas_threads(int n) {
   static std::once_flag once;
   std::call_once(once, [n] { openblas_set_num_threads(n); });
 }
+
+// GEMV on the best ISA present (AVX2 at least: the build's baseline).
+CpuIsa gemv_isa() { return cpu_isa() == CpuIsa::scalar ? CpuIsa::avx2 : cpu_isa(); }
+
+// Output rows per GEMV task: long enough that each thread's weight stream stays
+// sequential, short enough to balance the threads.
+constexpr size_t kGemvBlockRows = 16;
 
 }  // namespace
 
@@ -44,12 +52,8 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
   const size_t out = static_cast<size_t>(w.dim(0));
   const size_t in = static_cast<size_t>(w.dim(1));
   if (rows <= kGemvMaxRows) {
-    const CpuIsa isa = cpu_isa() == CpuIsa::scalar ? CpuIsa::avx2 : cpu_isa();
-    // Blocks of 16 output rows keep every thread's weight stream long and sequential.
-    const size_t blocks = (out + 15) / 16;
-    pool.parallel_for(blocks, [&](size_t b0, size_t b1) {
-      gemv_rows(isa, x, rows, w, y, b0 * 16, std::min(out, b1 * 16));
-    });
+    const Projection p{&w, y};
+    matmul_many(x, rows, std::span<const Projection>(&p, 1), pool, ws);
     return;
   }
   set_blas_threads(pool.size());
@@ -72,6 +76,59 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<int>(n), k, 1.0f, x, k,
                 ws.weight_tile.data(), k, 0.0f, y + o0, static_cast<int>(out));
   }
+}
+
+void matmul_many(const float* x, size_t rows, std::span<const Projection> projections, ThreadPool& pool,
+                 MatmulWorkspace& ws) {
+  if (rows == 0 || projections.empty()) return;
+  const size_t in = static_cast<size_t>(projections[0].w->dim(1));
+  for (const Projection& p : projections) {
+    check_weight(*p.w);
+    HACK_CHECK(static_cast<size_t>(p.w->dim(1)) == in, "matmul_many: weights of {} and {} inputs", in, p.w->dim(1));
+  }
+  if (rows > kGemvMaxRows) {
+    for (const Projection& p : projections) matmul(x, rows, *p.w, p.y, pool, ws);
+    return;
+  }
+  // Task b is block b - first[k] of projection k, where first[k] ≤ b < first[k + 1].
+  size_t first[8];
+  HACK_CHECK(projections.size() < std::size(first), "matmul_many: at most {} projections", std::size(first) - 1);
+  first[0] = 0;
+  for (size_t k = 0; k < projections.size(); ++k)
+    first[k + 1] = first[k] + (static_cast<size_t>(projections[k].w->dim(0)) + kGemvBlockRows - 1) / kGemvBlockRows;
+  const CpuIsa isa = gemv_isa();
+  pool.parallel_for(first[projections.size()], [&](size_t b0, size_t b1) {
+    size_t k = 0;
+    for (size_t b = b0; b < b1; ++b) {
+      while (b >= first[k + 1]) ++k;
+      const Projection& p = projections[k];
+      const size_t out = static_cast<size_t>(p.w->dim(0)), o = (b - first[k]) * kGemvBlockRows;
+      gemv_rows(isa, x, rows, *p.w, p.y, o, std::min(out, o + kGemvBlockRows));
+    }
+  });
+}
+
+void matmul_swiglu(const float* x, size_t rows, const Tensor& w_gate, const Tensor& w_up, float* gate, float* up,
+                   ThreadPool& pool, MatmulWorkspace& ws) {
+  if (rows == 0) return;
+  check_weight(w_gate);
+  check_weight(w_up);
+  HACK_CHECK(w_gate.dim(0) == w_up.dim(0) && w_gate.dim(1) == w_up.dim(1), "matmul_swiglu: gate {} but up {}",
+             w_gate.describe(), w_up.describe());
+  const size_t out = static_cast<size_t>(w_gate.dim(0));
+  if (rows > kGemvMaxRows) {
+    matmul(x, rows, w_gate, gate, pool, ws);
+    matmul(x, rows, w_up, up, pool, ws);
+    pool.parallel_for(rows, [&](size_t r0, size_t r1) { swiglu(gate + r0 * out, up + r0 * out, gate + r0 * out, (r1 - r0) * out); });
+    return;
+  }
+  const CpuIsa isa = gemv_isa();
+  pool.parallel_for((out + kGemvBlockRows - 1) / kGemvBlockRows, [&](size_t b0, size_t b1) {
+    const size_t o0 = b0 * kGemvBlockRows, o1 = std::min(out, b1 * kGemvBlockRows);
+    gemv_rows(isa, x, rows, w_gate, gate, o0, o1);
+    gemv_rows(isa, x, rows, w_up, up, o0, o1);
+    for (size_t t = 0; t < rows; ++t) swiglu(gate + t * out + o0, up + t * out + o0, gate + t * out + o0, o1 - o0);
+  });
 }
 
 }  // namespace hack::cpu

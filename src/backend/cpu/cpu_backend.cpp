@@ -67,7 +67,6 @@ class CpuBackend final : public Backend {
     const size_t hd = static_cast<size_t>(cfg_.head_dim);
     const size_t qd = static_cast<size_t>(cfg_.q_dim());
     const size_t kvd = static_cast<size_t>(cfg_.kv_dim());
-    const size_t I = static_cast<size_t>(cfg_.intermediate_size);
 
     size_t row = 0;
     for (const SequenceChunk& c : batch) {
@@ -81,9 +80,8 @@ class CpuBackend final : public Backend {
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const LayerWeights& w = model_.weights.layers[static_cast<size_t>(l)];
       rmsnorm_rows(x_.data(), w.attn_norm, xn_.data(), total, H);
-      cpu::matmul(xn_.data(), total, w.wq, q_.data(), pool_, mm_ws_);
-      cpu::matmul(xn_.data(), total, w.wk, k_.data(), pool_, mm_ws_);
-      cpu::matmul(xn_.data(), total, w.wv, v_.data(), pool_, mm_ws_);
+      const cpu::Projection qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
+      cpu::matmul_many(xn_.data(), total, qkv, pool_, mm_ws_);
       if (cfg_.attention_bias) {
         add_bias(q_.data(), w.bq, total, qd);
         add_bias(k_.data(), w.bk, total, kvd);
@@ -133,9 +131,7 @@ class CpuBackend final : public Backend {
       for_rows(total, [&](size_t r0, size_t r1) { cpu::add_inplace(&x_[r0 * H], &tmp_[r0 * H], (r1 - r0) * H); });
 
       rmsnorm_rows(x_.data(), w.ffn_norm, xn_.data(), total, H);
-      cpu::matmul(xn_.data(), total, w.w_gate, gate_.data(), pool_, mm_ws_);
-      cpu::matmul(xn_.data(), total, w.w_up, up_.data(), pool_, mm_ws_);
-      for_rows(total, [&](size_t r0, size_t r1) { cpu::swiglu(&gate_[r0 * I], &up_[r0 * I], &gate_[r0 * I], (r1 - r0) * I); });
+      cpu::matmul_swiglu(xn_.data(), total, w.w_gate, w.w_up, gate_.data(), up_.data(), pool_, mm_ws_);
       cpu::matmul(gate_.data(), total, w.w_down, tmp_.data(), pool_, mm_ws_);
       for_rows(total, [&](size_t r0, size_t r1) { cpu::add_inplace(&x_[r0 * H], &tmp_[r0 * H], (r1 - r0) * H); });
     }

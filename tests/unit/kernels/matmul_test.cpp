@@ -2,11 +2,13 @@
 // the GEMV (decode) path.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
 #include "hack/core/cpu_features.h"
 #include "hack/kernels/cpu/matmul.h"
+#include "hack/kernels/cpu/ops.h"
 #include "support/test_support.h"
 
 using namespace hack;
@@ -81,5 +83,34 @@ TEST_CASE("matmul: sgemm path equals GEMV path for 16-bit and fp32 weights", "[k
         REQUIRE(test::close(big[r * static_cast<size_t>(out) + o], one[o], 1e-4, 1e-4));
       }
     }
+  }
+}
+
+TEST_CASE("matmul_many and matmul_swiglu equal separate matmuls", "[kernels][matmul]") {
+  ThreadPool pool(2);
+  cpu::MatmulWorkspace ws;
+  const int64_t in = 72;
+  const Tensor wq = random_weight(DType::bf16, 53, in, 1), wk = random_weight(DType::bf16, 17, in, 2),
+               wv = random_weight(DType::bf16, 17, in, 3);
+  const Tensor gate_w = random_weight(DType::bf16, 45, in, 4), up_w = random_weight(DType::bf16, 45, in, 5);
+  for (size_t rows : {size_t{1}, size_t{3}, cpu::kGemvMaxRows, size_t{12}}) {
+    INFO("rows " << rows);
+    const std::vector<float> x = random_vec(rows * static_cast<size_t>(in), 40 + rows);
+    auto sized = [&](const Tensor& w) { return std::vector<float>(rows * static_cast<size_t>(w.dim(0)), -1.0f); };
+    std::vector<float> q = sized(wq), k = sized(wk), v = sized(wv);
+    const cpu::Projection qkv[] = {{&wq, q.data()}, {&wk, k.data()}, {&wv, v.data()}};
+    cpu::matmul_many(x.data(), rows, qkv, pool, ws);
+    for (const cpu::Projection& p : qkv) {
+      std::vector<float> one = sized(*p.w);
+      cpu::matmul(x.data(), rows, *p.w, one.data(), pool, ws);
+      REQUIRE(std::equal(one.begin(), one.end(), p.y));  // the same kernel on the same rows: same bits
+    }
+    std::vector<float> gate = sized(gate_w), up = sized(up_w);
+    cpu::matmul_swiglu(x.data(), rows, gate_w, up_w, gate.data(), up.data(), pool, ws);
+    std::vector<float> g = sized(gate_w), u = sized(up_w), want(g.size());
+    cpu::matmul(x.data(), rows, gate_w, g.data(), pool, ws);
+    cpu::matmul(x.data(), rows, up_w, u.data(), pool, ws);
+    cpu::swiglu(g.data(), u.data(), want.data(), want.size());
+    REQUIRE(gate == want);
   }
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "hack/core/cpu_features.h"
@@ -27,6 +28,24 @@ struct MatmulWorkspace {
 /// y[t][o] = Σ_i x[t][i] · w[o][i] for t < rows; x: [rows][in], y: [rows][out] (row-major,
 /// contiguous). `w` is [out][in] f32/f16/bf16.
 void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool, MatmulWorkspace& ws);
+
+/// One output of matmul_many: y = x · wᵀ ([rows][w.dim(0)]).
+struct Projection {
+  const Tensor* w;
+  float* y;
+};
+
+/// Several projections of the same x (a layer's Q, K and V). With few rows (GEMV) they run
+/// in one parallel region, their output rows dealt out as one list, so a decode step pays
+/// one dispatch and barrier instead of one per matrix; with many rows, matmul() each.
+void matmul_many(const float* x, size_t rows, std::span<const Projection> projections, ThreadPool& pool,
+                 MatmulWorkspace& ws);
+
+/// gate = silu(x · w_gateᵀ) * (x · w_upᵀ), [rows][intermediate]; `up` is scratch of the same
+/// size. With few rows each block of output columns computes its gate and up rows and then
+/// their product, all in one parallel region.
+void matmul_swiglu(const float* x, size_t rows, const Tensor& w_gate, const Tensor& w_up, float* gate, float* up,
+                   ThreadPool& pool, MatmulWorkspace& ws);
 
 /// The GEMV path on an explicit ISA (tests compare every ISA with the scalar one).
 /// Computes output rows [o_begin, o_end) only.
