@@ -7,6 +7,7 @@
 
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/ops.h"
+#include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemv_kernels.h"
 
 namespace hack::cpu {
@@ -32,7 +33,35 @@ CpuIsa gemv_isa() { return cpu_isa() == CpuIsa::scalar ? CpuIsa::avx2 : cpu_isa(
 // sequential, short enough to balance the threads.
 constexpr size_t kGemvBlockRows = 16;
 
+// y = x · wᵀ with x rounded to bf16 (MatmulPrecision::bf16): each thread packs and
+// multiplies its own panels of w's rows.
+void gemm_bf16(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool, MatmulWorkspace& ws) {
+  const size_t out = static_cast<size_t>(w.dim(0)), in = static_cast<size_t>(w.dim(1));
+  ws.x_bf16.resize(rows * ((in + 1) / 2 * 2));
+  pool.parallel_for(rows, [&](size_t r0, size_t r1) {
+    detail::f32_to_bf16_pairs_avx512(x + r0 * in, r1 - r0, in, ws.x_bf16.data() + r0 * ((in + 1) / 2 * 2));
+  });
+  ws.packs.resize(static_cast<size_t>(pool.size()));
+  const size_t panel = detail::gemm_bf16_panel_cols();
+  const size_t panels = (out + panel - 1) / panel;
+  pool.run([&](int thread, int threads) {
+    size_t p0, p1;
+    split_range(panels, thread, threads, &p0, &p1);
+    if (p0 == p1) return;
+    std::vector<uint32_t>& pack = ws.packs[static_cast<size_t>(thread)];
+    pack.resize(detail::gemm_bf16_pack_words(in));
+    detail::gemm_bf16_avx512(ws.x_bf16.data(), rows, in, w.data<uint16_t>(), p0 * panel, std::min(out, p1 * panel), y,
+                             out, pack.data());
+  });
+}
+
 }  // namespace
+
+MatmulPrecision parse_matmul_precision(std::string_view name) {
+  if (name == "fp32") return MatmulPrecision::f32;
+  if (name == "bf16") return MatmulPrecision::bf16;
+  fail("--matmul-precision must be fp32 or bf16, got '{}'", name);
+}
 
 void gemv_rows(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* y, size_t o_begin, size_t o_end) {
   check_weight(w);
@@ -54,6 +83,10 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
   if (rows <= kGemvMaxRows) {
     const Projection p{&w, y};
     matmul_many(x, rows, std::span<const Projection>(&p, 1), pool, ws);
+    return;
+  }
+  if (ws.precision == MatmulPrecision::bf16 && w.dtype() == DType::bf16 && cpu_supports(CpuIsa::avx512)) {
+    gemm_bf16(x, rows, w, y, pool, ws);
     return;
   }
   set_blas_threads(pool.size());

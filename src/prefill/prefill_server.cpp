@@ -73,7 +73,7 @@ struct PrefillServer::Impl {
     ucx = std::make_unique<net::UcxWorker>();
     PrefillWorkerOptions wo;
     wo.kv = rt->kv_options;
-    wo.engine = EngineOptions{config.model.prefill_chunk, keep_options_from(config.model.kv)};
+    wo.engine = engine_options_from(config.model);
     HACK_CHECK(config.window_mb > 0, "--window-mb must be positive, got {}", config.window_mb);
     wo.sender.max_in_flight_bytes = static_cast<size_t>(config.window_mb) << 20;
     wo.sender.auth = net::WireAuth(config.secret);  // KV messages carry the cluster's MAC (none without a secret)

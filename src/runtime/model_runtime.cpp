@@ -24,6 +24,11 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
                    "where the CPU backend reads the weight matrices: huge-pages (copied into memory advised for "
                    "transparent huge pages: decode streams every weight per token and ran 1.4x faster so on the dev VM) "
                    "or mmap (the checkpoint's pages, zero-copy, shared with other processes)");
+  flags.add_string("matmul-precision", &c.matmul_precision,
+                   "arithmetic of the CPU backend's many-row matmuls (prefill, decode batches over 8) on bf16 weights: "
+                   "fp32 (weights widened, sgemm; matches transformers' fp32 logits) or bf16 (activations rounded to "
+                   "bf16, AVX-512 BF16 dot products: llama.cpp's arithmetic, ~2x the prefill GEMM rate; runs as fp32 "
+                   "without AVX-512 BF16)");
   add_kv_flags(flags, c.kv);
   flags.add_int64("kv-capacity-mb", &c.kv_capacity_mb, "KV cache budget in MiB; 0 = unbounded");
   flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
@@ -47,6 +52,10 @@ KvCacheOptions kv_options_from(const ModelRuntimeConfig& c, int num_layers) {
   HACK_CHECK(c.kv_capacity_mb >= 0, "--kv-capacity-mb must not be negative, got {}", c.kv_capacity_mb);
   o.capacity_bytes = static_cast<size_t>(c.kv_capacity_mb) << 20;
   return o;
+}
+
+EngineOptions engine_options_from(const ModelRuntimeConfig& c) {
+  return EngineOptions{c.prefill_chunk, keep_options_from(c.kv), cpu::parse_matmul_precision(c.matmul_precision)};
 }
 
 namespace {
@@ -96,7 +105,7 @@ void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, ModelRuntime&
   auto kv = make_cuda_kv_cache(rt.model.config, ko);
   rt.backend = make_cuda_backend(rt.model, *kv, bo);
   rt.kv = std::move(kv);
-  rt.engine = std::make_unique<Engine>(*rt.backend, EngineOptions{c.prefill_chunk, keep_options_from(c.kv)});
+  rt.engine = std::make_unique<Engine>(*rt.backend, engine_options_from(c));
 #else
   (void)c;
   (void)device_kv_tokens;
@@ -119,6 +128,7 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
   HACK_CHECK(c.weights_memory == "huge-pages" || c.weights_memory == "mmap",
              "--weights-memory must be huge-pages or mmap, got '{}'", c.weights_memory);
   if (rt->device == DeviceKind::cpu && c.weights_memory == "huge-pages") rt->model.place_in_huge_pages();
+  (void)cpu::parse_matmul_precision(c.matmul_precision);  // refused before a node binds its ports
   rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
   rt->kv_options = kv_options_from(c, rt->model.config.num_layers);
   const KeepOptions keep = keep_options_from(c.kv);  // refused early, before a node binds its ports
@@ -147,7 +157,7 @@ void build_engine(const ModelRuntimeConfig& c, ModelRuntime& rt, int device_kv_t
     build_cuda(c, device_kv_tokens, rt);
     return;
   }
-  CpuEngine e = make_cpu_engine(rt.model, *rt.pool, rt.kv_options, EngineOptions{c.prefill_chunk, keep_options_from(c.kv)});
+  CpuEngine e = make_cpu_engine(rt.model, *rt.pool, rt.kv_options, engine_options_from(c));
   rt.paged_kv = e.kv.get();
   rt.kv = std::move(e.kv);
   rt.backend = std::move(e.backend);

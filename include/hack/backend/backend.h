@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hack/core/thread_pool.h"
+#include "hack/kernels/cpu/matmul.h"
 #include "hack/kv/kv_cache.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/weights.h"
@@ -83,6 +84,7 @@ class Backend {
 
 /// The CPU reference backend over `kv` (fp or HACK pages). `pool` runs every kernel; the
 /// model, the pool and the cache must outlive the backend.
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv);
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv,
+                                          cpu::MatmulPrecision matmul_precision = cpu::MatmulPrecision::f32);
 
 }  // namespace hack

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hack/backend/backend.h"
+#include "hack/kernels/cpu/matmul.h"
 #include "hack/kv/static_eviction.h"
 #include "hack/model/sampler.h"
 
@@ -20,6 +21,7 @@ namespace hack {
 struct EngineOptions {
   int prefill_chunk_tokens = 512;  ///< longer prompts are prefilled in chunks of this size
   KeepOptions keep;                ///< --kv-keep-*: static eviction of every prompt (kv/static_eviction.h)
+  cpu::MatmulPrecision matmul_precision = cpu::MatmulPrecision::f32;  ///< CPU backend's many-row matmuls
 };
 
 class Engine {

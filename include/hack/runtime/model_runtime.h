@@ -29,6 +29,7 @@ struct ModelRuntimeConfig {
   std::string device = "cpu";      ///< cpu | cuda
   int threads = 0;                 ///< 0 = all cores
   std::string weights_memory = "huge-pages";  ///< huge-pages | mmap (Model::place_in_huge_pages)
+  std::string matmul_precision = "fp32";      ///< fp32 | bf16 (cpu::MatmulPrecision)
   KvFlags kv;                      ///< --kv, --hack-*, --kv-dtype (kv/kv_flags.h)
   int64_t kv_capacity_mb = 0;      ///< KV byte budget in MiB; 0 = unbounded
   int prefill_chunk = 512;
@@ -82,5 +83,7 @@ std::string kv_format(const ModelRuntime& runtime);
 /// KvCacheOptions for the `--kv*` / `--hack-*` flags of a model of `num_layers` layers
 /// (its directory's bit allocation applies, see kv/kv_flags.h) and --kv-capacity-mb.
 KvCacheOptions kv_options_from(const ModelRuntimeConfig& config, int num_layers);
+/// The engine options the flags give: prefill chunk, static eviction, matmul precision.
+EngineOptions engine_options_from(const ModelRuntimeConfig& config);
 
 }  // namespace hack

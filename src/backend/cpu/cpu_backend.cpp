@@ -22,7 +22,7 @@ constexpr size_t kParallelRowsMin = 32;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv)
+  CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv, cpu::MatmulPrecision matmul_precision)
       : model_(model),
         cfg_(model.config),
         pool_(pool),
@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
                model.fdc ? " with FDC" : "");
     if (model.fdc)
       for (const FdcRanks& r : model.fdc->ranks) fdc_d_qk_.push_back(r.d_qk);
+    mm_ws_.precision = matmul_precision;
   }
 
   std::string name() const override { return "cpu"; }
@@ -224,8 +225,9 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv) {
-  return std::make_unique<CpuBackend>(model, pool, kv);
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv,
+                                          cpu::MatmulPrecision matmul_precision) {
+  return std::make_unique<CpuBackend>(model, pool, kv, matmul_precision);
 }
 
 }  // namespace hack

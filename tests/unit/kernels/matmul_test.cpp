@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -112,5 +113,41 @@ TEST_CASE("matmul_many and matmul_swiglu equal separate matmuls", "[kernels][mat
     cpu::matmul(x.data(), rows, up_w, u.data(), pool, ws);
     cpu::swiglu(g.data(), u.data(), want.data(), want.size());
     REQUIRE(gate == want);
+  }
+}
+
+TEST_CASE("matmul bf16 precision: the VDPBF16PS GEMM equals a double reference on bf16-rounded rows",
+          "[kernels][matmul]") {
+  if (!cpu_supports(CpuIsa::avx512)) {
+    WARN("no AVX-512 BF16 on this CPU: MatmulPrecision::bf16 runs as f32 here (checked below)");
+  }
+  ThreadPool pool(2);
+  cpu::MatmulWorkspace ws;
+  ws.precision = cpu::MatmulPrecision::bf16;
+  for (int64_t in : {1, 33, 64, 577}) {
+    for (int64_t out : {5, 32, 70}) {
+      const Tensor w = random_weight(DType::bf16, out, in, 500 + static_cast<uint64_t>(in * out));
+      for (size_t rows : {size_t{9}, size_t{12}, size_t{13}, size_t{30}}) {
+        INFO("in " << in << " out " << out << " rows " << rows);
+        const std::vector<float> x = random_vec(rows * static_cast<size_t>(in), 77 + rows);
+        std::vector<float> y(rows * static_cast<size_t>(out), -1.0f);
+        cpu::matmul(x.data(), rows, w, y.data(), pool, ws);
+        for (size_t r = 0; r < rows; ++r) {
+          for (int64_t o = 0; o < out; ++o) {
+            double want = 0, magnitude = 0;
+            for (int64_t i = 0; i < in; ++i) {
+              const float xi = x[r * static_cast<size_t>(in) + static_cast<size_t>(i)];
+              const double xr = cpu_supports(CpuIsa::avx512) ? bf16_to_f32(f32_to_bf16(xi)) : xi;
+              const double term = xr * bf16_to_f32(w.data<uint16_t>()[o * in + i]);
+              want += term;
+              magnitude += std::abs(term);
+            }
+            // Products of two bf16 are exact in fp32; only the fp32 accumulation rounds.
+            REQUIRE(std::abs(y[r * static_cast<size_t>(out) + static_cast<size_t>(o)] - want) <=
+                    1e-6 * magnitude + 1e-6);
+          }
+        }
+      }
+    }
   }
 }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "hack/core/cpu_features.h"
@@ -20,9 +21,22 @@ namespace hack::cpu {
 /// Rows of x at or below which matmul() streams weights (GEMV) instead of calling sgemm.
 inline constexpr size_t kGemvMaxRows = 8;
 
-/// Scratch for matmul(): fp32 weight tiles for sgemm on 16-bit weights. Reused across calls.
+/// Arithmetic of the many-row path (prefill chunks, decode batches over kGemvMaxRows) on
+/// bf16 weights. f32: the weights widened to fp32, OpenBLAS sgemm (matches transformers in
+/// fp32 to ~1e-5). bf16: the activations rounded to bf16 and multiplied with VDPBF16PS,
+/// fp32 accumulation — llama.cpp's arithmetic for bf16 weights, twice the multiply rate;
+/// needs AVX-512 BF16, elsewhere it runs as f32. The GEMV (decode) path is fp32 always.
+enum class MatmulPrecision { f32, bf16 };
+
+/// Parses "fp32" | "bf16" (the --matmul-precision flag).
+MatmulPrecision parse_matmul_precision(std::string_view name);
+
+/// Scratch for matmul(), reused across calls, and the many-row path's arithmetic.
 struct MatmulWorkspace {
-  std::vector<float> weight_tile;
+  MatmulPrecision precision = MatmulPrecision::f32;
+  std::vector<float> weight_tile;            // f32: fp32 tiles of 16-bit weights for sgemm
+  std::vector<uint16_t> x_bf16;              // bf16: the activations
+  std::vector<std::vector<uint32_t>> packs;  // bf16: one packed weight panel per thread
 };
 
 /// y[t][o] = Σ_i x[t][i] · w[o][i] for t < rows; x: [rows][in], y: [rows][out] (row-major,

@@ -1,0 +1,23 @@
+// Internal: the bf16 GEMM of the many-row matmul path (kernels/cpu/gemm_bf16_avx512.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hack/core/dtype.h"
+
+namespace hack::cpu::detail {
+
+/// x [rows][k] f32 -> out [rows][k rounded up to even] bf16 (round to nearest even; the pad is 0).
+void f32_to_bf16_pairs_avx512(const float* x, size_t rows, size_t k, uint16_t* out);
+
+/// c[i][n] = Σ_j a[i][j] · b[n][j] for i < m, n in [n0, n1); a from f32_to_bf16_pairs_avx512
+/// (rows of k rounded up to even), b [N][k] bf16, c row stride ldc. `pack` is scratch of
+/// gemm_bf16_pack_words(k) words, one per calling thread.
+void gemm_bf16_avx512(const uint16_t* a, size_t m, size_t k, const uint16_t* b, size_t n0, size_t n1, float* c,
+                      size_t ldc, uint32_t* pack);
+size_t gemm_bf16_pack_words(size_t k);
+/// Columns per packed panel: split [n0, n1) between threads at multiples of this.
+size_t gemm_bf16_panel_cols();
+
+}  // namespace hack::cpu::detail
