@@ -2,6 +2,7 @@
 // directly; each has a plain loop for the tail.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "hack/core/error.h"
@@ -10,6 +11,26 @@
 namespace hack::cpu {
 
 namespace {
+// e^x for 8 lanes: x = n·ln2 + r with |r| ≤ ln2/2, e^r by a degree-6 Taylor polynomial
+// (relative error < 2e-7 over the clamped range), 2^n built in the exponent bits.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // r = x - n·ln2 in two steps (Cody–Waite) so r keeps its low bits.
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
 inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
   __m128 hi = _mm256_extractf128_ps(v, 1);
@@ -102,9 +123,20 @@ void rope_apply(float* x, int n_heads, int head_dim, int position, const float* 
 }
 
 void swiglu(const float* gate, const float* up, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  // Every element takes the vector path (the tail through a padded copy), so an element's
+  // value does not depend on where a call's range starts (matmul_swiglu runs column blocks).
+  const auto lanes = [](const __m256 g, const __m256 u) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+  };
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, lanes(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    alignas(32) float g[8] = {}, u[8] = {}, o[8];
+    std::copy(gate + i, gate + n, g);
+    std::copy(up + i, up + n, u);
+    _mm256_store_ps(o, lanes(_mm256_load_ps(g), _mm256_load_ps(u)));
+    std::copy(o, o + (n - i), out + i);
   }
 }
 

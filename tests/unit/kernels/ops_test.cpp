@@ -78,3 +78,28 @@ TEST_CASE("fdc_project: each head slot becomes x·P[:, :d] of its KV head, 0 aft
       }
     }
 }
+
+TEST_CASE("swiglu matches silu(gate) * up, and an element's value does not depend on where the call starts",
+          "[kernels][ops]") {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> dist(-30.0f, 30.0f);
+  const size_t n = 1003;
+  std::vector<float> gate(n), up(n), out(n), shifted(n);
+  for (size_t i = 0; i < n; ++i) {
+    gate[i] = dist(rng);
+    up[i] = dist(rng) / 10;
+  }
+  gate[0] = -100.0f;  // exp overflow side: silu → -0
+  gate[1] = 100.0f;   // silu → gate
+  cpu::swiglu(gate.data(), up.data(), out.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    const double want = g / (1.0 + std::exp(-g)) * up[i];
+    INFO("i " << i << " gate " << g);
+    REQUIRE(std::abs(out[i] - want) <= 1e-6 * std::abs(want) + 1e-30);
+  }
+  for (size_t start : {size_t{1}, size_t{5}, size_t{13}}) {
+    cpu::swiglu(gate.data() + start, up.data() + start, shifted.data() + start, n - start);
+    for (size_t i = start; i < n; ++i) REQUIRE(shifted[i] == out[i]);
+  }
+}
