@@ -17,6 +17,8 @@
 // <model>/fdc.safetensors) at removal rate R ("fp32 fdc=R": FDC alone; "k4v4 fdc=R": FDC +
 // HACK); "fdc-uniform=R" gives every head the mean ranks of rate R (no adaptive ranks);
 // "fdc-qk=R" compresses Q/K at rate R and keeps V whole.
+// "matmul=bf16" runs the prefill GEMMs in bf16 (--matmul-precision bf16; with "fp32" or "bf16"
+// as the KV part: "fp32 matmul=bf16" measures the arithmetic alone).
 // "keep=γ" (with keep-tokens=, keep-recent=, keep-window=, keep-scope=) runs MPCache's static
 // eviction in every prefill (EngineOptions::keep); with --passkey-question-decode the question
 // goes through decode, so the eviction cannot see it.
@@ -73,6 +75,7 @@ struct Config {
   bool fdc_qk_only = false;             // "fdc-qk=R": Q/K at rate R, V kept whole
   const hack::Model* model = nullptr;   // the model the config runs (FDC applied), set in main; null = --model's
   hack::KeepOptions keep;               // "keep=γ": static eviction in prefill (kv/static_eviction.h)
+  hack::cpu::MatmulPrecision matmul = hack::cpu::MatmulPrecision::f32;  // "matmul=bf16": prefill GEMMs in bf16
 };
 
 // One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill",
@@ -80,7 +83,8 @@ struct Config {
 // or "bf16" (the fp cache with bf16 pages: what storing exact tokens in bf16 costs, which
 // every HACK config pays for its sinks, open block and recent window). Space or ','
 // separated; unnamed fields keep the defaults of the other flags.
-hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions o, hack::KeepOptions& keep) {
+hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions o, hack::KeepOptions& keep,
+                                  hack::cpu::MatmulPrecision& matmul) {
   std::string item;
   std::string norm = spec;
   for (char& ch : norm) if (ch == ',') ch = ' ';
@@ -120,6 +124,7 @@ hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions 
     else if (key == "keep-recent") keep.recent = std::stoi(val);
     else if (key == "keep-window") keep.window = std::stof(val);
     else if (key == "keep-scope") keep.scope = hack::parse_keep_scope(val);
+    else if (key == "matmul") matmul = hack::cpu::parse_matmul_precision(val);
     else if (key == "bf16") {
       o.mode = hack::KvMode::fp;
       o.fp_dtype = hack::DType::bf16;
@@ -155,11 +160,12 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
       else rest += w + " ";
     }
     hack::KeepOptions keep;
-    o = parse_config(rest, o, keep);
+    hack::cpu::MatmulPrecision matmul = hack::cpu::MatmulPrecision::f32;
+    o = parse_config(rest, o, keep, matmul);
     keep.sinks = o.sinks;
     hack::validate(keep);
     if (!ablation) {
-      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only, nullptr, keep});
+      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only, nullptr, keep, matmul});
       continue;
     }
     Config codes{spec + " | codes only", o, fdc_rate, fdc_uniform, fdc_qk_only},
@@ -208,6 +214,10 @@ struct Logprobs {
 
 const hack::Model& model_of(const Bench& b, const Config& c) { return c.model != nullptr ? *c.model : b.model; }
 
+hack::EngineOptions engine_options(const Bench& b, const Config& c) {
+  return hack::EngineOptions{b.prefill_chunk, c.keep, c.matmul};
+}
+
 void log_softmax(float* row, size_t n) {
   const float m = *std::max_element(row, row + n);
   double s = 0;
@@ -235,8 +245,8 @@ enum class Path { decode, prefill };
 //         rows predict tokens[n_prefill + 1, n).
 // prefill: tokens[0, n − 1) prefilled with all_logits; rows predict tokens[1, n).
 Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt, Path path,
-             std::span<const int> tokens, int n_prefill, const hack::KeepOptions& keep = {}) {
-  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk, keep});
+             std::span<const int> tokens, int n_prefill, const hack::EngineOptions& eo) {
+  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, eo);
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(tokens.size()));
   e.backend->set_measure_sharing(b.measure_sharing);
@@ -251,7 +261,7 @@ Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOption
     engine.prefill(0, tokens.first(static_cast<size_t>(n_prefill)), logits);
     // What a prefill node would ship: the prompt's KV after prefill (pages, sinks, exact tail).
     std::fprintf(stderr, "  [%s%s] prompt KV after prefill: %d of %d tokens, %.2f MB\n", hack::describe(opt).c_str(),
-                 keep.enabled() ? " keep" : "", e.kv->length(0, 0), n_prefill, e.kv->stats().bytes_used / 1e6);
+                 eo.keep.enabled() ? " keep" : "", e.kv->length(0, 0), n_prefill, e.kv->stats().bytes_used / 1e6);
     const int seq = 0;
     for (size_t t = static_cast<size_t>(n_prefill); t + 1 < tokens.size(); ++t) {
       engine.decode(std::span<const int>(&seq, 1), tokens.subspan(t, 1), logits);
@@ -273,8 +283,8 @@ Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOption
 
 // Greedy continuation (stops at EOS or max_tokens).
 std::vector<int> greedy(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt,
-                        std::span<const int> prompt, int max_tokens, const hack::KeepOptions& keep = {}) {
-  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, hack::EngineOptions{b.prefill_chunk, keep});
+                        std::span<const int> prompt, int max_tokens, const hack::EngineOptions& eo) {
+  hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, eo);
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(prompt.size()) + max_tokens);
   hack::SamplingParams sp;
@@ -441,11 +451,11 @@ std::vector<Compared> compare(const Bench& b, Path path, const std::vector<Sampl
     const std::span<const int> tokens(s.tokens);
     const std::span<const int> targets =
         path == Path::decode ? tokens.subspan(static_cast<size_t>(s.n_prefill) + 1) : tokens.subspan(1);
-    const Run ref = run_path(b, b.model, reference_options(), path, tokens, s.n_prefill);
+    const Run ref = run_path(b, b.model, reference_options(), path, tokens, s.n_prefill, hack::EngineOptions{b.prefill_chunk});
     out[0].scores.push_back(score(ref.logprobs, ref.logprobs, targets));
     out[0].attend_bytes_per_token = ref.attend_bytes_per_token;
     for (size_t c = 0; c < configs.size(); ++c) {
-      const Run got = run_path(b, model_of(b, configs[c]), configs[c].options, path, tokens, s.n_prefill, configs[c].keep);
+      const Run got = run_path(b, model_of(b, configs[c]), configs[c].options, path, tokens, s.n_prefill, engine_options(b, configs[c]));
       out[c + 1].scores.push_back(score(ref.logprobs, got.logprobs, targets));
       out[c + 1].attend_bytes_per_token = got.attend_bytes_per_token;
     }
@@ -590,8 +600,8 @@ std::vector<std::vector<int>> question_decode_answers(const Bench& b, const std:
     hack::KvCacheOptions o = c.options;
     o.select = {};
     const hack::KeepOptions& k = c.keep;  // static eviction acts in prefill: part of the key
-    return fmt::format("{} keep {} {} {} {} {}", hack::describe(o), k.ratio, k.tokens, k.recent, k.window,
-                       static_cast<int>(k.scope));
+    return fmt::format("{} keep {} {} {} {} {} matmul {}", hack::describe(o), k.ratio, k.tokens, k.recent, k.window,
+                       static_cast<int>(k.scope), static_cast<int>(c.matmul));
   };
   for (size_t first = 0; first < rows.size(); ++first) {
     if (done[first]) continue;
@@ -599,7 +609,7 @@ std::vector<std::vector<int>> question_decode_answers(const Bench& b, const std:
     hack::KvCacheOptions base = rows[first].options;
     base.select = {};
     hack::CpuEngine prefilled =
-        hack::make_cpu_engine(model, b.pool, base, hack::EngineOptions{b.prefill_chunk, rows[first].keep});
+        hack::make_cpu_engine(model, b.pool, base, engine_options(b, rows[first]));
     prefilled.engine->add_sequence(0, total);
     std::vector<float> logits;
     prefilled.engine->prefill(0, prefix, logits);
@@ -648,7 +658,7 @@ void run_passkey(const Bench& b, const Output& out, const std::vector<Config>& c
                               : std::vector<std::vector<int>>{};
         for (size_t r = 0; r < rows.size(); ++r) {
           const std::vector<int> ids =
-              b.question_decode ? answers[r] : greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8, rows[r].keep);
+              b.question_decode ? answers[r] : greedy(b, model_of(b, rows[r]), rows[r].options, prompt, 8, engine_options(b, rows[r]));
           const std::string answer = b.tok.decode(ids, true);
           hits[r][li] += answer.find(key) != std::string::npos;
         }
@@ -706,10 +716,10 @@ void run_greedy(const Bench& b, const Output& out, const std::vector<Config>& co
     const Json messages = Json::array({Json{{"role", "user"}, {"content", kChatPrompts[i]}}});
     const std::vector<int> prompt = b.tok.encode(tmpl.render(messages, ro), false);  // the template writes BOS
     prompt_tokens += prompt.size();
-    const std::vector<int> ref = greedy(b, b.model, reference_options(), prompt, max_tokens);
+    const std::vector<int> ref = greedy(b, b.model, reference_options(), prompt, max_tokens, hack::EngineOptions{b.prefill_chunk});
     ref_tokens += ref.size();
     for (size_t c = 0; c < configs.size(); ++c) {
-      const std::vector<int> got = greedy(b, model_of(b, configs[c]), configs[c].options, prompt, max_tokens, configs[c].keep);
+      const std::vector<int> got = greedy(b, model_of(b, configs[c]), configs[c].options, prompt, max_tokens, engine_options(b, configs[c]));
       identical[c] += got == ref;
       prefix[c] += static_cast<size_t>(std::mismatch(ref.begin(), ref.end(), got.begin(), got.end()).first - ref.begin());
     }
