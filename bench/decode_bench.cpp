@@ -2,6 +2,7 @@
 // streaming bandwidth decode achieves against the machine's measured read bandwidth.
 //   decode_bench (--model DIR | --synthetic NAME) [--threads 1,2] [--prompt-tokens 128]
 //                [--decode-tokens 32] [--batch 1] [--dtype bf16] [--kv fp --kv-dtype f32 | --kv hack ...] [--json]
+//                [--matmul-precision fp32|bf16] [--weights-memory huge-pages|mmap]
 // The engine, backend and paged cache are those hack-run and the nodes serve with (the
 // attention plan per step); the cache defaults to fp32 pages, the other KV flags as hack-run's.
 // Decode is memory-bound: time per step >= weight bytes / read bandwidth (DESIGN.md §6),
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   std::string threads_flag = "1,2";
   int prompt_tokens = 128, decode_tokens = 32, batch = 1;
   bool json = false;
+  std::string matmul_precision = "fp32", weights_memory = "huge-pages";
   hack::FlagSet flags("decode_bench", "Prefill and decode tokens/s of the CPU backend, and weight GB/s vs membw.",
                       "HACK_DECODE_BENCH");
   flags.add_string("model", &model_dir, "model directory");
@@ -45,6 +47,8 @@ int main(int argc, char** argv) {
   flags.add_int("batch", &batch, "sequences decoded together");
   flags.add_string("dtype", &dtype_name, "synthetic weight type: bf16, f16 or f32");
   flags.add_bool("json", &json, "JSON lines output");
+  flags.add_string("matmul-precision", &matmul_precision, "prefill GEMM arithmetic: fp32 or bf16 (as hack-run's flag)");
+  flags.add_string("weights-memory", &weights_memory, "huge-pages or mmap (as hack-run's flag)");
   hack::KvFlags kv_flags;
   kv_flags.kv = "fp";
   kv_flags.kv_dtype = "f32";
@@ -63,6 +67,10 @@ int main(int argc, char** argv) {
     hack::Model model = model_dir.empty()
                             ? hack::Model::synthetic(hack::synthetic_model_config(synthetic), 42, hack::parse_dtype(dtype_name))
                             : hack::Model::load(model_dir);
+    HACK_CHECK(weights_memory == "huge-pages" || weights_memory == "mmap",
+               "--weights-memory must be huge-pages or mmap, got '{}'", weights_memory);
+    if (weights_memory == "huge-pages") model.place_in_huge_pages();
+    const hack::EngineOptions engine_options{.matmul_precision = hack::cpu::parse_matmul_precision(matmul_precision)};
     const double load_s = seconds_since(t_load);
     const std::string name = model_dir.empty() ? synthetic : model_dir;
     const hack::ModelConfig& cfg = model.config;
@@ -79,7 +87,7 @@ int main(int argc, char** argv) {
     for (int threads : threads_list) {
       hack::ThreadPool pool(threads);
       const double membw = hack::measure_read_bandwidth_gbs(pool, size_t{1} << 30, 3);
-      hack::CpuEngine cpu = hack::make_cpu_engine(model, pool, kv_options);
+      hack::CpuEngine cpu = hack::make_cpu_engine(model, pool, kv_options, engine_options);
       hack::Engine& engine = *cpu.engine;
       std::vector<int> seqs;
       for (int b = 0; b < batch; ++b) {

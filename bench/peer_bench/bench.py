@@ -26,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -236,9 +237,12 @@ class LlamaCpp:
 # ---------------------------------------------------------------- hack-run
 
 def hack_run(hack_bin: Path, model_dir: Path, prompt, max_tokens, threads, kv):
+    """kv: a --kv mode, optionally "+bf16" for --matmul-precision bf16 (fp+bf16)."""
+    mode, _, precision = kv.partition("+")
     cmd = [str(hack_bin), "--model", str(model_dir), "--prompt-ids", ",".join(map(str, prompt)), "--json",
-           "--threads", str(threads), "--kv", kv, "--max-tokens", str(max_tokens), "--temperature", "0",
-           "--ignore-eos", "--max-model-len", str(len(prompt) + max_tokens)]
+           "--threads", str(threads), "--kv", mode, "--max-tokens", str(max_tokens), "--temperature", "0",
+           "--ignore-eos", "--max-model-len", str(len(prompt) + max_tokens),
+           "--matmul-precision", precision or "fp32"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"hack-run failed ({p.returncode}): {p.stderr[-2000:]}")
@@ -249,8 +253,12 @@ def hack_run(hack_bin: Path, model_dir: Path, prompt, max_tokens, threads, kv):
 
 def hack_tokenize(tokenize_bin: Path, model_dir: Path, text: str):
     """hack's tokenizer (hack-tokenize, no BOS/EOS added; special tokens in the text are matched)."""
-    p = subprocess.run([str(tokenize_bin), "--tokenizer", str(model_dir), "--text", text, "--json"],
-                       capture_output=True, text=True)
+    # Through a file: the text outgrows one argument's limit (128 KiB) as RESULTS.md grows.
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write(text)
+        f.flush()
+        p = subprocess.run([str(tokenize_bin), "--tokenizer", str(model_dir), "--text-file", f.name, "--json"],
+                           capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"hack-tokenize failed ({p.returncode}): {p.stderr[-2000:]}")
     return json.loads(p.stdout)
@@ -285,7 +293,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--prompt-lens", default="512,2048")
-    ap.add_argument("--kv", default="fp,hack", help="hack-run --kv modes")
+    ap.add_argument("--kv", default="fp,hack,fp+bf16",
+                    help="hack-run --kv modes; MODE+bf16 adds --matmul-precision bf16 (llama.cpp's prefill arithmetic)")
     ap.add_argument("--flash-attn", default="off,on", help="llama.cpp flash attention modes")
     ap.add_argument("--quiet-load", type=float, default=0.5, help="wait for the 1-min load average below this")
     ap.add_argument("--quiet-wait-s", type=float, default=300, help="... for at most this long, then run anyway")
