@@ -30,6 +30,47 @@ struct Avx512 {
 };
 }  // namespace
 
+namespace {
+// T activation rows against one bf16 weight row, 32 weights per step: the even weights are
+// the low halves of the 32-bit lanes (<< 16), the odd ones the high halves (& 0xffff0000),
+// so no widening shuffle is needed; x comes permuted to match (permute_even_odd).
+template <int T>
+void gemv_even_odd_rows(const uint16_t* w, size_t in, const float* x, float* y, size_t y_stride, size_t o_begin,
+                        size_t o_end) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (size_t o = o_begin; o < o_end; ++o) {
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    const uint16_t* row = w + o * in;
+    for (size_t i = 0; i < in; i += 32) {
+      const __m512i v = _mm512_loadu_si512(row + i);
+      const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+      for (int t = 0; t < T; ++t) {
+        acc[t] = _mm512_fmadd_ps(even, _mm512_loadu_ps(x + static_cast<size_t>(t) * in + i), acc[t]);
+        acc[t] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(x + static_cast<size_t>(t) * in + i + 16), acc[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) y[static_cast<size_t>(t) * y_stride + o] = _mm512_reduce_add_ps(acc[t]);
+  }
+}
+}  // namespace
+
+void gemv_bf16_even_odd_avx512(const uint16_t* w, size_t in, const float* x, size_t rows, float* y, size_t y_stride,
+                               size_t o_begin, size_t o_end) {
+  switch (rows) {
+    case 1: gemv_even_odd_rows<1>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 2: gemv_even_odd_rows<2>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 3: gemv_even_odd_rows<3>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 4: gemv_even_odd_rows<4>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 5: gemv_even_odd_rows<5>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 6: gemv_even_odd_rows<6>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 7: gemv_even_odd_rows<7>(w, in, x, y, y_stride, o_begin, o_end); break;
+    case 8: gemv_even_odd_rows<8>(w, in, x, y, y_stride, o_begin, o_end); break;
+    default: break;
+  }
+}
+
 void gemv_avx512(DType wtype, const void* w, size_t in, const float* x, size_t rows, float* y, size_t y_stride,
                  size_t o_begin, size_t o_end) {
   gemv_dispatch<Avx512>(wtype, w, in, x, rows, y, y_stride, o_begin, o_end);

@@ -33,6 +33,40 @@ CpuIsa gemv_isa() { return cpu_isa() == CpuIsa::scalar ? CpuIsa::avx2 : cpu_isa(
 // sequential, short enough to balance the threads.
 constexpr size_t kGemvBlockRows = 16;
 
+// Activation rows from which the even/odd bf16 kernel pays for permuting x.
+constexpr size_t kEvenOddMinRows = 4;
+
+// x as one GEMV region reads it: as given, or permuted for the even/odd bf16 kernel when
+// every weight allows it (bf16, in % 32 == 0, AVX-512) and the rows make GEMV compute-bound.
+struct GemvInput {
+  const float* x;
+  size_t rows;
+  CpuIsa isa;
+  bool even_odd;
+
+  GemvInput(const float* x_in, size_t n_rows, size_t in, bool bf16_weights, MatmulWorkspace& ws)
+      : x(x_in),
+        rows(n_rows),
+        isa(gemv_isa()),
+        even_odd(bf16_weights && isa == CpuIsa::avx512 && n_rows >= kEvenOddMinRows && in % 32 == 0) {
+    if (!even_odd) return;
+    ws.x_even_odd.resize(n_rows * in);
+    detail::permute_even_odd(x_in, n_rows, in, ws.x_even_odd.data());
+    x = ws.x_even_odd.data();
+  }
+
+  // Output rows [o_begin, o_end) of y = x · wᵀ.
+  void run(const Tensor& w, float* y, size_t o_begin, size_t o_end) const {
+    const size_t out = static_cast<size_t>(w.dim(0));
+    if (even_odd) {
+      detail::gemv_bf16_even_odd_avx512(w.data<uint16_t>(), static_cast<size_t>(w.dim(1)), x, rows, y, out, o_begin,
+                                        o_end);
+    } else {
+      gemv_rows(isa, x, rows, w, y, o_begin, o_end);
+    }
+  }
+};
+
 // y = x · wᵀ with x rounded to bf16 (MatmulPrecision::bf16): each thread packs and
 // multiplies its own panels of w's rows.
 void gemm_bf16(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool, MatmulWorkspace& ws) {
@@ -129,14 +163,16 @@ void matmul_many(const float* x, size_t rows, std::span<const Projection> projec
   first[0] = 0;
   for (size_t k = 0; k < projections.size(); ++k)
     first[k + 1] = first[k] + (static_cast<size_t>(projections[k].w->dim(0)) + kGemvBlockRows - 1) / kGemvBlockRows;
-  const CpuIsa isa = gemv_isa();
+  bool all_bf16 = true;
+  for (const Projection& p : projections) all_bf16 = all_bf16 && p.w->dtype() == DType::bf16;
+  const GemvInput input(x, rows, in, all_bf16, ws);
   pool.parallel_for(first[projections.size()], [&](size_t b0, size_t b1) {
     size_t k = 0;
     for (size_t b = b0; b < b1; ++b) {
       while (b >= first[k + 1]) ++k;
       const Projection& p = projections[k];
       const size_t out = static_cast<size_t>(p.w->dim(0)), o = (b - first[k]) * kGemvBlockRows;
-      gemv_rows(isa, x, rows, *p.w, p.y, o, std::min(out, o + kGemvBlockRows));
+      input.run(*p.w, p.y, o, std::min(out, o + kGemvBlockRows));
     }
   });
 }
@@ -155,11 +191,12 @@ void matmul_swiglu(const float* x, size_t rows, const Tensor& w_gate, const Tens
     pool.parallel_for(rows, [&](size_t r0, size_t r1) { swiglu(gate + r0 * out, up + r0 * out, gate + r0 * out, (r1 - r0) * out); });
     return;
   }
-  const CpuIsa isa = gemv_isa();
+  const GemvInput input(x, rows, static_cast<size_t>(w_gate.dim(1)),
+                        w_gate.dtype() == DType::bf16 && w_up.dtype() == DType::bf16, ws);
   pool.parallel_for((out + kGemvBlockRows - 1) / kGemvBlockRows, [&](size_t b0, size_t b1) {
     const size_t o0 = b0 * kGemvBlockRows, o1 = std::min(out, b1 * kGemvBlockRows);
-    gemv_rows(isa, x, rows, w_gate, gate, o0, o1);
-    gemv_rows(isa, x, rows, w_up, up, o0, o1);
+    input.run(w_gate, gate, o0, o1);
+    input.run(w_up, up, o0, o1);
     for (size_t t = 0; t < rows; ++t) swiglu(gate + t * out + o0, up + t * out + o0, gate + t * out + o0, o1 - o0);
   });
 }

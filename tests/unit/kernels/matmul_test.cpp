@@ -151,3 +151,19 @@ TEST_CASE("matmul bf16 precision: the VDPBF16PS GEMM equals a double reference o
     }
   }
 }
+
+TEST_CASE("matmul's GEMV path (even/odd bf16 kernel from 4 rows) equals the scalar reference", "[kernels][matmul]") {
+  ThreadPool pool(2);
+  cpu::MatmulWorkspace ws;
+  for (int64_t in : {32, 576, 100}) {  // 100: not a multiple of 32, the plain kernel
+    const Tensor w = random_weight(DType::bf16, 45, in, 900 + static_cast<uint64_t>(in));
+    for (size_t rows = 1; rows <= cpu::kGemvMaxRows; ++rows) {
+      INFO("in " << in << " rows " << rows);
+      const std::vector<float> x = random_vec(rows * static_cast<size_t>(in), 60 + rows);
+      std::vector<float> ref(rows * 45), got(ref.size(), -1.0f);
+      cpu::gemv_rows(CpuIsa::scalar, x.data(), rows, w, ref.data(), 0, 45);
+      cpu::matmul(x.data(), rows, w, got.data(), pool, ws);
+      for (size_t i = 0; i < ref.size(); ++i) REQUIRE(test::close(got[i], ref[i], 1e-5 * static_cast<double>(in), 1e-5));
+    }
+  }
+}

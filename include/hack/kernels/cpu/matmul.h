@@ -35,6 +35,7 @@ MatmulPrecision parse_matmul_precision(std::string_view name);
 struct MatmulWorkspace {
   MatmulPrecision precision = MatmulPrecision::f32;
   std::vector<float> weight_tile;            // f32: fp32 tiles of 16-bit weights for sgemm
+  std::vector<float> x_even_odd;             // GEMV: x permuted for the even/odd bf16 kernel
   std::vector<uint16_t> x_bf16;              // bf16: the activations
   std::vector<std::vector<uint32_t>> packs;  // bf16: one packed weight panel per thread
 };
