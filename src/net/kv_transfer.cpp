@@ -256,6 +256,9 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     uint64_t request_id = 0;
     bool counted = false;  // one of the request's messages (not an out-of-sequence cancel)
     std::vector<std::byte> header, payload;
+    // false while the thread that queued it computes its MAC outside the lock: drain stops
+    // here (so messages still leave in seq order) and nothing else touches it until then.
+    bool sealed = true;
   };
   // Per endpoint: messages handed to UCX are numbered; [oldest, next_index) is the window.
   struct Endpoint {
@@ -378,6 +381,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     ep.draining = true;
     while (!ep.waiting.empty()) {
       Outgoing& front = ep.waiting.front();
+      if (!front.sealed) break;  // its sealer drains once the tag is in
       if (front.counted) {
         auto it = requests.find(front.request_id);
         if (it == requests.end() || it->second.failed || it->second.cancelled) {
@@ -411,16 +415,24 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     ep.draining = false;
   }
 
-  // Under the lock: appends a message to its endpoint's queue.
-  void enqueue(EndpointId peer, Outgoing message) {
+  // Under the lock: appends a message to its endpoint's queue and returns it (a deque keeps
+  // references to its elements on push_back, and an unsealed one is never popped).
+  Outgoing& enqueue(EndpointId peer, Outgoing message) {
     ++in_flight;
-    endpoints[peer].waiting.push_back(std::move(message));
+    auto& waiting = endpoints[peer].waiting;
+    waiting.push_back(std::move(message));
     ++counters.messages_waiting;
     counters.max_waiting = std::max(counters.max_waiting, counters.messages_waiting);
+    return waiting.back();
   }
 
   // Queues one message of a request; `end` marks the request's last message.
+  // The hashing (the payload's xxh64, and with auth its HMAC, both linear in the page) runs
+  // outside the lock so that concurrent senders do not serialize on it: the checksum before
+  // taking it, the MAC after the message has its seq and its place in the queue.
   Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end) {
+    WireHeader header = make_wire_header(type, id, layer, 0, payload);
+    Outgoing* unsealed = nullptr;
     {
       std::lock_guard lock(mutex);
       auto [it, started] = requests.try_emplace(id);
@@ -433,13 +445,24 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         return Status::error(fmt::format("request {} streams to endpoint {}, not {}", id, request.peer, peer));
       if (request.ended) return Status::error(fmt::format("request {} has already ended", id));
       if (request.failed) return request.error;
-      const WireHeader header = make_wire_header(type, id, layer, request.next_seq++, payload);
+      header.seq = request.next_seq++;
       if ((type == WireType::kv_page || type == WireType::kv_exact) && !payload.empty() && corrupt_next_page.erase(id) != 0)
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       ++request.in_flight;
       request.ended = end;
-      enqueue(peer, Outgoing{id, true, options.auth.seal(encode_wire_header(header), payload, WireChannel::data),
-                             std::move(payload)});
+      Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
+      if (options.auth.enabled()) {
+        queued.sealed = false;
+        unsealed = &queued;
+      }
+    }
+    if (unsealed != nullptr) {
+      // Only this thread touches an unsealed message (drain stops at it), so its buffers are
+      // read and its header replaced without the lock; the flag flips under it.
+      auto sealed = options.auth.seal(std::move(unsealed->header), unsealed->payload, WireChannel::data);
+      std::lock_guard lock(mutex);
+      unsealed->header = std::move(sealed);
+      unsealed->sealed = true;
     }
     drain(peer);
     return Status::ok();
