@@ -300,6 +300,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       outcome_order.pop_front();
     }
     requests.erase(it);
+    idle.notify_all();  // wait_request_closed
   }
 
   // Marks a request failed (once) and reports it; its waiting messages are then dropped.
@@ -337,6 +338,15 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   void sent(EndpointId peer, uint64_t index, size_t bytes, uint64_t id, bool counted, const Status& status) {
     std::function<void(uint64_t, const Status&)> report;
     Status error;
+    if (!status) {
+      // First, so the endpoint's owner knows it broke before anyone sees the request fail.
+      std::function<void(EndpointId, const Status&)> report_transport;
+      {
+        std::lock_guard lock(mutex);
+        report_transport = callbacks.on_transport_failed;
+      }
+      if (report_transport) report_transport(peer, status);
+    }
     {
       std::lock_guard lock(mutex);
       Endpoint& ep = endpoints[peer];
@@ -503,11 +513,16 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
 
   void on_lost(EndpointId endpoint, const Status& reason) {
     std::vector<uint64_t> lost;
+    std::function<void(EndpointId, const Status&)> report;
     {
       std::lock_guard lock(mutex);
       for (const auto& [id, request] : requests)
         if (request.peer == endpoint) lost.push_back(id);
+      // Only an endpoint this sender streams on is its owner's to drop (the worker's other
+      // users, a vault client, see their own endpoints go).
+      if (endpoints.contains(endpoint)) report = callbacks.on_transport_failed;
     }
+    if (report) report(endpoint, reason);
     for (uint64_t id : lost)
       fail(id, Status::error(fmt::format("request {}: lost the receiver: {}", id, reason.message())));
     drain(endpoint);  // what still waits goes to UCX, which fails it at once
@@ -537,8 +552,17 @@ KvSender::~KvSender() {
   } catch (const std::exception& e) {
     spdlog::error("kv sender: {}", e.what());
   }
-  std::lock_guard lock(shared_->mutex);
-  shared_->callbacks = {};
+  {
+    std::lock_guard lock(shared_->mutex);
+    shared_->callbacks = {};
+  }
+  // Callbacks run on the progress thread from a copy taken under the lock: one round trip
+  // through it lets any such call in progress finish before our owner goes away.
+  try {
+    worker_.run_on_worker([] {});
+  } catch (const std::exception& e) {
+    spdlog::error("kv sender: {}", e.what());
+  }
 }
 
 Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> page) {
@@ -634,6 +658,12 @@ bool KvSender::request_pending(uint64_t request_id) const {
   std::lock_guard lock(shared_->mutex);
   auto it = shared_->requests.find(request_id);
   return it != shared_->requests.end() && !it->second.failed && !it->second.cancelled;
+}
+
+bool KvSender::wait_request_closed(uint64_t request_id, double timeout_s) {
+  std::unique_lock lock(shared_->mutex);
+  return shared_->idle.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                [&] { return !shared_->requests.contains(request_id); });
 }
 
 KvSenderStats KvSender::stats() const {
