@@ -10,6 +10,7 @@
 
 #include "hack/core/logging.h"
 #include "hack/net/kv_transfer.h"
+#include "hack/net/listener_probe.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/net/vault_client.h"
 #include "hack/decode/kv_recorder.h"
@@ -36,6 +37,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
   flags.add_int("reserve-ahead", &c.reserve_ahead_tokens, "KV reservation step in tokens beyond a request's length");
   flags.add_float("kv-timeout", &c.kv_timeout_s, "seconds an admitted request waits for its KV from prefill");
+  flags.add_float("ready-probe-timeout", &c.ready_probe_timeout_s,
+                  "seconds a self-probe of the UCX listener waits for its message (repeated until one passes; "
+                  "/health reports ready=false until then)");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks, "honour --test-step-delay-ms; never in production");
   flags.add_int("test-step-delay-ms", &c.test_step_delay_ms,
                 "with --enable-test-hooks: sleep this long after each decode step (long streams for routing tests)");
@@ -56,6 +60,11 @@ struct DecodeServer::Impl {
   DType vault_dtype = DType::bf16;
   BlockKey vault_root{};
   std::atomic<bool> draining{false};
+  // Set once a self-probe has gone through the UCX listener (/health "ready"); the probe
+  // thread repeats failed probes until then or until stopping.
+  std::atomic<bool> ready{false};
+  std::atomic<bool> stopping{false};
+  std::thread probe_thread;
   std::unique_ptr<DecodeScheduler> scheduler;
   std::unique_ptr<net::KvReceiver> receiver;
   Metrics metrics;
@@ -103,11 +112,35 @@ struct DecodeServer::Impl {
     http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
       handle(std::move(req), std::move(res));
     });
+    HACK_CHECK(config.ready_probe_timeout_s > 0, "--ready-probe-timeout must be positive");
+    probe_thread = std::thread([this] { probe_until_ready(); });
     spdlog::info("hack-decode: model {} ({}), kv {}, HTTP {}:{}, UCX {}", rt->name, rt->backend->name(),
                  describe(rt->kv_options), config.host, http->port(), ucx_address());
   }
 
+  // Readiness covers the data plane: a prefill node can stream KV here only once a
+  // connection to the listener has been accepted and has carried a message.
+  void probe_until_ready() {
+    const std::string host = net::probe_host(config.host);
+    for (int attempt = 1; !stopping; ++attempt) {
+      const Status s = net::listener_probe(*worker, host, ucx_port, config.ready_probe_timeout_s);
+      if (s) {
+        ready = true;
+        spdlog::info("hack-decode: ready: UCX listener {}:{} accepted the self-probe (attempt {})", host, ucx_port,
+                     attempt);
+        return;
+      }
+      spdlog::warn("hack-decode: not ready yet: {}", s.message());
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration<double>(config.ready_probe_timeout_s);
+      while (!stopping && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
   ~Impl() {
+    stopping = true;
+    if (probe_thread.joinable()) probe_thread.join();
     http.reset();      // no new requests
     receiver.reset();  // no more KV callbacks
     scheduler.reset(); // fails what is still open
@@ -174,6 +207,7 @@ struct DecodeServer::Impl {
     h.model = rt->name;
     h.ucx_address = ucx_address();
     h.draining = draining;
+    h.ready = ready;
     h.kv_format = kv_format(*rt);
     h.queue_tokens = st.queue_tokens;
     h.running = st.running;

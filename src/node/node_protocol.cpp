@@ -190,8 +190,9 @@ std::string to_json(const NodeEvent& e) {
 }
 
 std::string to_json(const NodeHealth& h) {
-  return json{{"status", h.draining ? "draining" : "ok"},
+  return json{{"status", h.draining ? "draining" : h.ready ? "ok" : "starting"},
               {"draining", h.draining},
+              {"ready", h.ready},
               {"role", h.role},
               {"model", h.model},
               {"ucx_address", h.ucx_address},
@@ -310,6 +311,7 @@ NodeHealth parse_node_health(std::string_view text) {
   h.kv_sequences = field_or<int64_t>(j, what, "kv_sequences", 0);
   h.kv_bytes_used = field_or<uint64_t>(j, what, "kv_bytes_used", 0);
   h.draining = field_or<bool>(j, what, "draining", false);
+  h.ready = field_or<bool>(j, what, "ready", true);
   h.kv_format = field_or<std::string>(j, what, "kv_format", "");
   return h;
 }
