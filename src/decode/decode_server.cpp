@@ -90,7 +90,9 @@ struct DecodeServer::Impl {
       // A finished request's blocks past its prompt's last full block go to the vault, keyed
       // like the prefill nodes' (same fingerprint), so the conversation's next turn restores them.
       const NodeAddress a = parse_node_address(config.vault.address, "vault");
-      vault = std::make_unique<net::VaultClient>(*worker, net::VaultClientOptions{a.host, a.port});
+      net::VaultClientOptions vo{a.host, a.port};
+      vo.auth = net::WireAuth(config.secret, net::kVaultAuthLabel);  // the vault admits only the cluster
+      vault = std::make_unique<net::VaultClient>(*worker, vo);
       net::check_vault_namespace(config.vault.name_space);
       vault_codec = parse_block_codec(config.vault.codec);
       vault_dtype = cache_exact_dtype(rt->kv_options);
@@ -195,7 +197,7 @@ struct DecodeServer::Impl {
       spdlog::warn("UCX endpoint {}: unreadable message: {}", from, error.message());
     };
     cb.on_rejected = [this](net::EndpointId, const Status& error) {
-      metrics.count_kv_message_rejected(error.message().starts_with("bad MAC") ? "bad_mac" : "unauthenticated");
+      metrics.count_kv_message_rejected(net::WireAuth::rejection_reason(error));
     };
     return cb;
   }
