@@ -1,6 +1,8 @@
 #include "hack/prefill/prefill_server.h"
 
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <future>
 
 #include <spdlog/spdlog.h>
 
@@ -33,7 +35,8 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
   flags.add_float("send-retry-wait", &c.send_retry_wait_s,
                   "seconds such a retry waits for the failed attempt's messages to be dropped (no retry after)");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks,
-                 "honour fault-injection fields (test_corrupt_page) and --test-layer-delay-ms; never in production");
+                 "honour fault-injection fields (test_corrupt_page), --test-layer-delay-ms and POST "
+                 "/internal/test/hold-ucx; never in production");
   flags.add_int("test-layer-delay-ms", &c.test_layer_delay_ms,
                 "with --enable-test-hooks: sleep this long after each layer (makes transfers long for fault tests)");
   flags.add_string("prefix-cache-bytes", &c.prefix_cache_bytes,
@@ -72,6 +75,7 @@ struct PrefillServer::Impl {
   std::atomic<int> replies_pending{0};  // accepted prefills whose HTTP reply is not yet sent
   int block_tokens = 64;
   Metrics metrics;
+  std::thread ucx_hold;  // test hook: holds the UCX progress thread (POST /internal/test/hold-ucx)
   std::mutex retries_mutex;
   uint64_t retries_reported = 0;  // PrefillWorkerStats::send_retries already in metrics (retries_mutex)
   NodeEndpoints endpoints;
@@ -136,6 +140,7 @@ struct PrefillServer::Impl {
 
   ~Impl() {
     http.reset();
+    if (ucx_hold.joinable()) ucx_hold.join();
     worker.reset();
     ucx.reset();
   }
@@ -178,9 +183,38 @@ struct PrefillServer::Impl {
         if (worker->cancel(*id)) spdlog::info("request {}: prefill cancelled by the caller", *id);
         res->send(200, "application/json", "{}");
       }
+    } else if (config.enable_test_hooks && req.method == "POST" && req.path == "/internal/test/hold-ucx") {
+      hold_ucx(req, *res);
     } else {
       answer_unknown_endpoint(req, *res);
     }
+  }
+
+  // Fault tests: the UCX progress thread sleeps for {"seconds": s}, as a node does that is
+  // descheduled, so events on its endpoints (a peer gone) wait unread. Answers once the
+  // thread is held.
+  void hold_ucx(const HttpRequest& req, Responder& res) {
+    double seconds = 0;
+    try {
+      const auto j = nlohmann::json::parse(req.body);
+      seconds = j.at("seconds").get<double>();
+      HACK_CHECK(seconds > 0 && seconds <= 30, "seconds must be in (0, 30]");
+    } catch (const std::exception& e) {
+      res.send(400, "application/json", node_error_body(fmt::format("hold-ucx: {}", e.what()), "invalid_request_error"));
+      return;
+    }
+    if (ucx_hold.joinable()) ucx_hold.join();  // the previous hold has ended or ends soon
+    auto held = std::make_shared<std::promise<void>>();
+    auto started = held->get_future();
+    ucx_hold = std::thread([this, seconds, held] {
+      ucx->run_on_worker([&] {
+        held->set_value();
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      });
+    });
+    started.wait();
+    spdlog::warn("test hook: UCX progress thread held for {} s", seconds);
+    res.send(200, "application/json", "{}");
   }
 
   void prefill(const HttpRequest& req, const std::shared_ptr<Responder>& res) {
