@@ -123,7 +123,9 @@ struct DecodeServer::Impl {
   // Readiness covers the data plane: a prefill node can stream KV here only once a
   // connection to the listener has been accepted and has carried a message.
   void probe_until_ready() {
-    const std::string host = net::probe_host(config.host);
+    // The address prefill nodes dial (--advertise-host): in a container only its interface may
+    // be enabled for UCX (UCX_NET_DEVICES=eth0), where loopback is "Destination is unreachable".
+    const std::string host = config.advertise_host.empty() ? net::probe_host(config.host) : config.advertise_host;
     for (int attempt = 1; !stopping; ++attempt) {
       const Status s = net::listener_probe(*worker, host, ucx_port, config.ready_probe_timeout_s);
       if (s) {

@@ -152,7 +152,7 @@ void PrefillWorker::drop_endpoint(net::EndpointId endpoint, const Status& reason
     if (lost_endpoints_.size() > 64) lost_endpoints_.pop_front();
     ++stats_.endpoints_dropped;
   }
-  spdlog::warn("prefill: closing decode endpoint {}{}: a send on it failed: {}", endpoint,
+  spdlog::warn("prefill: closing decode endpoint {}{}: its transport broke: {}", endpoint,
                cached ? " (the next job to its node connects again)" : "", reason.message());
   ucx_.close(endpoint);  // its other queued sends fail now, not after UCX's own timeout
 }

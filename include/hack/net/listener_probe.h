@@ -18,7 +18,8 @@ namespace hack::net {
 /// AM id of the probe message (a worker handles it only during listener_probe()).
 inline constexpr uint16_t kListenerProbeAmId = 12;
 
-/// The address to dial for a listener bound to `bind_host` (a wildcard is dialled on loopback).
+/// The address to dial for a listener bound to `bind_host` (a wildcard is dialled on loopback;
+/// a node that advertises another address to its peers should dial that one instead).
 std::string probe_host(const std::string& bind_host);
 
 /// Dials host:port from `worker` (which must be the one listening there), sends the probe
