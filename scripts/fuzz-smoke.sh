@@ -16,6 +16,10 @@ cmake --build "$FUZZ_BUILD_DIR" -j "${JOBS:-$(nproc)}" --target "${targets[@]}"
 
 seeds_fuzz_chat_template=(tests/fixtures/chat/templates)
 dict_fuzz_chat_template=tests/fixtures/chat/jinja.dict
+seeds_fuzz_node_protocol=(tests/fixtures/fuzz/node_protocol)
+seeds_fuzz_wire=(tests/fixtures/fuzz/wire)
+# Undefined behaviour (a cast out of range, a misaligned load) fails the run like a crash.
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 for t in "${targets[@]}"; do
   corpus=$(mktemp -d)
   seeds_var="seeds_${t}[@]"

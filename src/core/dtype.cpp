@@ -76,17 +76,23 @@ uint16_t f32_to_f16(float f) {
   return sign | static_cast<uint16_t>(half);
 }
 
+// src may be any address (a received payload has no alignment promise): 16-bit values are
+// read by memcpy, which compiles to plain loads, not through a misaligned uint16_t*.
 void convert_to_f32(DType from, const void* src, float* dst, size_t n) {
+  const auto* bytes = static_cast<const unsigned char*>(src);
+  auto u16_at = [bytes](size_t i) {
+    uint16_t v;
+    std::memcpy(&v, bytes + 2 * i, sizeof v);
+    return v;
+  };
   switch (from) {
     case DType::f32: std::memcpy(dst, src, n * 4); return;
     case DType::bf16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(u16_at(i));
       return;
     }
     case DType::f16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(u16_at(i));
       return;
     }
     case DType::i8: {

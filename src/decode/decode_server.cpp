@@ -10,6 +10,7 @@
 
 #include "hack/core/logging.h"
 #include "hack/net/kv_transfer.h"
+#include "hack/net/listener_probe.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/net/vault_client.h"
 #include "hack/decode/kv_recorder.h"
@@ -36,6 +37,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
   flags.add_int("reserve-ahead", &c.reserve_ahead_tokens, "KV reservation step in tokens beyond a request's length");
   flags.add_float("kv-timeout", &c.kv_timeout_s, "seconds an admitted request waits for its KV from prefill");
+  flags.add_float("ready-probe-timeout", &c.ready_probe_timeout_s,
+                  "seconds a self-probe of the UCX listener waits for its message (repeated until one passes; "
+                  "/health reports ready=false until then)");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks, "honour --test-step-delay-ms; never in production");
   flags.add_int("test-step-delay-ms", &c.test_step_delay_ms,
                 "with --enable-test-hooks: sleep this long after each decode step (long streams for routing tests)");
@@ -56,6 +60,11 @@ struct DecodeServer::Impl {
   DType vault_dtype = DType::bf16;
   BlockKey vault_root{};
   std::atomic<bool> draining{false};
+  // Set once a self-probe has gone through the UCX listener (/health "ready"); the probe
+  // thread repeats failed probes until then or until stopping.
+  std::atomic<bool> ready{false};
+  std::atomic<bool> stopping{false};
+  std::thread probe_thread;
   std::unique_ptr<DecodeScheduler> scheduler;
   std::unique_ptr<net::KvReceiver> receiver;
   Metrics metrics;
@@ -81,7 +90,9 @@ struct DecodeServer::Impl {
       // A finished request's blocks past its prompt's last full block go to the vault, keyed
       // like the prefill nodes' (same fingerprint), so the conversation's next turn restores them.
       const NodeAddress a = parse_node_address(config.vault.address, "vault");
-      vault = std::make_unique<net::VaultClient>(*worker, net::VaultClientOptions{a.host, a.port});
+      net::VaultClientOptions vo{a.host, a.port};
+      vo.auth = net::WireAuth(config.secret, net::kVaultAuthLabel);  // the vault admits only the cluster
+      vault = std::make_unique<net::VaultClient>(*worker, vo);
       net::check_vault_namespace(config.vault.name_space);
       vault_codec = parse_block_codec(config.vault.codec);
       vault_dtype = cache_exact_dtype(rt->kv_options);
@@ -103,11 +114,37 @@ struct DecodeServer::Impl {
     http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
       handle(std::move(req), std::move(res));
     });
+    HACK_CHECK(config.ready_probe_timeout_s > 0, "--ready-probe-timeout must be positive");
+    probe_thread = std::thread([this] { probe_until_ready(); });
     spdlog::info("hack-decode: model {} ({}), kv {}, HTTP {}:{}, UCX {}", rt->name, rt->backend->name(),
                  describe(rt->kv_options), config.host, http->port(), ucx_address());
   }
 
+  // Readiness covers the data plane: a prefill node can stream KV here only once a
+  // connection to the listener has been accepted and has carried a message.
+  void probe_until_ready() {
+    // The address prefill nodes dial (--advertise-host): in a container only its interface may
+    // be enabled for UCX (UCX_NET_DEVICES=eth0), where loopback is "Destination is unreachable".
+    const std::string host = config.advertise_host.empty() ? net::probe_host(config.host) : config.advertise_host;
+    for (int attempt = 1; !stopping; ++attempt) {
+      const Status s = net::listener_probe(*worker, host, ucx_port, config.ready_probe_timeout_s);
+      if (s) {
+        ready = true;
+        spdlog::info("hack-decode: ready: UCX listener {}:{} accepted the self-probe (attempt {})", host, ucx_port,
+                     attempt);
+        return;
+      }
+      spdlog::warn("hack-decode: not ready yet: {}", s.message());
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration<double>(config.ready_probe_timeout_s);
+      while (!stopping && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
   ~Impl() {
+    stopping = true;
+    if (probe_thread.joinable()) probe_thread.join();
     http.reset();      // no new requests
     receiver.reset();  // no more KV callbacks
     scheduler.reset(); // fails what is still open
@@ -162,7 +199,7 @@ struct DecodeServer::Impl {
       spdlog::warn("UCX endpoint {}: unreadable message: {}", from, error.message());
     };
     cb.on_rejected = [this](net::EndpointId, const Status& error) {
-      metrics.count_kv_message_rejected(error.message().starts_with("bad MAC") ? "bad_mac" : "unauthenticated");
+      metrics.count_kv_message_rejected(net::WireAuth::rejection_reason(error));
     };
     return cb;
   }
@@ -174,6 +211,7 @@ struct DecodeServer::Impl {
     h.model = rt->name;
     h.ucx_address = ucx_address();
     h.draining = draining;
+    h.ready = ready;
     h.kv_format = kv_format(*rt);
     h.queue_tokens = st.queue_tokens;
     h.running = st.running;

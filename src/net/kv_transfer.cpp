@@ -256,6 +256,9 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     uint64_t request_id = 0;
     bool counted = false;  // one of the request's messages (not an out-of-sequence cancel)
     std::vector<std::byte> header, payload;
+    // false while the thread that queued it computes its MAC outside the lock: drain stops
+    // here (so messages still leave in seq order) and nothing else touches it until then.
+    bool sealed = true;
   };
   // Per endpoint: messages handed to UCX are numbered; [oldest, next_index) is the window.
   struct Endpoint {
@@ -297,6 +300,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       outcome_order.pop_front();
     }
     requests.erase(it);
+    idle.notify_all();  // wait_request_closed
   }
 
   // Marks a request failed (once) and reports it; its waiting messages are then dropped.
@@ -334,6 +338,15 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   void sent(EndpointId peer, uint64_t index, size_t bytes, uint64_t id, bool counted, const Status& status) {
     std::function<void(uint64_t, const Status&)> report;
     Status error;
+    if (!status) {
+      // First, so the endpoint's owner knows it broke before anyone sees the request fail.
+      std::function<void(EndpointId, const Status&)> report_transport;
+      {
+        std::lock_guard lock(mutex);
+        report_transport = callbacks.on_transport_failed;
+      }
+      if (report_transport) report_transport(peer, status);
+    }
     {
       std::lock_guard lock(mutex);
       Endpoint& ep = endpoints[peer];
@@ -378,6 +391,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     ep.draining = true;
     while (!ep.waiting.empty()) {
       Outgoing& front = ep.waiting.front();
+      if (!front.sealed) break;  // its sealer drains once the tag is in
       if (front.counted) {
         auto it = requests.find(front.request_id);
         if (it == requests.end() || it->second.failed || it->second.cancelled) {
@@ -411,16 +425,24 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     ep.draining = false;
   }
 
-  // Under the lock: appends a message to its endpoint's queue.
-  void enqueue(EndpointId peer, Outgoing message) {
+  // Under the lock: appends a message to its endpoint's queue and returns it (a deque keeps
+  // references to its elements on push_back, and an unsealed one is never popped).
+  Outgoing& enqueue(EndpointId peer, Outgoing message) {
     ++in_flight;
-    endpoints[peer].waiting.push_back(std::move(message));
+    auto& waiting = endpoints[peer].waiting;
+    waiting.push_back(std::move(message));
     ++counters.messages_waiting;
     counters.max_waiting = std::max(counters.max_waiting, counters.messages_waiting);
+    return waiting.back();
   }
 
   // Queues one message of a request; `end` marks the request's last message.
+  // The hashing (the payload's xxh64, and with auth its HMAC, both linear in the page) runs
+  // outside the lock so that concurrent senders do not serialize on it: the checksum before
+  // taking it, the MAC after the message has its seq and its place in the queue.
   Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end) {
+    WireHeader header = make_wire_header(type, id, layer, 0, payload);
+    Outgoing* unsealed = nullptr;
     {
       std::lock_guard lock(mutex);
       auto [it, started] = requests.try_emplace(id);
@@ -433,13 +455,24 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         return Status::error(fmt::format("request {} streams to endpoint {}, not {}", id, request.peer, peer));
       if (request.ended) return Status::error(fmt::format("request {} has already ended", id));
       if (request.failed) return request.error;
-      const WireHeader header = make_wire_header(type, id, layer, request.next_seq++, payload);
+      header.seq = request.next_seq++;
       if ((type == WireType::kv_page || type == WireType::kv_exact) && !payload.empty() && corrupt_next_page.erase(id) != 0)
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       ++request.in_flight;
       request.ended = end;
-      enqueue(peer, Outgoing{id, true, options.auth.seal(encode_wire_header(header), payload, WireChannel::data),
-                             std::move(payload)});
+      Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
+      if (options.auth.enabled()) {
+        queued.sealed = false;
+        unsealed = &queued;
+      }
+    }
+    if (unsealed != nullptr) {
+      // Only this thread touches an unsealed message (drain stops at it), so its buffers are
+      // read and its header replaced without the lock; the flag flips under it.
+      auto sealed = options.auth.seal(std::move(unsealed->header), unsealed->payload, WireChannel::data);
+      std::lock_guard lock(mutex);
+      unsealed->header = std::move(sealed);
+      unsealed->sealed = true;
     }
     drain(peer);
     return Status::ok();
@@ -480,11 +513,16 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
 
   void on_lost(EndpointId endpoint, const Status& reason) {
     std::vector<uint64_t> lost;
+    std::function<void(EndpointId, const Status&)> report;
     {
       std::lock_guard lock(mutex);
       for (const auto& [id, request] : requests)
         if (request.peer == endpoint) lost.push_back(id);
+      // Only an endpoint this sender streams on is its owner's to drop (the worker's other
+      // users, a vault client, see their own endpoints go).
+      if (endpoints.contains(endpoint)) report = callbacks.on_transport_failed;
     }
+    if (report) report(endpoint, reason);
     for (uint64_t id : lost)
       fail(id, Status::error(fmt::format("request {}: lost the receiver: {}", id, reason.message())));
     drain(endpoint);  // what still waits goes to UCX, which fails it at once
@@ -514,8 +552,17 @@ KvSender::~KvSender() {
   } catch (const std::exception& e) {
     spdlog::error("kv sender: {}", e.what());
   }
-  std::lock_guard lock(shared_->mutex);
-  shared_->callbacks = {};
+  {
+    std::lock_guard lock(shared_->mutex);
+    shared_->callbacks = {};
+  }
+  // Callbacks run on the progress thread from a copy taken under the lock: one round trip
+  // through it lets any such call in progress finish before our owner goes away.
+  try {
+    worker_.run_on_worker([] {});
+  } catch (const std::exception& e) {
+    spdlog::error("kv sender: {}", e.what());
+  }
 }
 
 Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> page) {
@@ -611,6 +658,12 @@ bool KvSender::request_pending(uint64_t request_id) const {
   std::lock_guard lock(shared_->mutex);
   auto it = shared_->requests.find(request_id);
   return it != shared_->requests.end() && !it->second.failed && !it->second.cancelled;
+}
+
+bool KvSender::wait_request_closed(uint64_t request_id, double timeout_s) {
+  std::unique_lock lock(shared_->mutex);
+  return shared_->idle.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                [&] { return !shared_->requests.contains(request_id); });
 }
 
 KvSenderStats KvSender::stats() const {

@@ -55,8 +55,15 @@ struct VaultClient::Shared {
     call.error = Status::error(std::move(message));
   }
 
-  // Progress thread: one reply.
-  void on_reply(std::span<const std::byte> header_bytes, std::span<const std::byte> payload) {
+  // Progress thread: one reply, authenticated first.
+  void on_reply(const WireAuth& auth, std::span<const std::byte> sealed, std::span<const std::byte> payload) {
+    std::span<const std::byte> header_bytes;
+    if (const Status s = auth.open(sealed, payload, WireChannel::reply, header_bytes); !s) {
+      spdlog::error("vault client: refused a reply: {}", s.message());
+      std::lock_guard lock(mutex);
+      ++stats.replies_rejected;
+      return;
+    }
     WireHeader h;
     if (!decode_wire_header(header_bytes, h)) {
       spdlog::warn("vault client: dropped a reply with an unreadable header");
@@ -194,8 +201,9 @@ VaultClient::VaultClient(UcxWorker& worker, VaultClientOptions options)
   HACK_CHECK(!options_.host.empty() && options_.port != 0, "vault client: no vault address");
   std::weak_ptr<Shared> weak = shared_;
   worker_.set_message_handler(kVaultReplyAmId,
-                              [weak](EndpointId, std::span<const std::byte> header, std::span<const std::byte> payload) {
-                                if (auto s = weak.lock()) s->on_reply(header, payload);
+                              [weak, auth = options_.auth](EndpointId, std::span<const std::byte> header,
+                                                           std::span<const std::byte> payload) {
+                                if (auto s = weak.lock()) s->on_reply(auth, header, payload);
                               });
   disconnect_token_ = worker_.add_disconnect_handler([weak](EndpointId ep, const Status& reason) {
     if (auto s = weak.lock()) s->on_disconnect(ep, reason);
@@ -269,7 +277,8 @@ void VaultClient::store(const std::string& name_space, const BlockKey& key, cons
     shared_->stats.store_bytes += value.size();
   }
   std::vector<std::byte> payload = encode_vault_store(m);
-  std::vector<std::byte> header = encode_wire_header(make_wire_header(WireType::vault_store, 0, 0, 0, payload));
+  std::vector<std::byte> header = options_.auth.seal(
+      encode_wire_header(make_wire_header(WireType::vault_store, 0, 0, 0, payload)), payload, WireChannel::data);
   std::weak_ptr<Shared> weak = shared_;
   const size_t bytes = value.size();
   worker_.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, bytes](const Status& s) {
@@ -323,7 +332,8 @@ StartedCall start_call(VaultClient::Shared& s, UcxWorker& worker,
     call->endpoint = *ep;
     s.calls[id] = call;
   }
-  std::vector<std::byte> header = encode_wire_header(make_wire_header(type, id, 0, 0, payload));
+  std::vector<std::byte> header =
+      o.auth.seal(encode_wire_header(make_wire_header(type, id, 0, 0, payload)), payload, WireChannel::data);
   std::weak_ptr<VaultClient::Shared> weak = owner;
   worker.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, id](const Status& st) {
     if (st) return;

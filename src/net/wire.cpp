@@ -138,23 +138,25 @@ Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> 
   return Status::ok();
 }
 
-namespace {
-
-constexpr std::string_view kWireAuthLabel = "hackserve wire auth v1";
-
-}  // namespace
-
-WireAuth::WireAuth(std::string_view secret) {
+WireAuth::WireAuth(std::string_view secret, std::string_view label) {
   if (secret.empty()) return;
+  HACK_CHECK(!label.empty(), "wire auth: empty key-derivation label");
   unsigned int len = 0;
   HACK_CHECK(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-                  reinterpret_cast<const unsigned char*>(kWireAuthLabel.data()), kWireAuthLabel.size(), key_.data(),
+                  reinterpret_cast<const unsigned char*>(label.data()), label.size(), key_.data(),
                   &len) != nullptr && len == key_.size(),
              "wire auth: HMAC-SHA256 key derivation failed");
   EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
   HACK_CHECK(mac != nullptr, "wire auth: OpenSSL has no HMAC");
   mac_ = std::shared_ptr<void>(mac, [](void* m) { EVP_MAC_free(static_cast<EVP_MAC*>(m)); });
   enabled_ = true;
+}
+
+const char* WireAuth::rejection_reason(const Status& error) {
+  const std::string& m = error.message();
+  if (m.starts_with("bad MAC")) return "bad_mac";
+  if (m.starts_with("an authenticated")) return "unexpected_mac";
+  return "unauthenticated";
 }
 
 std::array<std::byte, kWireTagBytes> WireAuth::tag(std::span<const std::byte> header, std::span<const std::byte> payload,

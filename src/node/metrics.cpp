@@ -121,6 +121,15 @@ struct Metrics::Impl {
                                                              .Name("hack:kv_messages_rejected_total")
                                                              .Help("Data-plane messages refused, by reason.")
                                                              .Register(registry);
+  prometheus::Family<prometheus::Counter>& vault_rejected = prometheus::BuildCounter()
+                                                                .Name("hack:vault_messages_rejected_total")
+                                                                .Help("Vault calls refused for their MAC, by reason.")
+                                                                .Register(registry);
+  prometheus::Family<prometheus::Counter>& kv_send_retries = prometheus::BuildCounter()
+                                                                 .Name("hack:kv_send_retries_total")
+                                                                 .Help("Prefill jobs sent again on a fresh endpoint to "
+                                                                       "their decode node after a broken one.")
+                                                                 .Register(registry);
 };
 
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
@@ -172,6 +181,14 @@ void Metrics::count_request_migration(std::string_view cause) {
 }
 void Metrics::count_kv_message_rejected(std::string_view reason) {
   impl_->kv_rejected.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::count_vault_message_rejected(std::string_view reason) {
+  impl_->vault_rejected.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::add_kv_send_retries(uint64_t n) {
+  if (n > 0) impl_->kv_send_retries.Add({}).Increment(static_cast<double>(n));
 }
 
 std::string Metrics::serialize() const { return prometheus::TextSerializer().Serialize(impl_->registry.Collect()); }

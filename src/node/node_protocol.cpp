@@ -1,6 +1,10 @@
 #include "hack/node/node_protocol.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -17,15 +21,69 @@ json parse_object(std::string_view text, std::string_view what) {
   return j;
 }
 
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
+// A JSON number as T, range-checked: nlohmann's get<int>() of 1e300 or get<uint64_t>() of
+// -1.0 is a cast out of range (undefined behaviour), and a token id of 2^40 would wrap.
+// An integral T takes an integer, or a float with an integral value in range.
+template <class T>
+T number_as(const json& v, std::string_view what, const char* name) {
+  if constexpr (std::is_same_v<T, bool>) {
+    HACK_CHECK(v.is_boolean(), "{}: field '{}' must be true or false", what, name);
+    return v.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    using Limits = std::numeric_limits<T>;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      HACK_CHECK(u <= static_cast<uint64_t>(Limits::max()), "{}: field '{}' is out of range ({})", what, name, u);
+      return static_cast<T>(u);
+    }
+    if (v.is_number_integer()) {
+      const int64_t i = v.get<int64_t>();
+      HACK_CHECK(i >= 0 || Limits::is_signed, "{}: field '{}' must not be negative", what, name);
+      HACK_CHECK(!Limits::is_signed || (i >= static_cast<int64_t>(Limits::min()) && i <= static_cast<int64_t>(Limits::max())),
+                 "{}: field '{}' is out of range ({})", what, name, i);
+      return static_cast<T>(i);
+    }
+    HACK_CHECK(v.is_number_float(), "{}: field '{}' must be a number", what, name);
+    const double d = v.get<double>();
+    // [min, max + 1): both bounds are exact powers of two as doubles.
+    const double lo = static_cast<double>(Limits::min()), hi = 2.0 * (static_cast<double>(Limits::max() / 2 + 1));
+    HACK_CHECK(d == std::floor(d) && d >= lo && d < hi, "{}: field '{}' must be an integer in range, got {}", what,
+               name, d);
+    return static_cast<T>(d);
+  } else {
+    static_assert(std::is_floating_point_v<T>);
+    HACK_CHECK(v.is_number(), "{}: field '{}' must be a number", what, name);
+    const double d = v.get<double>();
+    HACK_CHECK(std::abs(d) <= static_cast<double>(std::numeric_limits<T>::max()), "{}: field '{}' is out of range ({})",
+               what, name, d);
+    return static_cast<T>(d);
+  }
+}
+
 // Typed field access with errors that name the field.
 template <class T>
 T field(const json& j, std::string_view what, const char* name) {
   auto it = j.find(name);
   HACK_CHECK(it != j.end(), "{}: missing field '{}'", what, name);
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail("{}: field '{}' has the wrong type", what, name);
+  if constexpr (std::is_arithmetic_v<T>) {
+    return number_as<T>(*it, what, name);
+  } else if constexpr (is_vector<T>::value && std::is_arithmetic_v<typename T::value_type>) {
+    HACK_CHECK(it->is_array(), "{}: field '{}' must be an array", what, name);
+    T out;
+    out.reserve(it->size());
+    for (const json& e : *it) out.push_back(number_as<typename T::value_type>(e, what, name));
+    return out;
+  } else {
+    try {
+      return it->get<T>();
+    } catch (const json::exception&) {
+      fail("{}: field '{}' has the wrong type", what, name);
+    }
   }
 }
 
@@ -51,7 +109,8 @@ SampleResult parse_sample(const json& j, std::string_view what) {
     for (const json& e : *it) {
       HACK_CHECK(e.is_array() && e.size() == 2 && e[0].is_number_integer() && e[1].is_number(),
                  "{}: top_logprobs entries must be [token, logprob]", what);
-      s.top_logprobs.push_back(TokenLogprob{e[0].get<int>(), e[1].get<float>()});
+      s.top_logprobs.push_back(TokenLogprob{number_as<int>(e[0], what, "top_logprobs"),
+                                            number_as<float>(e[1], what, "top_logprobs")});
     }
   }
   return s;
@@ -92,7 +151,13 @@ SamplingParams sampling_from(const json& j, std::string_view what) {
   p.stop_token_ids = field_or<std::vector<int>>(j, what, "stop_token_ids", {});
   p.ignore_eos = field_or<bool>(j, what, "ignore_eos", false);
   p.logprobs = field_or<int>(j, what, "logprobs", -1);
-  p.logit_bias = field_or<std::vector<std::pair<int, float>>>(j, what, "logit_bias", {});
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
+    HACK_CHECK(it->is_array(), "{}: field 'logit_bias' must be an array", what);
+    for (const json& e : *it) {
+      HACK_CHECK(e.is_array() && e.size() == 2, "{}: logit_bias entries must be [token, bias]", what);
+      p.logit_bias.emplace_back(number_as<int>(e[0], what, "logit_bias"), number_as<float>(e[1], what, "logit_bias"));
+    }
+  }
   p.prompt_logprobs = field_or<int>(j, what, "prompt_logprobs", -1);
   HACK_CHECK(p.prompt_logprobs >= -1, "{}: 'prompt_logprobs' must be -1 or more", what);
   p.grammar = field_or<std::string>(j, what, "grammar", "");
@@ -190,8 +255,9 @@ std::string to_json(const NodeEvent& e) {
 }
 
 std::string to_json(const NodeHealth& h) {
-  return json{{"status", h.draining ? "draining" : "ok"},
+  return json{{"status", h.draining ? "draining" : h.ready ? "ok" : "starting"},
               {"draining", h.draining},
+              {"ready", h.ready},
               {"role", h.role},
               {"model", h.model},
               {"ucx_address", h.ucx_address},
@@ -310,6 +376,7 @@ NodeHealth parse_node_health(std::string_view text) {
   h.kv_sequences = field_or<int64_t>(j, what, "kv_sequences", 0);
   h.kv_bytes_used = field_or<uint64_t>(j, what, "kv_bytes_used", 0);
   h.draining = field_or<bool>(j, what, "draining", false);
+  h.ready = field_or<bool>(j, what, "ready", true);
   h.kv_format = field_or<std::string>(j, what, "kv_format", "");
   return h;
 }

@@ -1,5 +1,9 @@
 #include "hack/prefill/prefill_server.h"
 
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <future>
+
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -25,8 +29,14 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_int64("window-mb", &c.window_mb, "KV bytes in flight per decode node before sends wait (MiB)");
   flags.add_float("send-timeout", &c.send_timeout_s, "seconds a job's KV may take to leave after its prefill");
+  flags.add_int("send-retries", &c.send_retries,
+                "times a job whose KV send failed on a broken decode endpoint (reset, timeout, a restarted node) "
+                "runs again on a freshly connected endpoint before it fails");
+  flags.add_float("send-retry-wait", &c.send_retry_wait_s,
+                  "seconds such a retry waits for the failed attempt's messages to be dropped (no retry after)");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks,
-                 "honour fault-injection fields (test_corrupt_page) and --test-layer-delay-ms; never in production");
+                 "honour fault-injection fields (test_corrupt_page), --test-layer-delay-ms and POST "
+                 "/internal/test/hold-ucx; never in production");
   flags.add_int("test-layer-delay-ms", &c.test_layer_delay_ms,
                 "with --enable-test-hooks: sleep this long after each layer (makes transfers long for fault tests)");
   flags.add_string("prefix-cache-bytes", &c.prefix_cache_bytes,
@@ -65,6 +75,9 @@ struct PrefillServer::Impl {
   std::atomic<int> replies_pending{0};  // accepted prefills whose HTTP reply is not yet sent
   int block_tokens = 64;
   Metrics metrics;
+  std::thread ucx_hold;  // test hook: holds the UCX progress thread (POST /internal/test/hold-ucx)
+  std::mutex retries_mutex;
+  uint64_t retries_reported = 0;  // PrefillWorkerStats::send_retries already in metrics (retries_mutex)
   NodeEndpoints endpoints;
   std::unique_ptr<HttpServer> http;
 
@@ -78,6 +91,8 @@ struct PrefillServer::Impl {
     wo.sender.max_in_flight_bytes = static_cast<size_t>(config.window_mb) << 20;
     wo.sender.auth = net::WireAuth(config.secret);  // KV messages carry the cluster's MAC (none without a secret)
     wo.send_timeout_s = config.send_timeout_s;
+    wo.send_retries = config.send_retries;
+    wo.retry_wait_s = config.send_retry_wait_s;
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
     wo.test_layer_delay_ms = config.test_layer_delay_ms;
@@ -91,6 +106,7 @@ struct PrefillServer::Impl {
       if (!vf.address.empty()) {
         const NodeAddress a = parse_node_address(vf.address, "vault");
         po.vault = net::VaultClientOptions{a.host, a.port};
+        po.vault->auth = net::WireAuth(config.secret, net::kVaultAuthLabel);  // the vault admits only the cluster
       }
       HACK_CHECK(vf.min_blocks >= 1, "--vault-min-blocks must be at least 1");
       HACK_CHECK(vf.timeout_s > 0, "--vault-timeout must be positive");
@@ -110,7 +126,7 @@ struct PrefillServer::Impl {
     block_tokens = wo.kv.block_tokens;
     wo.constraints = rt->constraints.get();
     worker = std::make_unique<PrefillWorker>(rt->model, *rt->pool, *ucx, wo);
-    endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics.serialize(); }};
+    endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
     HttpServerOptions ho;
     ho.host = config.host;
     ho.port = config.port;
@@ -124,8 +140,19 @@ struct PrefillServer::Impl {
 
   ~Impl() {
     http.reset();
+    if (ucx_hold.joinable()) ucx_hold.join();
     worker.reset();
     ucx.reset();
+  }
+
+  std::string metrics_text() {
+    {
+      std::lock_guard lock(retries_mutex);
+      const uint64_t retries = worker->stats().send_retries;
+      metrics.add_kv_send_retries(retries - retries_reported);
+      retries_reported = retries;
+    }
+    return metrics.serialize();
   }
 
   NodeHealth health() const {
@@ -156,9 +183,38 @@ struct PrefillServer::Impl {
         if (worker->cancel(*id)) spdlog::info("request {}: prefill cancelled by the caller", *id);
         res->send(200, "application/json", "{}");
       }
+    } else if (config.enable_test_hooks && req.method == "POST" && req.path == "/internal/test/hold-ucx") {
+      hold_ucx(req, *res);
     } else {
       answer_unknown_endpoint(req, *res);
     }
+  }
+
+  // Fault tests: the UCX progress thread sleeps for {"seconds": s}, as a node does that is
+  // descheduled, so events on its endpoints (a peer gone) wait unread. Answers once the
+  // thread is held.
+  void hold_ucx(const HttpRequest& req, Responder& res) {
+    double seconds = 0;
+    try {
+      const auto j = nlohmann::json::parse(req.body);
+      seconds = j.at("seconds").get<double>();
+      HACK_CHECK(seconds > 0 && seconds <= 30, "seconds must be in (0, 30]");
+    } catch (const std::exception& e) {
+      res.send(400, "application/json", node_error_body(fmt::format("hold-ucx: {}", e.what()), "invalid_request_error"));
+      return;
+    }
+    if (ucx_hold.joinable()) ucx_hold.join();  // the previous hold has ended or ends soon
+    auto held = std::make_shared<std::promise<void>>();
+    auto started = held->get_future();
+    ucx_hold = std::thread([this, seconds, held] {
+      ucx->run_on_worker([&] {
+        held->set_value();
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      });
+    });
+    started.wait();
+    spdlog::warn("test hook: UCX progress thread held for {} s", seconds);
+    res.send(200, "application/json", "{}");
   }
 
   void prefill(const HttpRequest& req, const std::shared_ptr<Responder>& res) {

@@ -41,7 +41,12 @@ PrefillWorker::PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorke
   kv_ = std::move(e.kv);
   backend_ = std::move(e.backend);
   engine_ = std::move(e.engine);
-  sender_ = std::make_unique<net::KvSender>(ucx_, net::KvSenderCallbacks{}, options_.sender);
+  HACK_CHECK(options_.send_retries >= 0, "prefill worker: send_retries must not be negative");
+  net::KvSenderCallbacks sender_callbacks;
+  // A failed send means the transport to that decode node broke, even when UCX has not (yet)
+  // failed the endpoint itself: left cached, it would fail every later job to the node.
+  sender_callbacks.on_transport_failed = [this](net::EndpointId endpoint, const Status& error) { drop_endpoint(endpoint, error); };
+  sender_ = std::make_unique<net::KvSender>(ucx_, std::move(sender_callbacks), options_.sender);
   if (options_.prefix_cache)
     prefix_ = std::make_unique<PrefixCache>(options_.prefix_fingerprint, kv_->shape(), options_.kv.block_tokens,
                                             kv_->exact_dtype(), *options_.prefix_cache, &ucx_);
@@ -65,6 +70,8 @@ PrefillWorker::~PrefillWorker() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Before the members its callbacks use (mutex_, peers_) go: ~KvSender unhooks them.
+  sender_.reset();
   for (Queued& q : left) {
     if (q.job.on_done) q.job.on_done(q.job.request_id, Status::error("the prefill worker is shutting down"));
   }
@@ -135,6 +142,30 @@ PrefillWorkerStats PrefillWorker::stats() const {
   return stats_;
 }
 
+void PrefillWorker::drop_endpoint(net::EndpointId endpoint, const Status& reason) {
+  bool cached = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (std::find(lost_endpoints_.begin(), lost_endpoints_.end(), endpoint) != lost_endpoints_.end()) return;
+    cached = std::erase_if(peers_, [&](const auto& entry) { return entry.second == endpoint; }) > 0;
+    lost_endpoints_.push_back(endpoint);
+    if (lost_endpoints_.size() > 64) lost_endpoints_.pop_front();
+    ++stats_.endpoints_dropped;
+  }
+  spdlog::warn("prefill: closing decode endpoint {}{}: its transport broke: {}", endpoint,
+               cached ? " (the next job to its node connects again)" : "", reason.message());
+  ucx_.close(endpoint);  // its other queued sends fail now, not after UCX's own timeout
+}
+
+bool PrefillWorker::retryable(const PrefillJob& job, const PrefillOutcome& outcome,
+                              std::optional<net::EndpointId> used) {
+  if (!std::holds_alternative<Status>(outcome) || job.peer.endpoint || !used || cancel_running_) return false;
+  std::lock_guard lock(mutex_);
+  if (stopping_) return false;
+  // The transport broke under this job: its endpoint was lost or dropped after a failed send.
+  return std::find(lost_endpoints_.begin(), lost_endpoints_.end(), *used) != lost_endpoints_.end();
+}
+
 net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
   if (peer.endpoint) return *peer.endpoint;
   const std::string key = peer_key(peer);
@@ -165,7 +196,21 @@ void PrefillWorker::run() {
       running_tokens_ = static_cast<int64_t>(queued.job.tokens.size());
       cancel_running_ = false;
     }
-    PrefillOutcome outcome = run_job(queued);
+    std::optional<net::EndpointId> used;
+    PrefillOutcome outcome = run_job(queued, used);
+    for (int retry = 0; retry < options_.send_retries && retryable(queued.job, outcome, used); ++retry) {
+      // Same request id from seq 0 on a new endpoint: the sender must have let go of the
+      // failed attempt first (its messages on the closed endpoint fail or are dropped).
+      if (!sender_->wait_request_closed(queued.job.request_id, options_.retry_wait_s)) break;
+      spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", queued.job.request_id,
+                   queued.job.peer.host, queued.job.peer.port, std::get<Status>(outcome).message());
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.send_retries;
+      }
+      used.reset();
+      outcome = run_job(queued, used);
+    }
     {
       // Book-keeping first, so a caller woken by on_done sees the job gone.
       std::lock_guard lock(mutex_);
@@ -185,7 +230,7 @@ void PrefillWorker::run() {
   }
 }
 
-PrefillOutcome PrefillWorker::run_job(Queued& queued) {
+PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::EndpointId>& used) {
   PrefillJob& job = queued.job;
   const uint64_t id = job.request_id;
   const double t_start = monotonic_s();
@@ -197,6 +242,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued) {
   Status status;  // ok unless the job failed
   try {
     peer = resolve(job.peer);
+    used = peer;
     engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
     added = true;
     if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);

@@ -520,7 +520,7 @@ struct RouterServer::Impl {
       uint64_t& seen = kv_bytes_seen[node.name];
       if (h.kv_bytes_transferred > seen) metrics.add_kv_bytes_transferred(node.name, h.kv_bytes_transferred - seen);
       seen = h.kv_bytes_transferred;
-      if (h.draining) {
+      if (h.draining || !h.ready) {  // not ready: a decode node whose UCX listener has not passed its self-probe
         pool.report_draining(node.name);
       } else {
         pool.report_success(node.name, h.queue_tokens);

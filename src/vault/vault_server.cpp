@@ -35,7 +35,9 @@ void add_vault_flags(FlagSet& flags, VaultServerConfig& c) {
   flags.add_string("data-dir", &c.data_dir, "persist blocks in append-only segment files here (empty = memory only)");
   flags.add_bool("fsync", &c.fsync, "fdatasync after every stored record (durable across power loss, slower)");
   flags.add_float("orphan-timeout", &c.orphan_timeout_s, "seconds a block waits for its parent before it is dropped");
-  flags.add_secret("secret", &c.secret, "shared secret required on internal HTTP endpoints (X-Hack-Secret); empty = none");
+  flags.add_secret("secret", &c.secret,
+                   "cluster secret: required on internal HTTP endpoints (X-Hack-Secret) and the key of the vault "
+                   "protocol's MAC (every call and reply); empty = none");
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks,
                  "serve POST /internal/test/corrupt and GET /internal/test/keys for fault tests; never in production");
@@ -105,10 +107,15 @@ struct VaultServer::Impl {
   server::NodeEndpoints endpoints;
   std::unique_ptr<server::HttpServer> http;
   std::atomic<uint64_t> bad_messages{0};
+  std::atomic<uint64_t> rejected_messages{0};  // refused for their MAC (never decoded)
+  net::WireAuth auth;                           // the vault protocol's key (kVaultAuthLabel), off without a secret
   std::mutex evictions_mutex;
   uint64_t evictions_seen = 0;
 
-  explicit Impl(const VaultServerConfig& c) : config(c), store(store_options(c)) {
+  explicit Impl(const VaultServerConfig& c)
+      : config(c), store(store_options(c)), auth(c.secret, net::kVaultAuthLabel) {
+    if (config.secret.empty())
+      spdlog::warn("no --secret-file: the vault accepts calls from anyone who reaches its UCX port");
     const BlockStoreStats s = store.stats();
     if (!config.data_dir.empty())
       spdlog::info("hack-vault: recovered {} blocks ({} bytes) from {} segments in {} ({} torn, {} corrupt records dropped)",
@@ -156,6 +163,7 @@ struct VaultServer::Impl {
                         {"ucx_address", config.host + ":" + std::to_string(ucx_port)},
                         {"budget_bytes", store.options().max_bytes},
                         {"bad_messages", bad_messages.load()},
+                        {"rejected_messages", rejected_messages.load()},
                         {"store", stats_json(s)}};
     return j.dump();
   }
@@ -187,7 +195,8 @@ struct VaultServer::Impl {
 
   void reply(net::EndpointId to, WireType type, uint64_t id, uint32_t layer, std::vector<std::byte> payload,
              net::UcxWorker::SendCallback done = {}) {
-    std::vector<std::byte> header = net::encode_wire_header(net::make_wire_header(type, id, layer, 0, payload));  // before payload is moved from
+    std::vector<std::byte> header = auth.seal(net::encode_wire_header(net::make_wire_header(type, id, layer, 0, payload)),
+                                              payload, net::WireChannel::reply);  // before payload is moved from
     ucx->send(to, net::kVaultReplyAmId, std::move(header), std::move(payload), std::move(done));
   }
 
@@ -200,7 +209,16 @@ struct VaultServer::Impl {
   }
 
   // Progress thread.
-  void on_message(net::EndpointId from, std::span<const std::byte> header_bytes, std::span<const std::byte> payload) {
+  void on_message(net::EndpointId from, std::span<const std::byte> sealed, std::span<const std::byte> payload) {
+    // Authenticated first: a call without this cluster's vault MAC is dropped unread and
+    // unanswered (an answer would tell a stranger what the vault holds).
+    std::span<const std::byte> header_bytes;
+    if (const Status s = auth.open(sealed, payload, net::WireChannel::data, header_bytes); !s) {
+      ++rejected_messages;
+      metrics.count_vault_message_rejected(net::WireAuth::rejection_reason(s));
+      spdlog::error("vault: refused a message from endpoint {}: {}", from, s.message());
+      return;
+    }
     net::WireHeader h;
     if (const Status s = net::decode_wire_header(header_bytes, h); !s) {
       ++bad_messages;
@@ -356,5 +374,7 @@ VaultServer::~VaultServer() = default;
 int VaultServer::port() const { return impl_->http->port(); }
 int VaultServer::ucx_port() const { return impl_->ucx_port; }
 BlockStoreStats VaultServer::stats() const { return impl_->store.stats(); }
+uint64_t VaultServer::rejected_messages() const { return impl_->rejected_messages.load(); }
+std::string VaultServer::metrics_text() const { return impl_->metrics.serialize(); }
 
 }  // namespace hack::vault

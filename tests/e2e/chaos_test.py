@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 import unittest
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -161,6 +162,47 @@ class MigrationTest(unittest.TestCase):
         with self.assertRaises(openai.APIError) as cm:
             self.stream(client, self.body(), fault=lambda _: self.running_decode(c).kill())
         self.assertIn("0 migrations", str(cm.exception))
+
+
+class DecodeRestartTest(unittest.TestCase):
+    """A decode node restarted in place (same HTTP and UCX ports) while a prefill node still
+    holds an endpoint to the old process: the next requests all succeed, first time. The
+    prefill node's UCX progress thread is held (test hook) across the restart, as when it is
+    descheduled, so the old connection's end is still unread when the first request's KV goes
+    out on the stale endpoint. That send fails; the prefill node closes the endpoint and sends
+    the job again on a fresh one (--send-retries) — the router must not need a retry of its
+    own (hack:request_retries_total stays 0), and the restarted node reports ready only after
+    its UCX listener passed its self-probe."""
+
+    def test_decode_restarted_on_its_port_gets_the_next_requests(self):
+        # The restarted node's listener binds the port the old connection still holds.
+        os.environ.setdefault("UCX_TCP_CM_REUSEADDR", "y")
+        c = cluster.Cluster(prefill=1, decode=1, kv="fp", router_flags=["--health-interval", "0.2"],
+                            prefill_flags=["--enable-test-hooks"])
+        self.addCleanup(c.stop)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{c.router.port}/v1", api_key="none", max_retries=0,
+                               timeout=60)
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+        ref = client.completions.create(**body).choices[0].text  # the prefill node now holds an endpoint to decode0
+
+        req = urllib.request.Request(f"http://127.0.0.1:{c.prefill[0].port}/internal/test/hold-ucx",
+                                     data=json.dumps({"seconds": 8}).encode(),
+                                     headers={"X-Hack-Secret": c.secret})
+        t_hold = time.monotonic()
+        urllib.request.urlopen(req, timeout=10).read()
+        chaos.Chaos(c, None, lambda m: None).restart("decode", 0)  # SIGKILL, then the same ports
+        wait_for(lambda: c.decode[0].health()["ready"], 20, "the restarted decode node to be ready")
+        wait_for(lambda: json.loads(cluster.http_get(c.router.port, "/health")[1])["decode_nodes_healthy"] == 1, 20,
+                 "the router to route to the restarted decode node")
+        self.assertLess(time.monotonic() - t_hold, 8, "the restart took longer than the hold; nothing was tested")
+
+        texts = [client.completions.create(**body).choices[0].text for _ in range(5)]
+        self.assertEqual(texts, [ref] * 5)
+        retries = {k: v for k, v in c.router.metrics().items() if k.startswith("hack:request_retries_total")}
+        self.assertEqual(sum(retries.values()), 0, f"the router had to retry: {retries}")
+        self.assertGreaterEqual(c.prefill[0].metrics().get("hack:kv_send_retries_total", 0), 1,
+                                "the first request never met the stale endpoint")
+        self.assertIn("closing decode endpoint", c.prefill[0].log_text())
 
 
 class ChaosTest(unittest.TestCase):

@@ -26,6 +26,10 @@ struct DecodeServerConfig {
   int max_batch = 64;
   int reserve_ahead_tokens = 64;
   float kv_timeout_s = 120;
+  /// Seconds one self-probe of the UCX listener (net/listener_probe.h) waits for its message;
+  /// a failed probe is repeated (after as long again) until one passes. /health says
+  /// "ready": false, and routers send nothing, until then.
+  float ready_probe_timeout_s = 2;
   bool enable_test_hooks = false;  ///< honour --test-step-delay-ms
   int test_step_delay_ms = 0;
   float drain_timeout_s = 20;      ///< SIGTERM: seconds to finish running requests before exiting

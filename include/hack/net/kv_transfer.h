@@ -83,6 +83,12 @@ struct KvSenderCallbacks {
   /// A request failed: a send failed, the receiver rejected it, or the peer was lost.
   /// Called at most once per request, on the progress thread.
   std::function<void(uint64_t request_id, const Status& error)> on_request_error;
+  /// The transport to `endpoint` broke: a send on it completed with an error (reset, timeout,
+  /// closed; whether or not UCX also fails the endpoint) or the endpoint was lost. Called on
+  /// the progress thread, before the requests on it are failed (so their owner sees the
+  /// endpoint as broken when it learns of the failure), possibly more than once per endpoint.
+  /// The owner of the endpoint drops it.
+  std::function<void(EndpointId endpoint, const Status& error)> on_transport_failed;
 };
 
 struct KvSenderOptions {
@@ -139,6 +145,9 @@ class KvSender {
   /// Whether a request still has messages on their way and has neither failed nor been
   /// cancelled (so a wait_request timeout was only a timeout).
   bool request_pending(uint64_t request_id) const;
+  /// Waits until a request has left the sender (ended, every message finished or dropped), so
+  /// its id may stream again from seq 0, to any endpoint. False after timeout_s.
+  bool wait_request_closed(uint64_t request_id, double timeout_s);
   KvSenderStats stats() const;
   /// Test hook: the next KV message (page or exact tokens) of request_id gets one byte flipped after its checksum.
   void corrupt_next_page_for_test(uint64_t request_id);

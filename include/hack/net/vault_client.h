@@ -4,6 +4,9 @@
 /// an optimisation, so every failure here (vault down, slow, restarted, a bad reply) is an
 /// error the caller answers by recomputing; nothing blocks past its timeout.
 ///
+/// Authentication: with VaultClientOptions::auth every request carries the vault MAC
+/// (net/wire.h) and a reply without the right one is dropped.
+///
 /// Connection: dialled on first use; a lost connection fails the calls in flight on it and is
 /// redialled by the next call, at most once per reconnect_interval_s (a dead vault costs a
 /// request at most one failed dial, not one per call).
@@ -20,6 +23,7 @@
 #include "hack/kv/block_key.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/net/vault_protocol.h"
+#include "hack/net/wire.h"
 
 namespace hack::net {
 
@@ -30,6 +34,9 @@ struct VaultClientOptions {
   /// Store payload bytes queued and not yet handed to the transport beyond which new stores
   /// are dropped (counted): a slow vault never makes a node buffer without bound.
   size_t max_store_bytes_in_flight = size_t{256} << 20;
+  /// Seals every call and checks every reply with the cluster secret (WireAuth keyed with
+  /// kVaultAuthLabel); off without a secret. Must agree with the vault's.
+  WireAuth auth;
 };
 
 struct VaultClientStats {
@@ -40,6 +47,7 @@ struct VaultClientStats {
   uint64_t calls = 0;            ///< lookups, promotes, deletes, stats
   uint64_t call_errors = 0;      ///< of those: timeouts, lost connections, vault errors
   uint64_t disconnects = 0;
+  uint64_t replies_rejected = 0; ///< replies refused for their MAC (dropped; their call times out)
 };
 
 /// One promote in flight: the head (how many blocks come, their headers), then each layer's

@@ -103,17 +103,28 @@ Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> 
 /// must arrive in order, so a replayed message is a duplicate (its request fails, nothing is
 /// injected) or a straggler of an ended request (dropped). Without a secret nothing is
 /// sealed and a sealed message is refused (the nodes must agree).
+///
+/// One implementation serves every UCX protocol; each derives its own key from the secret
+/// with its own label, so a message sealed for one (KV transfer) is refused by another (the
+/// vault) even under the same secret.
 inline constexpr size_t kWireTagBytes = 32;
 inline constexpr size_t kWireSealedHeaderBytes = kWireHeaderBytes + kWireTagBytes;
+/// Key-derivation labels: KV transfer (prefill ↔ decode) and the vault protocol.
+inline constexpr std::string_view kWireAuthLabel = "hackserve wire auth v1";
+inline constexpr std::string_view kVaultAuthLabel = "hackserve vault auth v1";
 
+/// data: requests and KV (sender → receiver); reply: the answers coming back.
 enum class WireChannel : uint8_t { data = 1, reply = 2 };
 
 class WireAuth {
  public:
   /// Off: seal() returns the header as is, open() takes plain 40-byte headers.
   WireAuth() = default;
-  /// On when `secret` is not empty.
-  explicit WireAuth(std::string_view secret);
+  /// On when `secret` is not empty; key = HMAC-SHA256(secret, label).
+  explicit WireAuth(std::string_view secret, std::string_view label = kWireAuthLabel);
+  /// The metrics label of an open() error: "unauthenticated" (no tag), "bad_mac", or
+  /// "unexpected_mac" (a tag, but this side has no secret).
+  static const char* rejection_reason(const Status& error);
 
   bool enabled() const { return enabled_; }
   /// The header (kWireHeaderBytes) with its tag over `payload` appended (when enabled).

@@ -55,6 +55,11 @@ class Metrics {
   void count_request_migration(std::string_view cause);
   /// hack:kv_messages_rejected_total{reason}: data-plane messages refused (bad or missing MAC, replay).
   void count_kv_message_rejected(std::string_view reason);
+  /// hack:vault_messages_rejected_total{reason}: vault calls refused for their MAC (a client
+  /// without the cluster secret, or with another one).
+  void count_vault_message_rejected(std::string_view reason);
+  /// hack:kv_send_retries_total: prefill jobs sent again on a fresh endpoint after a broken one.
+  void add_kv_send_retries(uint64_t n);
 
   /// Everything in the Prometheus text exposition format (version 0.0.4).
   std::string serialize() const;

@@ -95,6 +95,9 @@ struct NodeHealth {
   int64_t kv_sequences = 0;   ///< sequences holding KV now (0 when idle: accounting check)
   uint64_t kv_bytes_used = 0; ///< KV bytes held now
   bool draining = false;      ///< SIGTERM: finishing what it runs, taking nothing new (routers skip it)
+  /// decode: its UCX listener has accepted a connection and delivered a message (a self-probe
+  /// over the data plane). Until then routers send it nothing. Absent in a body = true.
+  bool ready = true;
   std::string kv_format;      ///< what its KV bytes depend on (runtime kv_format): pairs must agree
 };
 

@@ -22,7 +22,9 @@ struct PrefillServerConfig {
   int http_threads = 2;
   int64_t window_mb = 64;          ///< unacknowledged KV bytes in flight per decode node
   float send_timeout_s = 60;
-  bool enable_test_hooks = false;  ///< honour test_corrupt_page; --test-layer-delay-ms
+  int send_retries = 1;       ///< PrefillWorkerOptions::send_retries
+  float send_retry_wait_s = 5; ///< PrefillWorkerOptions::retry_wait_s
+  bool enable_test_hooks = false;  ///< honour test_corrupt_page, --test-layer-delay-ms, POST /internal/test/hold-ucx
   int test_layer_delay_ms = 0;
   std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none
   bool prefix_whole_chunks = false;

@@ -41,6 +41,14 @@ struct PrefillWorkerOptions {
   EngineOptions engine;              ///< prefill chunk size
   net::KvSenderOptions sender;       ///< flow-control window per decode node
   double send_timeout_s = 60.0;      ///< a job fails if its KV has not left by then after prefill
+  /// A job whose KV could not be sent because the transport to its decode node broke (a
+  /// send failed or the endpoint was lost: a restarted node behind a stale endpoint, a
+  /// reset, a timeout) runs again this many times on a freshly connected endpoint before it
+  /// fails, so the router's retry on another node pair is the last resort, not the first.
+  /// Only for jobs addressed by host:port (DecodePeer::endpoint names a fixed endpoint).
+  int send_retries = 1;
+  /// Before such a retry: seconds to wait for the failed attempt's messages to be dropped.
+  double retry_wait_s = 5.0;
   int test_layer_delay_ms = 0;       ///< fault tests: sleep after each layer (long transfers)
   /// Prefix caching (prefill/prefix_cache.h): set to restore repeated prefixes.
   std::optional<PrefixCacheOptions> prefix_cache;
@@ -54,7 +62,8 @@ struct PrefillWorkerOptions {
 };
 
 /// Where a job's KV goes: an endpoint of the worker's UcxWorker, or host:port, connected
-/// on first use and reused by later jobs (a lost connection is dropped and redialled).
+/// on first use and reused by later jobs (an endpoint that was lost or on which a send
+/// failed is closed and dropped; the next job to that host:port dials again).
 struct DecodePeer {
   std::optional<net::EndpointId> endpoint;
   std::string host;
@@ -99,6 +108,8 @@ struct PrefillJob {
 struct PrefillWorkerStats {
   uint64_t jobs_done = 0;
   uint64_t jobs_failed = 0;        ///< cancelled ones included
+  uint64_t send_retries = 0;       ///< jobs run again on a fresh endpoint after a broken transport
+  uint64_t endpoints_dropped = 0;  ///< decode endpoints closed after a failed send or a loss
   uint64_t kv_bytes_sent = 0;      ///< KV payload bytes of jobs that succeeded
   int64_t kv_sequences = 0;        ///< sequences in the prefill cache after the last job (0: all freed)
   size_t kv_bytes_used = 0;        ///< its bytes then
@@ -136,8 +147,13 @@ class PrefillWorker {
     double submitted_s = 0;
   };
   void run();
-  PrefillOutcome run_job(Queued& queued);
+  /// `used`: the endpoint the job's KV went to (set once resolved).
+  PrefillOutcome run_job(Queued& queued, std::optional<net::EndpointId>& used);
   net::EndpointId resolve(const DecodePeer& peer);
+  /// Closes an endpoint whose transport broke and forgets it (any thread).
+  void drop_endpoint(net::EndpointId endpoint, const Status& reason);
+  /// Whether a failed job is worth running again on a fresh endpoint (see send_retries).
+  bool retryable(const PrefillJob& job, const PrefillOutcome& outcome, std::optional<net::EndpointId> used);
 
   const ModelConfig& config_;
   net::UcxWorker& ucx_;
@@ -160,7 +176,7 @@ class PrefillWorker {
   std::atomic<bool> cancel_running_{false};
   PrefillWorkerStats stats_;
   std::map<std::string, net::EndpointId> peers_;  // "host:port" → endpoint
-  std::deque<net::EndpointId> lost_endpoints_;  // recently lost (mutex_): a connect that failed before it was cached
+  std::deque<net::EndpointId> lost_endpoints_;  // recently lost or dropped (mutex_): never cached again
   int next_seq_id_ = 1;
   std::thread thread_;
 };

@@ -25,7 +25,9 @@ struct VaultServerConfig {
   std::string data_dir;            ///< persistence; empty = memory only
   bool fsync = false;
   float orphan_timeout_s = 10;
-  std::string secret;              ///< shared secret of the internal HTTP endpoints ("" = none)
+  /// The cluster secret ("" = none): required on the internal HTTP endpoints, and the key
+  /// (net/wire.h WireAuth, kVaultAuthLabel) every vault call and reply is sealed with.
+  std::string secret;
   int http_threads = 1;
   bool enable_test_hooks = false;  ///< POST /internal/test/corrupt {"namespace", "key"}; never in production
   bool json_logs = false;
@@ -47,6 +49,10 @@ class VaultServer {
   int port() const;          ///< HTTP
   int ucx_port() const;
   BlockStoreStats stats() const;
+  /// Calls refused for their MAC since start (also hack:vault_messages_rejected_total).
+  uint64_t rejected_messages() const;
+  /// What GET /metrics answers.
+  std::string metrics_text() const;
 
  private:
   struct Impl;

@@ -163,6 +163,29 @@ TEST_CASE("malformed node bodies are refused naming the problem", "[server][node
   CHECK_THROWS_WITH(parse_cancel_body("{}"), Catch::Contains("'request_id'"));
 }
 
+// Found by tests/fuzz/fuzz_node_protocol.cpp: numbers out of a field's range were cast
+// regardless (undefined behaviour for a float, a silent wrap for a large integer).
+TEST_CASE("numbers outside a field's range are refused, integral floats in range accepted", "[server][node_protocol]") {
+  auto sampling = [](const std::string& fields) { return parse_sampling("{" + fields + "}"); };
+  CHECK_THROWS_WITH(sampling(R"("max_tokens":1e300)"), Catch::Contains("'max_tokens'"));
+  CHECK_THROWS_WITH(sampling(R"("max_tokens":4294967296)"), Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(sampling(R"("max_tokens":2.5)"), Catch::Contains("integer"));
+  CHECK_THROWS_WITH(sampling(R"("seed":-1)"), Catch::Contains("negative"));
+  CHECK_THROWS_WITH(sampling(R"("seed":1.8446744073709552e19)"), Catch::Contains("'seed'"));
+  CHECK_THROWS_WITH(sampling(R"("temperature":1e300)"), Catch::Contains("'temperature'"));
+  CHECK_THROWS_WITH(sampling(R"("stop_token_ids":[1, 1e12])"), Catch::Contains("'stop_token_ids'"));
+  CHECK_THROWS_WITH(sampling(R"("logit_bias":[[3, 1e300]])"), Catch::Contains("logit_bias"));
+  CHECK_THROWS_WITH(sampling(R"("ignore_eos":1)"), Catch::Contains("'ignore_eos'"));
+  CHECK_THROWS_WITH(parse_first_token(R"({"token":1,"top_logprobs":[[99999999999,0]],"seed":1})"),
+                    Catch::Contains("top_logprobs"));
+  CHECK_THROWS_WITH(parse_generate_job(R"({"request_id":1,"prompt":[1,-3e9],"sampling":{}})"), Catch::Contains("'prompt'"));
+  // What other producers send for integers (32.0) is still an integer; the full u64 range stays.
+  CHECK(sampling(R"("max_tokens":32.0)").max_tokens == 32);
+  CHECK(sampling(R"("seed":18446744073709551615)").seed == std::optional<uint64_t>(UINT64_MAX));
+  CHECK(sampling(R"("logit_bias":[[3,-1.5]])").logit_bias == std::vector<std::pair<int, float>>{{3, -1.5f}});
+  CHECK(parse_cancel_body(R"({"request_id":18446744073709551615})") == UINT64_MAX);
+}
+
 TEST_CASE("internal endpoints compare the shared secret exactly", "[server][node_protocol]") {
   CHECK(secret_matches("", ""));
   CHECK(secret_matches("anything", ""));  // no secret configured: open

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -453,4 +454,115 @@ TEST_CASE("prefill worker: an unreachable vault means recompute, not a failed jo
   const auto [got, results] = run_prompts(f, wo, {a, a});
   CHECK(results[1].prefix.tokens == 0);
   CHECK_FALSE(results[1].prefix.vault_error.empty());
+}
+
+// A decode node restarted on its old UCX port while the prefill node still holds an endpoint
+// to the old process (it has not yet polled the old connection's end): the next job resolves
+// to that stale endpoint. Its sends fail (or are lost), the endpoint is closed and dropped, and
+// with send_retries the job runs again on a fresh endpoint to the new node instead of failing
+// (with 0 it fails, as before, and only the job after it reconnects).
+TEST_CASE("prefill worker: a decode node restarted on its port behind a stale endpoint gets the job on a fresh one",
+          "[server][prefill]") {
+  for (int retries : {1, 0}) {
+    INFO("send_retries " << retries);
+    Fixture f;
+    // The new listener takes the old one's port while the old connection lingers (TIME_WAIT /
+    // FIN_WAIT2); UCX's TCP connection manager reads this from the environment only.
+    ::setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
+    const net::UcxOptions rx_options = net::test::options_for("tcp");
+    Inbox inbox_a;
+    auto rx_a = std::make_unique<net::UcxWorker>(rx_options);
+    auto receiver_a = std::make_unique<net::KvReceiver>(*rx_a, inbox_a.callbacks());
+    const uint16_t port = rx_a->listen("127.0.0.1", 0);
+    net::UcxWorker tx_worker(net::test::options_for("tcp"));
+    PrefillWorkerOptions wo;
+    wo.kv = kv_options(KvMode::fp);
+    wo.engine.prefill_chunk_tokens = 64;
+    wo.send_retries = retries;
+    Outcomes outcomes;
+    PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+    auto job_of = [&](uint64_t id) {
+      PrefillJob job;
+      job.request_id = id;
+      job.tokens = test::random_prompt(200, f.cfg.vocab_size, static_cast<uint32_t>(id));
+      job.sampling.temperature = 0.0f;
+      job.peer.host = "127.0.0.1";
+      job.peer.port = port;
+      job.on_done = outcomes.callback();
+      return job;
+    };
+    REQUIRE(worker.submit(job_of(1)).is_ok());
+    REQUIRE(outcomes.wait(1, net::test::kWaitS));
+    REQUIRE(std::holds_alternative<PrefillResult>(outcomes.by_id.at(1)));
+
+    // Hold the prefill side's progress thread while the node restarts, so the old
+    // connection's end is still unread when job 2 picks its endpoint.
+    std::mutex hold_mutex;
+    std::condition_variable hold_changed;
+    bool held = false, release = false;
+    auto let_go = [&] {
+      std::lock_guard lock(hold_mutex);
+      release = true;
+      hold_changed.notify_all();
+    };
+    std::thread holder([&] {
+      tx_worker.run_on_worker([&] {
+        std::unique_lock lock(hold_mutex);
+        held = true;
+        hold_changed.notify_all();
+        hold_changed.wait(lock, [&] { return release; });
+      });
+    });
+    struct Joiner {  // a failed REQUIRE below must not leave the progress thread held
+      std::function<void()> let_go;
+      std::thread& thread;
+      ~Joiner() {
+        let_go();
+        if (thread.joinable()) thread.join();
+      }
+    } joiner{let_go, holder};
+    {
+      std::unique_lock lock(hold_mutex);
+      REQUIRE(hold_changed.wait_for(lock, std::chrono::duration<double>(net::test::kWaitS), [&] { return held; }));
+    }
+    receiver_a.reset();
+    rx_a.reset();
+    Inbox inbox_b;
+    net::UcxWorker rx_b(rx_options);
+    net::KvReceiver receiver_b(rx_b, inbox_b.callbacks());
+    REQUIRE(rx_b.listen("127.0.0.1", port) == port);
+    REQUIRE(worker.submit(job_of(2)).is_ok());
+    // The job prefills and queues its messages on the stale endpoint; they go nowhere until
+    // the progress thread runs again (the job waits for them, up to send_timeout_s).
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    let_go();
+    holder.join();
+    REQUIRE(outcomes.wait(2, net::test::kWaitS));
+    if (retries > 0) {
+      INFO(outcomes.error_of(2));
+      REQUIRE(std::holds_alternative<PrefillResult>(outcomes.by_id.at(2)));
+      CHECK(worker.stats().send_retries == 1);
+      // The new node got the whole request.
+      bool done = false;
+      while (auto e = inbox_b.next(net::test::kWaitS)) {
+        REQUIRE(e->id == 2);
+        REQUIRE(e->kind != Inbox::Event::error);
+        if (e->kind == Inbox::Event::done) {
+          done = true;
+          break;
+        }
+      }
+      CHECK(done);
+    } else {
+      CHECK_THAT(outcomes.error_of(2), Catch::Contains("lost the receiver"));
+      CHECK(worker.stats().send_retries == 0);
+    }
+    // Either way the stale endpoint is gone: the next job goes to the new node first time.
+    const uint64_t retried = worker.stats().send_retries;
+    REQUIRE(worker.submit(job_of(3)).is_ok());
+    REQUIRE(outcomes.wait(3, net::test::kWaitS));
+    CHECK(std::holds_alternative<PrefillResult>(outcomes.by_id.at(3)));
+    CHECK(worker.stats().send_retries == retried);
+    CHECK(worker.kv().stats().sequences == 0);
+  }
 }

@@ -216,3 +216,86 @@ TEST_CASE("vault: stores racing promotes never serve a partial block", "[vault_s
   writer.join();
   f.wait_blocks(8);
 }
+
+// The vault admits only the cluster (net/wire.h WireAuth with kVaultAuthLabel): a client
+// without the secret, with another one, or with the KV-transfer key of the same secret is
+// refused, counted and logged, and the vault goes on serving the right client.
+TEST_CASE("vault: calls without the cluster's vault MAC are refused and counted, the right key is served",
+          "[vault_server]") {
+  VaultServerConfig c;
+  c.port = 0;
+  c.ucx_port = 0;
+  c.max_bytes = "64M";
+  c.secret = "cluster-secret";
+  VaultServer server(c);
+  const auto port = static_cast<uint16_t>(server.ucx_port());
+  // One worker per client: a client owns its worker's reply handler.
+  struct Node {
+    UcxWorker worker;
+    std::unique_ptr<VaultClient> client;
+    Node(uint16_t vault_port, WireAuth auth) {
+      VaultClientOptions o{"127.0.0.1", vault_port};
+      o.auth = std::move(auth);
+      client = std::make_unique<VaultClient>(worker, o);
+    }
+    ~Node() { client.reset(); }
+    VaultClient* operator->() { return client.get(); }
+  };
+  Node good(port, WireAuth("cluster-secret", kVaultAuthLabel));
+  const Chain chain = make_chain("a", 2);
+  for (int b = 0; b < 2; ++b) {
+    const auto i = static_cast<size_t>(b);
+    good->store("default", chain.keys[i], b == 0 ? chain.root : chain.keys[i - 1], b == 0,
+                static_cast<uint8_t>(BlockCodec::int8_head), chain.values[i]);
+  }
+  REQUIRE(good->flush(5.0));
+  for (int i = 0; i < 500 && server.stats().blocks < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(server.stats().blocks == 2);
+
+  struct Stranger {
+    const char* what;
+    WireAuth auth;
+    const char* reason;  // the metrics label its calls are refused with
+  };
+  const std::vector<Stranger> strangers = {
+      {"no secret", WireAuth(), "unauthenticated"},
+      {"another secret", WireAuth("not-the-cluster", kVaultAuthLabel), "bad_mac"},
+      {"the KV-transfer key of the same secret", WireAuth("cluster-secret", kWireAuthLabel), "bad_mac"},
+  };
+  uint64_t refused = 0;
+  for (const Stranger& s : strangers) {
+    INFO(s.what);
+    Node client(port, s.auth);
+    size_t n = 99;
+    const Status st = client->lookup("default", chain.keys, 1.0, n);
+    CHECK_FALSE(st);  // never answered: the call times out
+    CHECK(n == 0);
+    // A store is refused too: the vault still holds 2 blocks after a stranger's 3rd.
+    const Chain other = make_chain("b", 1);
+    client->store("default", other.keys[0], other.root, true, static_cast<uint8_t>(BlockCodec::int8_head),
+                  other.values[0]);
+    REQUIRE(client->flush(5.0));
+    refused += 2;
+    for (int i = 0; i < 500 && server.rejected_messages() < refused; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(server.rejected_messages() == refused);
+    CHECK(server.stats().blocks == 2);
+    CHECK_THAT(server.metrics_text(),
+               Catch::Contains(fmt::format("hack:vault_messages_rejected_total{{reason=\"{}\"}}", s.reason)));
+  }
+  // The cluster's client is still served, and its replies pass its own MAC check.
+  size_t n = 0;
+  REQUIRE(good->lookup("default", chain.keys, 5.0, n));
+  CHECK(n == 2);
+  CHECK(good->stats().replies_rejected == 0);
+
+  // A vault without a secret refuses sealed calls (the nodes must agree) rather than
+  // answering them unsealed.
+  VaultServerConfig open_config = c;
+  open_config.secret.clear();
+  VaultServer open_vault(open_config);
+  Node sealed_client(static_cast<uint16_t>(open_vault.ucx_port()), WireAuth("cluster-secret", kVaultAuthLabel));
+  CHECK_FALSE(sealed_client->lookup("default", chain.keys, 1.0, n));
+  CHECK(open_vault.rejected_messages() == 1);
+  CHECK_THAT(open_vault.metrics_text(), Catch::Contains("hack:vault_messages_rejected_total{reason=\"unexpected_mac\"}"));
+}
