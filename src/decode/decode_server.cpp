@@ -302,7 +302,10 @@ struct DecodeServer::Impl {
     const Status st = scheduler->submit(std::move(dr), [this, id, res, t0, last](const DecodeEvent& e) {
       NodeEvent ne;
       switch (e.kind) {
-        case DecodeEventKind::accepted: ne.kind = NodeEventKind::accepted; break;
+        case DecodeEventKind::accepted:
+          ne.kind = NodeEventKind::accepted;
+          ne.ucx_address = ucx_address();
+          break;
         case DecodeEventKind::token: {
           ne.kind = NodeEventKind::token;
           ne.sample = e.sample;

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hack/node/node_address.h"
+
 namespace hack::server {
 
 using nlohmann::json;
@@ -236,7 +238,9 @@ std::string to_json(const PrefillReply& reply) {
 
 std::string to_json(const NodeEvent& e) {
   switch (e.kind) {
-    case NodeEventKind::accepted: return json{{"type", "accepted"}}.dump();
+    case NodeEventKind::accepted:
+      return e.ucx_address.empty() ? json{{"type", "accepted"}}.dump()
+                                   : json{{"type", "accepted"}, {"ucx_address", e.ucx_address}}.dump();
     case NodeEventKind::token: {
       json j = sample_json(e.sample);
       j["type"] = "token";
@@ -341,6 +345,8 @@ NodeEvent parse_node_event(std::string_view text) {
   NodeEvent e;
   if (type == "accepted") {
     e.kind = NodeEventKind::accepted;
+    e.ucx_address = field_or<std::string>(j, what, "ucx_address", "");
+    if (!e.ucx_address.empty()) (void)parse_node_address(e.ucx_address, "accepted event's ucx_address");
   } else if (type == "token") {
     e.kind = NodeEventKind::token;
     e.sample = parse_sample(j, what);

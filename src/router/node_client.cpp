@@ -120,6 +120,8 @@ GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&
           NodeEvent e = parse_node_event(data);
           switch (e.kind) {
             case NodeEventKind::accepted:
+              // The admitting process's own listener; the health poll's copy may be older.
+              if (!e.ucx_address.empty()) decode_.ucx_address = e.ucx_address;
               if (!prefill_thread_.joinable()) start_prefill();
               on_event(e);
               return true;

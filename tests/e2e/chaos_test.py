@@ -205,6 +205,34 @@ class DecodeRestartTest(unittest.TestCase):
         self.assertIn("closing decode endpoint", c.prefill[0].log_text())
 
 
+    def test_restart_on_a_new_ucx_port_is_reached_through_the_accepted_event(self):
+        """The router learns decode UCX addresses from its health polls, which here are 10
+        minutes apart; a decode node restarted on its HTTP port with a new UCX port must still
+        get its KV at once, because its "accepted" event names the listener of the process that
+        admitted the request."""
+        c = cluster.Cluster(prefill=1, decode=1, kv="fp", router=False)
+        self.addCleanup(c.stop)
+        wait_for(lambda: c.decode[0].health()["ready"], 20, "decode0 to be ready")
+        router = c.add_router(["--health-interval", "600"])  # one poll, at start: decode0 is ready
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{router.port}/v1", api_key="none", max_retries=0,
+                               timeout=60)
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+        ref = client.completions.create(**body).choices[0].text
+
+        old = c.decode[0]
+        old.kill()
+        argv = list(old.argv)
+        argv[argv.index("--port") + 1] = str(old.port)  # same HTTP port; --ucx-port stays 0: a new one
+        new = cluster.Daemon("decode0-new-ucx", argv, c.log_dir, c.env).wait_ready()
+        c.decode[0] = new
+        self.assertNotEqual(new.ucx_address, old.ucx_address)
+        wait_for(lambda: new.health()["ready"], 20, "the restarted decode node to be ready")
+
+        self.assertEqual(client.completions.create(**body).choices[0].text, ref)
+        retries = {k: v for k, v in router.metrics().items() if k.startswith("hack:request_retries_total")}
+        self.assertEqual(sum(retries.values()), 0, f"the router had to retry: {retries}")
+
+
 class ChaosTest(unittest.TestCase):
 
     def test_short_chaos_run(self):

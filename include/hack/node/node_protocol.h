@@ -80,6 +80,10 @@ struct NodeEvent {
   int prompt_tokens = 0;        ///< finished
   int completion_tokens = 0;    ///< finished
   std::string message;          ///< error
+  /// accepted: the decode node's UCX listener ("host:port") to stream the request's KV to, so
+  /// the router starts prefill with the address of the process that admitted it, not one
+  /// from a health poll that may predate a restart. Empty from nodes that do not send it.
+  std::string ucx_address;
 };
 
 /// Reported by GET /health of either node.

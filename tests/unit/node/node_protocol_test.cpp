@@ -114,7 +114,8 @@ TEST_CASE("node protocol bodies round-trip", "[server][node_protocol]") {
   CHECK_THROWS_AS(parse_sampling(R"({"prompt_logprobs": -2})"), hack::Error);
 
   for (const NodeEvent& e :
-       {NodeEvent{.kind = NodeEventKind::accepted}, NodeEvent{.kind = NodeEventKind::token, .sample = s, .index = 4},
+       {NodeEvent{.kind = NodeEventKind::accepted}, NodeEvent{.kind = NodeEventKind::accepted, .ucx_address = "10.0.0.7:13337"},
+        NodeEvent{.kind = NodeEventKind::token, .sample = s, .index = 4},
         NodeEvent{.kind = NodeEventKind::finished, .finish_reason = FinishReason::stop, .prompt_tokens = 5,
                   .completion_tokens = 6},
         NodeEvent{.kind = NodeEventKind::error, .message = "boom \"quoted\""}}) {
@@ -126,6 +127,7 @@ TEST_CASE("node protocol bodies round-trip", "[server][node_protocol]") {
     CHECK(back.prompt_tokens == e.prompt_tokens);
     CHECK(back.completion_tokens == e.completion_tokens);
     CHECK(back.message == e.message);
+    CHECK(back.ucx_address == e.ucx_address);
   }
 
   NodeHealth h{"decode", "hack-tiny", "127.0.0.1:9", 100, 2, 3, 0.5, 1234, 1, 4096};
@@ -155,6 +157,7 @@ TEST_CASE("malformed node bodies are refused naming the problem", "[server][node
   CHECK_THROWS_WITH(parse_prefill_call(R"({"request_id":1,"prompt":[1],"sampling":{}})"),
                     Catch::Contains("'decode_ucx'"));
   CHECK_THROWS_WITH(parse_node_event(R"({"type":"mystery"})"), Catch::Contains("unknown type"));
+  CHECK_THROWS_WITH(parse_node_event(R"({"type":"accepted","ucx_address":"no-port"})"), Catch::Contains("ucx_address"));
   CHECK_THROWS_WITH(parse_node_event(R"({"type":"finished","finish_reason":"tired","prompt_tokens":1,
                                        "completion_tokens":1})"),
                     Catch::Contains("finish_reason"));
