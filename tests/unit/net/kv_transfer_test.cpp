@@ -64,6 +64,25 @@ std::vector<std::byte> page_bytes(uint64_t id, uint32_t layer, int index, size_t
   return test::random_bytes(bytes, id * 1000003 + layer * 1009 + static_cast<uint64_t>(index));
 }
 
+// Checks that request `id`'s pages arrived in order, page i of a layer holding
+// page_bytes(id, layer, i, size_of(id, layer, i)); returns how many arrived. Caller holds rx.mutex.
+template <class SizeOf>
+int check_pages_in_order(const test::Events& rx, uint64_t id, const SizeOf& size_of) {
+  int index = 0, pages = 0;
+  uint32_t layer = 0;
+  for (const auto& page : rx.pages) {
+    if (page.request_id != id) continue;
+    if (page.layer != layer) {
+      layer = page.layer;
+      index = 0;
+    }
+    CHECK(page.bytes == page_bytes(id, layer, index, size_of(id, layer, index)));
+    ++index;
+    ++pages;
+  }
+  return pages;
+}
+
 }  // namespace
 
 TEST_CASE("kv transfer: small and large pages arrive intact", "[net][kv]") {
@@ -125,17 +144,7 @@ TEST_CASE("kv transfer: many pages stay in order per layer across interleaved re
   for (uint64_t id : ids) {
     INFO("request " << id);
     CHECK(link.rx.log[id] == expected_log);
-    int index = 0;
-    uint32_t layer = 0;
-    for (const auto& page : link.rx.pages) {
-      if (page.request_id != id) continue;
-      if (page.layer != layer) {
-        layer = page.layer;
-        index = 0;
-      }
-      CHECK(page.bytes == page_bytes(id, layer, index, size_of(id, layer, index)));
-      ++index;
-    }
+    check_pages_in_order(link.rx, id, size_of);
   }
   CHECK(link.receiver->open_requests() == 0);
 }
@@ -407,19 +416,7 @@ TEST_CASE("kv transfer: sealed messages from concurrent senders arrive in order 
   for (int t = 0; t < kThreads; ++t) {
     const uint64_t id = 100 + t;
     INFO("request " << id);
-    int index = 0, pages = 0;
-    uint32_t layer = 0;
-    for (const auto& page : link.rx.pages) {
-      if (page.request_id != id) continue;
-      if (page.layer != layer) {
-        layer = page.layer;
-        index = 0;
-      }
-      CHECK(page.bytes == page_bytes(id, layer, index, size_of(id, layer, index)));
-      ++index;
-      ++pages;
-    }
-    CHECK(pages == kLayers * kPages);
+    CHECK(check_pages_in_order(link.rx, id, size_of) == kLayers * kPages);
     CHECK(link.rx.log[id].back() == "done");
   }
   CHECK(link.receiver->open_requests() == 0);
