@@ -1,14 +1,40 @@
 #include "hack/core/thread_pool.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 namespace hack {
 
 namespace {
-// Workers spin this many iterations for a new job before sleeping: decode runs a few
-// hundred short jobs per token, and a futex wake-up per job would cost more than the job.
-constexpr int kSpinIterations = 20000;
+// Workers spin this long for a new job before sleeping: decode runs a few hundred short
+// jobs per token, and a futex wake-up per job costs more than the job. 20000 bare loads
+// (~10 µs) was too short: a 2-thread SmolLM2 decode spent ~12 % of its time in the
+// scheduler (futex sleeps and wake-ups between regions) and ran slower than 1 thread.
+constexpr std::chrono::microseconds kSpinTime{500};
+constexpr int kSpinIterations = 20000;  // run()'s wait for the workers (it also ends in a wait)
+
+// After this long a spinning worker yields between checks, so that on an oversubscribed
+// machine (CI, many daemons on 2 cores) it hands its core to whoever can run.
+constexpr std::chrono::microseconds kBusySpinTime{50};
+
+// Spins (with PAUSE, kind to a sibling hyper-thread) until done() or kSpinTime has passed.
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      _mm_pause();
+    }
+    const auto spent = std::chrono::steady_clock::now() - start;
+    if (spent >= kSpinTime) return done();
+    if (spent >= kBusySpinTime) std::this_thread::yield();
+  }
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -62,9 +88,7 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    int spin = 0;
-    while (generation_.load(std::memory_order_acquire) == seen && spin < kSpinIterations) ++spin;
-    if (generation_.load(std::memory_order_acquire) == seen) {
+    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
     }
