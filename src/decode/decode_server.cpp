@@ -36,6 +36,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
   flags.add_int("reserve-ahead", &c.reserve_ahead_tokens, "KV reservation step in tokens beyond a request's length");
   flags.add_float("kv-timeout", &c.kv_timeout_s, "seconds an admitted request waits for its KV from prefill");
+  flags.add_float("idle-trim-s", &c.idle_trim_s,
+                  "seconds without a request after which free KV slabs and malloc's free pages go back to the "
+                  "system, so RSS follows the load, not its busiest moment (0 = never)");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks, "honour --test-step-delay-ms; never in production");
   flags.add_int("test-step-delay-ms", &c.test_step_delay_ms,
                 "with --enable-test-hooks: sleep this long after each decode step (long streams for routing tests)");
@@ -75,7 +78,8 @@ struct DecodeServer::Impl {
     DecodeSchedulerOptions so{.max_batch = config.max_batch,
                               .reserve_ahead_tokens = config.reserve_ahead_tokens,
                               .kv_wait_timeout_s = config.kv_timeout_s,
-                              .test_step_delay_ms = config.test_step_delay_ms};
+                              .test_step_delay_ms = config.test_step_delay_ms,
+                              .idle_trim_s = config.idle_trim_s};
     so.constraints = rt->constraints.get();
     if (!config.vault.address.empty()) {
       // A finished request's blocks past its prompt's last full block go to the vault, keyed

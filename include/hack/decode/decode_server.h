@@ -26,6 +26,7 @@ struct DecodeServerConfig {
   int max_batch = 64;
   int reserve_ahead_tokens = 64;
   float kv_timeout_s = 120;
+  float idle_trim_s = 1;           ///< idle this long: free KV slabs and malloc's free pages back to the system (0 = never)
   bool enable_test_hooks = false;  ///< honour --test-step-delay-ms
   int test_step_delay_ms = 0;
   float drain_timeout_s = 20;      ///< SIGTERM: seconds to finish running requests before exiting
