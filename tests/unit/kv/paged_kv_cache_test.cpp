@@ -325,10 +325,12 @@ TEST_CASE("forked sequences share full pages", "[kv][paged]") {
     for (int u = 0; u < shared_tokens; ++u)
       for (int l = 0; l < 2; ++l) reference->append(l, 3, u, 1, data.k_at(u), data.v_at(u));
     for (int l = 0; l < 2; ++l) reference->append(l, 3, t, 1, data.k_at(t - 1), data.v_at(t - 1));
+    // The new token's query is the stream's last one, as its K/V are (under hack, t is the
+    // stream's length: q_at(t) would read past it).
     for (int h = 0; h < 2; ++h) {
       const size_t off = static_cast<size_t>(h) * group * dim;
-      cache->attend(1, 2, h, t, 1, data.q_at(t) + off, row, a.data() + off, row, scale, scratch.data());
-      reference->attend(1, 3, h, t, 1, data.q_at(t) + off, row, b.data() + off, row, scale, scratch.data());
+      cache->attend(1, 2, h, t, 1, data.q_at(t - 1) + off, row, a.data() + off, row, scale, scratch.data());
+      reference->attend(1, 3, h, t, 1, data.q_at(t - 1) + off, row, b.data() + off, row, scale, scratch.data());
     }
     REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     cache->remove_sequence(1);
