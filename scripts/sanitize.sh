@@ -4,7 +4,9 @@
 # every library, daemon and test through hack_flags):
 #
 #   build-asan  ASan + UBSan (-fno-sanitize-recover: UB aborts), LSan on at every exit:
-#               every C++ unit test, and the e2e tests whose daemons run from build-asan/bin
+#               every C++ unit test, and the e2e tests openai_api, vault and migration (router,
+#               prefill, decode, vault daemons and a killed/stopped decode node), whose daemons
+#               run from build-asan/bin
 #               (ASAN_OPTIONS/UBSAN_OPTIONS/LSAN_OPTIONS reach them through tests/e2e/cluster.py's
 #               inherited environment).
 #   build-tsan  TSan: the tests that run our threads against each other — thread pool, decode
@@ -25,11 +27,17 @@
 #   unit_gguf_to_hf, unit_deploy_config  Python only (no C++ of ours runs, or only --help).
 #   e2e_compose                          containers from build/bin; not a sanitizer build.
 #   e2e_fidelity_smoke                   needs bench/ (HACK_BUILD_BENCH=OFF here).
-#   e2e_chaos, e2e_load_harness          timed load runs: 3-10x slower daemons change what they
-#                                        measure, and the Release suite runs them.
-#   e2e_tools_api, e2e_structured_output, e2e_local_cluster, unit_backend's golden/SmolLM2
-#   tests under TSan                     SmolLM2-135M forward passes: minutes under ASan/TSan for
-#                                        no thread or memory path hack-tiny does not take.
+#   e2e_chaos, e2e_load_harness          timed load runs (stall timeouts of 2 s, fixed request
+#                                        rates) sized for Release daemons; the Release suite runs them.
+#   e2e_tools_api, e2e_structured_output, e2e_local_cluster
+#                                        SmolLM2-135M forward passes, the slowest tests of the
+#                                        Release suite already (16-22 s), for no thread or memory
+#                                        path hack-tiny does not take.
+#   e2e_disaggregation_test under ASan   runs under TSan (its daemons too); under ASan its three
+#                                        greedy-vs-hack-run cases took 60-70 s each and found
+#                                        nothing the unit suite and the Python e2e tests miss.
+#   unit areas outside TSan's list       single-threaded code (kernels, tokenizer, grammar, ...):
+#                                        nothing for TSan to find; ASan runs them all.
 #
 # Measured on dev-2c (2 cores, shared; `nice -n 10`), cold build dirs and a cold ccache
 # (CCACHE_DIR=$(mktemp -d)), 2026-11-26 — see bench/RESULTS.md "Sanitizers":
@@ -81,7 +89,7 @@ if [ "${SAN_ASAN:-1}" != 0 ]; then
   configure build-asan "address,undefined"
   units=$(cd build-asan && ninja -t targets all | sed -n 's/^\(unit_[a-z]*\): phony$/\1/p' | sort -u)
   # shellcheck disable=SC2086
-  cmake --build build-asan -j "$JOBS" --target $units e2e_disaggregation_test "${DAEMONS[@]}"
+  cmake --build build-asan -j "$JOBS" --target $units "${DAEMONS[@]}"
   stamp "asan: tests"
   # detect_leaks: LSan at every exit; halt_on_error + abort_on_error: the first report ends the
   # process with SIGABRT (a daemon's failure is not mistaken for a clean exit status).
@@ -89,7 +97,7 @@ if [ "${SAN_ASAN:-1}" != 0 ]; then
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$REPORT_DIR/asan:log_exe_name=1"
   export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitizers/lsan.supp:print_suppressions=0"
   run_ctest build-asan asan -L unit -E '^unit_(gguf_to_hf|deploy_config)$'
-  run_ctest build-asan asan-e2e -R '^(e2e_disaggregation_test:.*|e2e_openai_api|e2e_vault|e2e_migration)$'
+  run_ctest build-asan asan-e2e -R '^(e2e_openai_api|e2e_vault|e2e_migration)$'
   unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 fi
 
