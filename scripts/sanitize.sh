@@ -39,9 +39,16 @@
 #   unit areas outside TSan's list       single-threaded code (kernels, tokenizer, grammar, ...):
 #                                        nothing for TSan to find; ASan runs them all.
 #
-# Measured on dev-2c (2 cores, shared; `nice -n 10`), cold build dirs and a cold ccache
-# (CCACHE_DIR=$(mktemp -d)), 2026-11-26 — see bench/RESULTS.md "Sanitizers":
-#   (filled in below by the measured run)
+# Measured on dev-2c (2 vCPUs shared with other engineers' builds, load average 4-9; `nice -n 10`,
+# JOBS=2), 2026-11-26 — details in bench/RESULTS.md "Sanitizers":
+#   cold build dirs + cold ccache (CCACHE_DIR=$(mktemp -d)), builds only:
+#     build-asan  1244 CPU-s, 2267 s wall    build-tsan  519 CPU-s, 470 s wall
+#   clean build dirs, warm ccache, the whole script: 792 s wall —
+#     asan build 98 s, unit tests 394 s (384 tests), e2e 63 s (3);
+#     tsan build 15 s, tests 222 s (175: unit areas + disaggregation + migration)
+#   so from cold: ~57 min wall on this loaded box; on an idle 2-core runner the builds'
+#   CPU (~1760 s / 2 cores ≈ 15 min) plus the tests (9-11 min) ≈ 24-26 min, over the ~20 min
+#   budget — -gline-tables-only instead of -g is the next cut to measure.
 #
 #   JOBS        parallel build jobs and ctest jobs (default nproc)
 #   SAN_ASAN=0 / SAN_TSAN=0  skip one of the two builds
