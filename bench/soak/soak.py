@@ -5,7 +5,8 @@ streams cancelled by the client after a few chunks, non-stream requests whose co
 dropped mid-way, n > 1, stop strings, chat and completions. Every --sample-s seconds, for
 every daemon: RSS, open file descriptors and threads (/proc/<pid>), and each node's KV
 accounting (/health kv_sequences, kv_bytes_used). Reported: RSS slope per daemon after the
-warm-up (least squares, KiB/min), fd and thread counts first vs last, p50/p99 latency per
+warm-up (least squares, KiB/min; also of each latency window's smallest sample, the floor a
+leak would lift while idle trims make RSS swing with the load), fd and thread counts first vs last, p50/p99 latency per
 time window, KV after the load (must be zero), errors by cause.
 
     python3 bench/soak/soak.py --minutes 30 --out soak.json
@@ -197,7 +198,16 @@ def main():
         for name, pts in samples.items():
             after = [(t, s["rss_kib"]) for t, s in pts if t >= warm]
             half = [(t, y) for t, y in after if t >= (warm + pts[-1][0]) / 2]
+            # The floor: each window's smallest sample. A decode node gives memory back when idle
+            # (--idle-trim-s), so its RSS swings with the load; a leak would lift the floor.
+            floors = collections.defaultdict(list)
+            for t, y in after:
+                floors[int((t - warm) // args.window_s)].append((t, y))
+            floor = [min(v, key=lambda p: p[1]) for _, v in sorted(floors.items())]
             per_daemon[name] = {
+                "rss_kib_min_max_after_warmup": (min(y for _, y in after), max(y for _, y in after)) if after else None,
+                "rss_floor_kib_per_window": [y for _, y in floor],
+                "rss_floor_slope_kib_per_min": round(slope_per_min(floor), 1) if slope_per_min(floor) is not None else None,
                 "rss_slope_second_half_kib_per_min": round(slope_per_min(half), 1) if slope_per_min(half) is not None else None,
                 "rss_kib_series": [(round(t), s["rss_kib"]) for t, s in pts][::6],
                 "rss_kib_first_after_warmup": after[0][1] if after else None,

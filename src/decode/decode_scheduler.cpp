@@ -7,6 +7,10 @@
 
 #include <spdlog/spdlog.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "hack/decode/kv_recorder.h"
 
 namespace hack::server {
@@ -152,20 +156,26 @@ void DecodeScheduler::run() {
       return requests_.at(id)->state == Request::State::running;
     });
     const bool receiving = !running_.empty() && !decodable;
+    bool idle_long = false;
     {
       std::unique_lock lock(mutex_);
       if (!decodable && inbox_.empty() && !stopping_) {
         // Nothing to step: sleep until a command arrives (or, with KV outstanding, until
-        // the next timeout check).
+        // the next timeout check; or, after requests, until the node has been idle long
+        // enough to trim).
+        const auto woken = [&] { return !inbox_.empty() || stopping_; };
         if (receiving) {
           wake_.wait_for(lock, std::chrono::milliseconds(100));
+        } else if (trim_due_ && requests_.empty() && options_.idle_trim_s > 0) {
+          idle_long = !wake_.wait_for(lock, std::chrono::duration<double>(options_.idle_trim_s), woken);
         } else {
-          wake_.wait(lock, [&] { return !inbox_.empty() || stopping_; });
+          wake_.wait(lock, woken);
         }
       }
       if (stopping_) break;
       commands.swap(inbox_);
     }
+    if (idle_long) trim_idle_memory();
     for (Command& c : commands) handle(c);
     commands.clear();
     expire_kv_waits();
@@ -192,6 +202,7 @@ void DecodeScheduler::handle(Command& command) {
           r->on_event = std::move(c.on_event);
           requests_.emplace(id, std::move(r));
           waiting_.push_back(id);
+          trim_due_ = true;
         } else if constexpr (std::is_same_v<T, Command::Cancel>) {
           if (requests_.contains(c.id)) {
             spdlog::debug("request {}: cancelled", c.id);
@@ -492,6 +503,20 @@ void DecodeScheduler::erase(uint64_t id) {
   idle_.notify_all();
 }
 
+// Engine thread, no request open: the page pools' free slabs and the allocator's free pages
+// (all threads' arenas: KV messages are allocated on the UCX thread, requests on HTTP threads)
+// go back to the system. A few milliseconds, off the decode path.
+void DecodeScheduler::trim_idle_memory() {
+  const size_t kv_bytes = kv_.release_free_slabs();
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+  trim_due_ = false;
+  ++idle_trims_;
+  spdlog::debug("decode scheduler: idle, {} KiB of free KV slabs given back", kv_bytes / 1024);
+  publish_stats();
+}
+
 void DecodeScheduler::publish_stats() {
   DecodeSchedulerStats s;
   for (const auto& [id, r] : requests_) {
@@ -514,6 +539,7 @@ void DecodeScheduler::publish_stats() {
   s.steps = steps_;
   s.finished = finished_;
   s.failed = failed_;
+  s.idle_trims = idle_trims_;
   std::lock_guard lock(mutex_);
   stats_ = s;
 }

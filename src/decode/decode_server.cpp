@@ -40,6 +40,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_float("ready-probe-timeout", &c.ready_probe_timeout_s,
                   "seconds a self-probe of the UCX listener waits for its message (repeated until one passes; "
                   "/health reports ready=false until then)");
+  flags.add_float("idle-trim-s", &c.idle_trim_s,
+                  "seconds without a request after which free KV slabs and malloc's free pages go back to the "
+                  "system, so RSS follows the load, not its busiest moment (0 = never)");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks, "honour --test-step-delay-ms; never in production");
   flags.add_int("test-step-delay-ms", &c.test_step_delay_ms,
                 "with --enable-test-hooks: sleep this long after each decode step (long streams for routing tests)");
@@ -84,7 +87,8 @@ struct DecodeServer::Impl {
     DecodeSchedulerOptions so{.max_batch = config.max_batch,
                               .reserve_ahead_tokens = config.reserve_ahead_tokens,
                               .kv_wait_timeout_s = config.kv_timeout_s,
-                              .test_step_delay_ms = config.test_step_delay_ms};
+                              .test_step_delay_ms = config.test_step_delay_ms,
+                              .idle_trim_s = config.idle_trim_s};
     so.constraints = rt->constraints.get();
     if (!config.vault.address.empty()) {
       // A finished request's blocks past its prompt's last full block go to the vault, keyed

@@ -1,5 +1,8 @@
 #include "hack/kv/page_pool.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <new>
 
@@ -33,9 +36,11 @@ PageRef PagePool::allocate() {
     // Hand out the slab's pages in address order.
     for (size_t i = pages_per_slab_; i-- > 0;) free_.push_back(first + static_cast<uint32_t>(i));
     slabs_.push_back(std::move(slab));
+    slab_released_.push_back(0);
   }
   const uint32_t id = free_.back();
   free_.pop_back();
+  slab_released_[id / pages_per_slab_] = 0;
   refs_[id] = 1;
   ++in_use_;
   return {page_data_[id], id};
@@ -70,6 +75,25 @@ size_t PagePool::pages_in_use() const {
 size_t PagePool::bytes_reserved() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return slabs_.size() * pages_per_slab_ * page_bytes_;
+}
+
+size_t PagePool::release_free_slabs() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t os_page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t slab_bytes = page_bytes_ * pages_per_slab_;
+  size_t released = 0;
+  for (size_t s = 0; s < slabs_.size(); ++s) {
+    if (slab_released_[s]) continue;
+    const auto first = refs_.begin() + static_cast<std::ptrdiff_t>(s * pages_per_slab_);
+    if (std::any_of(first, first + static_cast<std::ptrdiff_t>(pages_per_slab_), [](int r) { return r > 0; })) continue;
+    // Only whole OS pages inside the slab: the allocator's bookkeeping just before it stays.
+    const auto begin = reinterpret_cast<uintptr_t>(slabs_[s].get());
+    const uintptr_t from = (begin + os_page - 1) / os_page * os_page;
+    const uintptr_t to = (begin + slab_bytes) / os_page * os_page;
+    if (to > from && ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED) == 0) released += to - from;
+    slab_released_[s] = 1;
+  }
+  return released;
 }
 
 bool MemoryBudget::try_reserve(size_t bytes) {

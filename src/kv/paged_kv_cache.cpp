@@ -1022,6 +1022,15 @@ KvCacheStats PagedKvCache::stats() const {
   return st;
 }
 
+size_t PagedKvCache::release_free_slabs() {
+  size_t released = 0;
+  for (const auto& p : block_pools_) released += p->release_free_slabs();
+  for (PagePool* p : {open_pool_.get(), sink_pool_.get()}) {
+    if (p != nullptr) released += p->release_free_slabs();
+  }
+  return released;
+}
+
 std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options) {
   return std::make_unique<PagedKvCache>(shape, options);
 }

@@ -208,6 +208,9 @@ class Cluster:
             f.write(self.secret + "\n")
         self.env = dict(os.environ)
         self.env.setdefault("UCX_TLS", "tcp")
+        # Loopback only: the e2e suite runs beside e2e_compose, whose podman bridge comes and
+        # goes; a daemon that took it as a UCX device lost every connection made over it.
+        self.env.setdefault("UCX_NET_DEVICES", "lo")
         self.prefill, self.decode, self.routers = [], [], []
         self.vault = None
         self._vault_flags = list(vault_flags)

@@ -17,6 +17,9 @@
 ///     tokens, and it continues. Requests still receiving KV are never preempted.
 ///   - A request whose prompt + max_tokens cannot fit in the whole budget is rejected at
 ///     submission, so some request can always make progress.
+///   - Idle trim: once no request has been open for `idle_trim_s`, the free slabs of the page
+///     pools and malloc's free pages go back to the system, so RSS follows the load instead of
+///     keeping the high-water mark of the busiest burst (pools and allocator arenas only grow).
 ///   Recomputed KV is computed by prefill, not by the decode steps that first produced it,
 ///   so after a preemption the rounding of later tokens may differ from an unpreempted run
 ///   (as in vLLM's recompute mode); greedy equality with hack-run holds without preemption.
@@ -61,6 +64,7 @@ struct DecodeSchedulerOptions {
   int reserve_ahead_tokens = 64;    ///< reservation step beyond the current length
   double kv_wait_timeout_s = 120;   ///< an admitted request waiting for remote KV fails after this
   int test_step_delay_ms = 0;       ///< tests: sleep this long after each decode step (long streams on a tiny model)
+  double idle_trim_s = 1.0;         ///< idle this long after requests: free memory back to the system (0 = never)
   /// > 0: keep each sequence's exact KV from its prompt's last full `record_block_tokens`
   /// block on (decode/kv_recorder.h) and hand it to on_finished_kv when the request finishes
   /// (the decode node stores the conversation's new blocks in the vault). Policy: finished
@@ -120,6 +124,7 @@ struct DecodeSchedulerStats {
   uint64_t steps = 0;
   uint64_t finished = 0;
   uint64_t failed = 0;
+  uint64_t idle_trims = 0;       ///< times the idle node gave free memory back (idle_trim_s)
 };
 
 class DecodeScheduler {
@@ -170,6 +175,7 @@ class DecodeScheduler {
   void start_decoding(Request& r, const SampleResult& first);
   int64_t reserve_target(const Request& r, int length) const;
   void publish_stats();
+  void trim_idle_memory();
 
   Engine& engine_;
   PagedKvCache& kv_;
@@ -191,7 +197,8 @@ class DecodeScheduler {
   std::deque<uint64_t> waiting_;
   std::vector<uint64_t> running_;  // admission order
   int next_seq_id_ = 1;
-  uint64_t preemptions_ = 0, steps_ = 0, finished_ = 0, failed_ = 0;
+  uint64_t preemptions_ = 0, steps_ = 0, finished_ = 0, failed_ = 0, idle_trims_ = 0;
+  bool trim_due_ = false;  // a request arrived since the last idle trim
   std::vector<Request*> step_batch_;  // reused by step(): no allocation once warm
   std::vector<int> batch_ids_, batch_tokens_;
   std::vector<float> logits_;

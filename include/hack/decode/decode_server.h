@@ -30,6 +30,7 @@ struct DecodeServerConfig {
   /// a failed probe is repeated (after as long again) until one passes. /health says
   /// "ready": false, and routers send nothing, until then.
   float ready_probe_timeout_s = 2;
+  float idle_trim_s = 1;           ///< idle this long: free KV slabs and malloc's free pages back to the system (0 = never)
   bool enable_test_hooks = false;  ///< honour --test-step-delay-ms
   int test_step_delay_ms = 0;
   float drain_timeout_s = 20;      ///< SIGTERM: seconds to finish running requests before exiting

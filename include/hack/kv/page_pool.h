@@ -18,8 +18,13 @@ struct PageRef {
   explicit operator bool() const { return data != nullptr; }
 };
 
-/// Hands out pages of one size from slabs that are never moved or returned to the system
-/// while the pool lives, so a PageRef stays valid until released. Thread-safe.
+/// Hands out pages of one size from slabs that are never moved or unmapped while the pool
+/// lives, so a PageRef stays valid until released. Thread-safe.
+///
+/// Memory policy: slabs grow with the most pages ever in use at once and are kept; a slab
+/// none of whose pages is in use can give its memory back (release_free_slabs: the OS drops
+/// the physical pages, the addresses stay), so a node's RSS follows its KV in use rather than
+/// the high-water mark of its busiest moment (decode nodes trim when idle).
 class PagePool {
  public:
   /// pages_per_slab = 0 picks slabs of about 4 MiB.
@@ -40,6 +45,10 @@ class PagePool {
   size_t bytes_in_use() const { return pages_in_use() * page_bytes_; }
   /// Bytes taken from the system (in-use and free pages).
   size_t bytes_reserved() const;
+  /// Gives the physical memory of every slab with no page in use back to the system
+  /// (madvise MADV_DONTNEED; the slab stays mapped, its pages read as zero once touched again).
+  /// Returns the bytes given back by this call (slabs already given back count once).
+  size_t release_free_slabs();
 
  private:
   struct AlignedFree {
@@ -52,6 +61,7 @@ class PagePool {
   std::vector<std::byte*> page_data_;  // [id]
   std::vector<int> refs_;              // [id]
   std::vector<uint32_t> free_;         // ids
+  std::vector<uint8_t> slab_released_; // [slab]: 1 = memory given back, no page allocated since
   size_t in_use_ = 0;
 };
 

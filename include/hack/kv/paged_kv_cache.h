@@ -147,6 +147,9 @@ class PagedKvCache final : public KvCache {
               float* out, size_t out_row_stride, float scale, float* scratch) const;
   size_t attend_scratch_floats(int n_tokens, int context_tokens = 0) const;
   KvCacheStats stats() const override;
+  /// Gives back to the system the memory of every page-pool slab that holds no page now
+  /// (PagePool::release_free_slabs); returns the bytes given back. For an idle owner.
+  size_t release_free_slabs();
   /// Between these, appends quantize nothing (options().exact_prefill); end_prefill closes
   /// the blocks that left the recent window, as close_pending_blocks does.
   void begin_prefill(int seq_id) override;

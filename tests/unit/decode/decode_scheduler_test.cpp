@@ -155,6 +155,45 @@ TEST_CASE("continuous batching gives each request the single-sequence result", "
   }
 }
 
+TEST_CASE("an idle node trims its memory once, and requests after the trim are unchanged", "[server][scheduler]") {
+  for (KvMode mode : {KvMode::fp, KvMode::hack}) {
+    INFO("kv " << kv_mode_name(mode));
+    Node node(kv_options(mode));
+    Collector events;
+    DecodeScheduler scheduler(node.engine, *node.kv, DecodeSchedulerOptions{.idle_trim_s = 0.05});
+    const auto wait_trims = [&](uint64_t n) {
+      for (int i = 0; i < 200 && scheduler.stats().idle_trims < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return scheduler.stats().idle_trims;
+    };
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(scheduler.stats().idle_trims == 0);  // nothing to give back before any request
+    for (uint64_t id = 1; id <= 2; ++id) {
+      DecodeRequest r{.id = id, .prompt = prompt_of(200, static_cast<int>(id)), .params = greedy(20),
+                      .eos_ids = tiny_model().config.eos_token_ids, .remote_kv = false};
+      REQUIRE(scheduler.submit(r, events.sink(id)).is_ok());
+      REQUIRE(events.wait_done(id, 60));
+      REQUIRE(wait_trims(id) == id);  // one trim after each request, once idle
+      CHECK(node.kv->stats().bytes_used == 0);
+      // The trimmed pages were handed out again: the stream is still the reference.
+      CHECK(events.get(id).tokens == reference(kv_options(mode), prompt_of(200, static_cast<int>(id)), greedy(20)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(scheduler.stats().idle_trims == 2);  // idle without requests: no further trims
+  }
+}
+
+TEST_CASE("idle_trim_s = 0 never trims", "[server][scheduler]") {
+  Node node(kv_options(KvMode::hack));
+  Collector events;
+  DecodeScheduler scheduler(node.engine, *node.kv, DecodeSchedulerOptions{.idle_trim_s = 0});
+  DecodeRequest r{.id = 1, .prompt = prompt_of(40, 1), .params = greedy(5), .eos_ids = tiny_model().config.eos_token_ids,
+                  .remote_kv = false};
+  REQUIRE(scheduler.submit(r, events.sink(1)).is_ok());
+  REQUIRE(events.wait_done(1, 60));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(scheduler.stats().idle_trims == 0);
+}
+
 TEST_CASE("remote KV imported between steps continues exactly where prefill stopped", "[server][scheduler]") {
   for (KvMode mode : {KvMode::fp, KvMode::hack}) {
     INFO("kv " << kv_mode_name(mode));

@@ -2,6 +2,9 @@
 // shared prefixes and reference counts, byte accounting, page transfer and concurrent use.
 // The step's attention plan is tested in attention_plan_test.cpp.
 #include <catch2/catch.hpp>
+#include <sys/mman.h>
+#include <unistd.h>
+
 
 #include <atomic>
 #include <cmath>
@@ -237,6 +240,58 @@ TEST_CASE("page pool reference counts and reuse", "[kv][paged]") {
   REQUIRE(pool.pages_in_use() == 0);
 }
 
+// Pages of [data, data + bytes) the OS holds in memory, counting whole OS pages inside the range.
+size_t resident_os_pages(const std::byte* data, size_t bytes) {
+  const size_t os_page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const auto from = (reinterpret_cast<uintptr_t>(data) + os_page - 1) / os_page * os_page;
+  const auto to = (reinterpret_cast<uintptr_t>(data) + bytes) / os_page * os_page;
+  if (to <= from) return 0;
+  std::vector<unsigned char> in_core((to - from) / os_page);
+  REQUIRE(::mincore(reinterpret_cast<void*>(from), to - from, in_core.data()) == 0);
+  size_t n = 0;
+  for (unsigned char c : in_core) n += c & 1;
+  return n;
+}
+
+TEST_CASE("page pool gives the memory of free slabs back and keeps their pages usable", "[kv][paged]") {
+  // 16 pages of 4 KiB per slab, two slabs; one page of the first stays in use.
+  const size_t page = 4096, per_slab = 16;
+  PagePool pool(page, per_slab);
+  std::vector<PageRef> pages;
+  for (size_t i = 0; i < 2 * per_slab; ++i) {
+    pages.push_back(pool.allocate());
+    std::memset(pages.back().data, 0xab, page);
+  }
+  REQUIRE(pool.bytes_reserved() == 2 * per_slab * page);
+  const std::byte* slab0 = pages[0].data;  // pages of a slab are contiguous, in id order
+  const std::byte* slab1 = pages[per_slab].data;
+  REQUIRE(resident_os_pages(slab1, per_slab * page) >= per_slab - 1);
+  REQUIRE(pool.release_free_slabs() == 0);  // every slab has pages in use
+  for (size_t i = 1; i < pages.size(); ++i) pool.release(pages[i]);
+  const size_t released = pool.release_free_slabs();
+  CHECK(released >= (per_slab - 1) * page);  // slab 1's interior OS pages; slab 0 holds a page
+  CHECK(released <= per_slab * page);
+  CHECK(resident_os_pages(slab1, per_slab * page) == 0);
+  CHECK(resident_os_pages(slab0, per_slab * page) >= per_slab - 1);  // untouched: a page is in use
+  CHECK(std::to_integer<int>(pages[0].data[page - 1]) == 0xab);
+  CHECK(pool.release_free_slabs() == 0);  // given back once
+  pool.release(pages[0]);
+  CHECK(pool.release_free_slabs() >= (per_slab - 1) * page);
+  CHECK(pool.bytes_reserved() == 2 * per_slab * page);  // the addresses stay the pool's
+  // Every page is handed out again and holds what is written to it.
+  std::vector<PageRef> again;
+  for (size_t i = 0; i < 2 * per_slab; ++i) {
+    again.push_back(pool.allocate());
+    std::memset(again.back().data, static_cast<int>(i), page);
+  }
+  for (size_t i = 0; i < again.size(); ++i) {
+    CHECK(std::to_integer<size_t>(again[i].data[0]) == i);
+    CHECK(std::to_integer<size_t>(again[i].data[page - 1]) == i);
+  }
+  CHECK(pool.release_free_slabs() == 0);  // both slabs in use again
+  for (PageRef p : again) pool.release(p);
+}
+
 TEST_CASE("forked sequences share full pages", "[kv][paged]") {
   for (KvMode mode : {KvMode::hack, KvMode::fp}) {
     const int dim = 64, group = 2, block = 16;
@@ -270,10 +325,12 @@ TEST_CASE("forked sequences share full pages", "[kv][paged]") {
     for (int u = 0; u < shared_tokens; ++u)
       for (int l = 0; l < 2; ++l) reference->append(l, 3, u, 1, data.k_at(u), data.v_at(u));
     for (int l = 0; l < 2; ++l) reference->append(l, 3, t, 1, data.k_at(t - 1), data.v_at(t - 1));
+    // The new token's query is the stream's last one, as its K/V are (under hack, t is the
+    // stream's length: q_at(t) would read past it).
     for (int h = 0; h < 2; ++h) {
       const size_t off = static_cast<size_t>(h) * group * dim;
-      cache->attend(1, 2, h, t, 1, data.q_at(t) + off, row, a.data() + off, row, scale, scratch.data());
-      reference->attend(1, 3, h, t, 1, data.q_at(t) + off, row, b.data() + off, row, scale, scratch.data());
+      cache->attend(1, 2, h, t, 1, data.q_at(t - 1) + off, row, a.data() + off, row, scale, scratch.data());
+      reference->attend(1, 3, h, t, 1, data.q_at(t - 1) + off, row, b.data() + off, row, scale, scratch.data());
     }
     REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     cache->remove_sequence(1);
