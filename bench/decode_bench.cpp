@@ -67,9 +67,7 @@ int main(int argc, char** argv) {
     hack::Model model = model_dir.empty()
                             ? hack::Model::synthetic(hack::synthetic_model_config(synthetic), 42, hack::parse_dtype(dtype_name))
                             : hack::Model::load(model_dir);
-    HACK_CHECK(weights_memory == "huge-pages" || weights_memory == "mmap",
-               "--weights-memory must be huge-pages or mmap, got '{}'", weights_memory);
-    if (weights_memory == "huge-pages") model.place_in_huge_pages();
+    if (hack::Model::wants_huge_pages(weights_memory)) model.place_in_huge_pages();
     const hack::EngineOptions engine_options{.matmul_precision = hack::cpu::parse_matmul_precision(matmul_precision)};
     const double load_s = seconds_since(t_load);
     const std::string name = model_dir.empty() ? synthetic : model_dir;

@@ -16,7 +16,7 @@ namespace hack::cpu::detail {
 
 namespace {
 
-constexpr size_t kPanel = 32;  // output columns per packed panel (two vectors of 16)
+constexpr size_t kPanel = kGemmBf16PanelCols;
 constexpr int kMaxMr = 12;     // rows of A per micro-tile: 24 accumulators + 2 panel vectors + 1 broadcast
 
 // pack[kp * 32 + j] = (B[n0 + j][2kp], B[n0 + j][2kp + 1]); rows past n_rows and the odd
@@ -70,8 +70,6 @@ void tile_rows(const uint32_t* a, size_t lda_pairs, size_t pairs, const uint32_t
 }  // namespace
 
 size_t gemm_bf16_pack_words(size_t k) { return (k + 1) / 2 * kPanel; }
-
-size_t gemm_bf16_panel_cols() { return kPanel; }
 
 void f32_to_bf16_pairs_avx512(const float* x, size_t rows, size_t k, uint16_t* out) {
   const size_t ld = (k + 1) / 2 * 2;

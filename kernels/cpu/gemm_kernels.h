@@ -17,7 +17,7 @@ void f32_to_bf16_pairs_avx512(const float* x, size_t rows, size_t k, uint16_t* o
 void gemm_bf16_avx512(const uint16_t* a, size_t m, size_t k, const uint16_t* b, size_t n0, size_t n1, float* c,
                       size_t ldc, uint32_t* pack);
 size_t gemm_bf16_pack_words(size_t k);
-/// Columns per packed panel: split [n0, n1) between threads at multiples of this.
-size_t gemm_bf16_panel_cols();
+/// Columns per packed panel (two vectors of 16): split [n0, n1) between threads at multiples of this.
+inline constexpr size_t kGemmBf16PanelCols = 32;
 
 }  // namespace hack::cpu::detail

@@ -76,7 +76,7 @@ void gemm_bf16(const float* x, size_t rows, const Tensor& w, float* y, ThreadPoo
     detail::f32_to_bf16_pairs_avx512(x + r0 * in, r1 - r0, in, ws.x_bf16.data() + r0 * ((in + 1) / 2 * 2));
   });
   ws.packs.resize(static_cast<size_t>(pool.size()));
-  const size_t panel = detail::gemm_bf16_panel_cols();
+  const size_t panel = detail::kGemmBf16PanelCols;
   const size_t panels = (out + panel - 1) / panel;
   pool.run([&](int thread, int threads) {
     size_t p0, p1;

@@ -195,6 +195,12 @@ size_t Model::place_in_huge_pages() {
   return total;
 }
 
+bool Model::wants_huge_pages(std::string_view weights_memory) {
+  HACK_CHECK(weights_memory == "huge-pages" || weights_memory == "mmap",
+             "--weights-memory must be huge-pages or mmap, got '{}'", weights_memory);
+  return weights_memory == "huge-pages";
+}
+
 // xxh3 over every weight tensor (name order fixed by the struct), with its shape and dtype.
 // The weights are the operator's, not an adversary's, so a fast hash suffices; the prefix
 // cache's chain keys themselves are SHA-256.

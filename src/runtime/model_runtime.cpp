@@ -125,9 +125,7 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
   HACK_CHECK(rt->device == DeviceKind::cpu || !parts.cpu_only,
              "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)", c.device);
   load_model(c, *rt);
-  HACK_CHECK(c.weights_memory == "huge-pages" || c.weights_memory == "mmap",
-             "--weights-memory must be huge-pages or mmap, got '{}'", c.weights_memory);
-  if (rt->device == DeviceKind::cpu && c.weights_memory == "huge-pages") rt->model.place_in_huge_pages();
+  if (Model::wants_huge_pages(c.weights_memory) && rt->device == DeviceKind::cpu) rt->model.place_in_huge_pages();
   (void)cpu::parse_matmul_precision(c.matmul_precision);  // refused before a node binds its ports
   rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
   rt->kv_options = kv_options_from(c, rt->model.config.num_layers);

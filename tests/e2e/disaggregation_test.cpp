@@ -70,11 +70,15 @@ struct Node {
   NodeAddress address;
 };
 
+// A node's UCX environment: the test's transports, loopback only (no container bridge that
+// comes and goes while other tests run).
+std::vector<std::string> node_env(const std::string& tls) { return {"UCX_TLS=" + tls, "UCX_NET_DEVICES=lo"}; }
+
 Node start_decode(const std::string& kv, const std::string& tls, const std::vector<std::string>& extra = {}) {
   Node n;
   n.process = std::make_unique<test::DaemonProcess>(
       concat(concat({bin("hack-decode")}, model_flags(kv)), concat({"--port", "0", "--ucx-port", "0"}, extra)),
-      std::vector<std::string>{"UCX_TLS=" + tls, "UCX_NET_DEVICES=lo"});
+      node_env(tls));
   n.address = NodeAddress{"decode", "127.0.0.1", static_cast<uint16_t>(n.process->ready_int("http")),
                           n.process->ready_word("ucx")};
   return n;
@@ -84,7 +88,7 @@ Node start_prefill(const std::string& kv, const std::string& tls, const std::vec
   Node n;
   n.process = std::make_unique<test::DaemonProcess>(
       concat(concat({bin("hack-prefill")}, model_flags(kv)), concat({"--port", "0"}, extra)),
-      std::vector<std::string>{"UCX_TLS=" + tls, "UCX_NET_DEVICES=lo"});
+      node_env(tls));
   n.address = NodeAddress{"prefill", "127.0.0.1", static_cast<uint16_t>(n.process->ready_int("http")), ""};
   return n;
 }

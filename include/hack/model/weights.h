@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "hack/core/tensor.h"
@@ -63,6 +64,9 @@ struct Model {
   /// huge pages (bench/RESULTS.md, issue 16). Costs a second copy of the weights while the
   /// checkpoint's pages stay in the page cache (reclaimable). Returns the bytes copied.
   size_t place_in_huge_pages();
+  /// Parses the --weights-memory flag: true for "huge-pages" (place_in_huge_pages), false for
+  /// "mmap" (the checkpoint's mapping); anything else is an error naming the flag.
+  static bool wants_huge_pages(std::string_view weights_memory);
 };
 
 /// A digest of a model's weights (xxh3 over every tensor's shape, dtype and bytes; hex):
