@@ -176,22 +176,22 @@ size_t Model::place_in_huge_pages() {
   for (LayerWeights& l : weights.layers)
     for (Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(t);
   constexpr size_t kAlign = 64;
-  std::unordered_map<const void*, size_t> offsets;  // a tied matrix is copied once
+  struct Place {
+    size_t offset, bytes;
+  };
+  std::unordered_map<const void*, Place> places;  // by source: a tied matrix is copied once
   size_t total = 0;
   for (const Tensor* t : matrices) {
-    if (!t->defined() || offsets.contains(t->raw())) continue;
-    offsets.emplace(t->raw(), total);
+    if (!t->defined() || places.contains(t->raw())) continue;
+    places.emplace(t->raw(), Place{total, t->bytes()});
     total += (t->bytes() + kAlign - 1) / kAlign * kAlign;
   }
   if (total == 0) return 0;
   auto arena = std::make_shared<const HugePageArena>(total);
-  std::unordered_set<const void*> copied;
-  for (Tensor* t : matrices) {
-    if (!t->defined()) continue;
-    char* dst = arena->data() + offsets.at(t->raw());
-    if (copied.insert(t->raw()).second) std::memcpy(dst, t->raw(), t->bytes());
-    *t = Tensor::view(t->dtype(), t->shape(), t->ndim(), dst, arena);
-  }
+  for (const auto& [src, place] : places) std::memcpy(arena->data() + place.offset, src, place.bytes);
+  for (Tensor* t : matrices)
+    if (t->defined())
+      *t = Tensor::view(t->dtype(), t->shape(), t->ndim(), arena->data() + places.at(t->raw()).offset, arena);
   return total;
 }
 
