@@ -182,14 +182,16 @@ class LlamaCpp:
         assert n >= 0
         return list(buf[:n])
 
-    def new_context(self, threads: int, flash_attn: bool, n_ctx: int):
+    def new_context(self, threads: int, flash_attn: bool, n_ctx: int, n_seqs: int = 1):
+        """n_ctx: cells per sequence; with n_seqs > 1 each sequence gets its own n_ctx cells."""
         L = self.L
         self.free_context()
         cp = L.llama_context_default_params()
-        cp.n_ctx = n_ctx
+        cp.n_ctx = n_ctx * n_seqs
         cp.n_batch = 2048  # llama.cpp's defaults: the whole prompt in one llama_decode,
         cp.n_ubatch = 512  # computed in ubatches of 512
-        cp.n_seq_max = 1
+        cp.n_seq_max = n_seqs
+        cp.kv_unified = False  # a KV stream per sequence, as llama-batched-bench's default
         cp.n_threads = threads
         cp.n_threads_batch = threads
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -211,8 +213,8 @@ class LlamaCpp:
         rc = self.L.llama_decode(self.ctx, self.L.llama_batch_get_one(arr, len(ids)))
         assert rc == 0, f"llama_decode returned {rc}"
 
-    def _argmax(self):
-        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+    def _argmax(self, i=-1):
+        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
         return int(logits.argmax())
 
     def generate(self, prompt, max_tokens):
@@ -234,6 +236,47 @@ class LlamaCpp:
                      "decode_tok_s": (len(ids) - 1) / decode_s if len(ids) > 1 else 0.0}
 
 
+    def generate_batch(self, prompt, n_seqs, max_tokens):
+        """n_seqs greedy sequences of the same prompt decoded together through llama.cpp's batch
+        API (one llama_batch of n_seqs tokens per step, logits for each); the prompts are
+        prefilled one sequence at a time. Timing as decode_bench's: one untimed warm-up step,
+        then max_tokens - 1 steps; decode tok/s = n_seqs * steps / their time."""
+        L = self.L
+        L.llama_memory_clear(self.mem, True)
+        batch = L.llama_batch_init(max(len(prompt), n_seqs), 0, 1)
+        try:
+            def run(entries):  # [(token, position, sequence, wants logits)]
+                batch.n_tokens = len(entries)
+                for i, (tok, pos, seq, out) in enumerate(entries):
+                    batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+                    batch.seq_id[i][0], batch.logits[i] = seq, 1 if out else 0
+                rc = L.llama_decode(self.ctx, batch)
+                assert rc == 0, f"llama_decode returned {rc}"
+
+            t0 = time.perf_counter()
+            nxt = []
+            for s in range(n_seqs):
+                run([(tok, pos, s, pos == len(prompt) - 1) for pos, tok in enumerate(prompt)])
+                nxt.append(self._argmax())
+            prefill_s = time.perf_counter() - t0
+
+            def step(k):
+                run([(nxt[s], len(prompt) + k, s, True) for s in range(n_seqs)])
+                for s in range(n_seqs):
+                    nxt[s] = self._argmax(s)
+
+            step(0)  # warm-up
+            t1 = time.perf_counter()
+            for k in range(1, max_tokens):
+                step(k)
+            decode_s = time.perf_counter() - t1
+        finally:
+            L.llama_batch_free(batch)
+        steps = max_tokens - 1
+        return {"prefill_s": prefill_s, "ttft_s": prefill_s, "decode_s": decode_s,
+                "prefill_tok_s": n_seqs * len(prompt) / prefill_s, "decode_tok_s": n_seqs * steps / decode_s}
+
+
 # ---------------------------------------------------------------- hack-run
 
 def hack_run(hack_bin: Path, model_dir: Path, prompt, max_tokens, threads, kv):
@@ -249,6 +292,22 @@ def hack_run(hack_bin: Path, model_dir: Path, prompt, max_tokens, threads, kv):
     out = json.loads(p.stdout)
     assert out["prompt_ids"] == list(prompt)
     return out["ids"], out["timing"]
+
+
+def hack_batch(decode_bench: Path, model_dir: Path, prompt_tokens, n_seqs, max_tokens, threads, kv):
+    """n_seqs sequences decoded together by bench/decode_bench (the engine hack-run and the
+    decode node run; random prompt ids of the same length, fixed next tokens: speed only)."""
+    mode, _, precision = kv.partition("+")
+    cmd = [str(decode_bench), "--model", str(model_dir), "--threads", str(threads), "--batch", str(n_seqs),
+           "--prompt-tokens", str(prompt_tokens), "--decode-tokens", str(max_tokens), "--json", "--kv", mode,
+           "--kv-dtype", "bf16", "--matmul-precision", precision or "fp32"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"decode_bench failed ({p.returncode}): {p.stderr[-2000:]}")
+    r = json.loads(p.stdout)[0]
+    prefill_s = n_seqs * prompt_tokens / r["prefill_tok_s"]
+    return {"prefill_s": prefill_s, "ttft_s": prefill_s, "decode_s": r["decode_step_ms"] * 1e-3 * (max_tokens - 1),
+            "prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"]}
 
 
 def hack_tokenize(tokenize_bin: Path, model_dir: Path, text: str):
@@ -293,6 +352,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--prompt-lens", default="512,2048")
+    ap.add_argument("--batch", type=int, default=8,
+                    help="also decode this many sequences together (llama.cpp's batch API vs decode_bench); 0: skip")
     ap.add_argument("--kv", default="fp,hack,fp+bf16",
                     help="hack-run --kv modes; MODE+bf16 adds --matmul-precision bf16 (llama.cpp's prefill arithmetic)")
     ap.add_argument("--flash-attn", default="off,on", help="llama.cpp flash attention modes")
@@ -343,14 +404,17 @@ def main():
         long_ids += long_ids
     n_ctx = (max(prompt_lens + [len(chat_ids) + a.decode_tokens]) + 255) // 256 * 256
 
-    # (kind, n_prompt): decode runs the chat prompt for decode_tokens; prompt runs sample 1 token.
+    # (kind, n_prompt): decode runs the chat prompt for decode_tokens; prompt runs sample 1 token;
+    # batch decodes a.batch sequences of the chat prompt's length together for decode_tokens.
     workloads = [("decode", len(chat_ids))] + [("prompt", n) for n in prompt_lens]
+    if a.batch > 0:
+        workloads.append(("batch", len(chat_ids)))
 
     def prompt_of(kind, n):
         return chat_ids if kind == "decode" else long_ids[:n]
 
     def max_tokens_of(kind):
-        return a.decode_tokens if kind == "decode" else 1
+        return 1 if kind == "prompt" else a.decode_tokens
 
     quiet = wait_quiet(a.quiet_load, a.quiet_wait_s)
     print(f"[peer] load {quiet['loadavg_1m_at_start']:.2f} at start (quiet={quiet['quiet']}, waited "
@@ -394,8 +458,9 @@ def main():
         rows = []
         for t in threads:
             for kind, n in workloads:
-                metrics = [("decode tok/s", "decode_tok_s", 1)] if kind == "decode" else [
-                    (f"prompt {n} tok/s", "prefill_tok_s", 1), (f"TTFT {n} ms", "ttft_s", 1e3)]
+                metrics = {"decode": [("decode tok/s", "decode_tok_s", 1)],
+                           "batch": [(f"batch-{a.batch} decode tok/s", "decode_tok_s", 1)],
+                           "prompt": [(f"prompt {n} tok/s", "prefill_tok_s", 1), (f"TTFT {n} ms", "ttft_s", 1e3)]}[kind]
                 for label, key, scale in metrics:
                     vals = {c: get(c[0], c[1], t, kind, n, key) for c in cols}
                     row = [label, str(t)] + [f"{vals[c] * scale:.1f}" for c in cols]
@@ -457,7 +522,11 @@ def main():
                 for kind, n in workloads:
                     loads.append(loadavg_1m())
                     with other:
-                        ids, timing = hack_run(hack_bin, hf_dir, prompt_of(kind, n), max_tokens_of(kind), t, kv)
+                        if kind == "batch":
+                            ids, timing = None, hack_batch(build / "bin" / "decode_bench", hf_dir, n, a.batch,
+                                                           max_tokens_of(kind), t, kv)
+                        else:
+                            ids, timing = hack_run(hack_bin, hf_dir, prompt_of(kind, n), max_tokens_of(kind), t, kv)
                     runs.setdefault(("hack", f"kv {kv}", t, kind, n), []).append(timing)
                     progress("hack", f"kv {kv}", t, kind, n, timing)
                     if kind == "decode" and rep == 0:
@@ -466,6 +535,8 @@ def main():
                 cfg = f"fa {'on' if fa else 'off'}"
                 llm.new_context(t, fa, n_ctx)
                 for kind, n in workloads:
+                    if kind == "batch":
+                        continue  # in a context of a.batch sequences, below
                     loads.append(loadavg_1m())
                     with other:
                         ids, timing = llm.generate(prompt_of(kind, n), max_tokens_of(kind))
@@ -474,6 +545,14 @@ def main():
                     if kind == "decode" and rep == 0:
                         outputs[("llama.cpp", cfg, t)] = ids
                 llm.free_context()
+                if a.batch > 0:
+                    llm.new_context(t, fa, n_ctx, a.batch)
+                    loads.append(loadavg_1m())
+                    with other:
+                        timing = llm.generate_batch(chat_ids, a.batch, a.decode_tokens)
+                    runs.setdefault(("llama.cpp", cfg, t, "batch", len(chat_ids)), []).append(timing)
+                    progress("llama.cpp", cfg, t, "batch", len(chat_ids), timing)
+                    llm.free_context()
         print(f"[peer] repeat {rep + 1}/{a.repeats} done (load {loadavg_1m():.2f})", flush=True)
 
         report(rep + 1)
