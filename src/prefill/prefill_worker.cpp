@@ -295,10 +295,12 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
         if (from < n) throw_if_failed(sender_->send_exact_copy(*peer, id, l, encode_exact_tokens(*kv_, seq, layer, from, n - from)));
       }
       export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
-        if (kind == KvMessageKind::hack_page) {
+        if (kind == KvMessageKind::hack_page && cursor.payload_in_cache) {
           // A closed HACK page of this sequence: immutable and kept until the sender has let go
           // of the request (below), so UCX reads it in place.
           throw_if_failed(sender_->send_page_borrowed(*peer, id, l, payload));
+        } else if (kind == KvMessageKind::hack_page) {
+          throw_if_failed(sender_->send_page(*peer, id, l, payload));  // peeked early into scratch memory
         } else {
           throw_if_failed(sender_->send_exact(*peer, id, l, std::vector<std::byte>(payload.begin(), payload.end())));
         }
