@@ -442,7 +442,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   }
 
   // Queues one message of a request; `end` marks the request's last message.
-  // The hashing (the payload's xxh64, and with auth its HMAC, both linear in the page) runs
+  // The hashing (the payload's XXH3, and with auth its HMAC, both linear in the page) runs
   // outside the lock so that concurrent senders do not serialize on it: the checksum before
   // taking it, the MAC after the message has its seq and its place in the queue.
   // `borrowed` (with an empty `payload`): the caller's bytes, sent in place.
