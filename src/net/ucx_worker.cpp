@@ -398,7 +398,8 @@ struct UcxWorker::Impl {
     endpoint->impl = this;
     endpoint->id = next_id++;
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails the endpoint
+    params.err_mode = options.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER  // a dead peer fails the endpoint
+                                                  : UCP_ERR_HANDLING_MODE_NONE;
     params.err_handler.cb = &Impl::on_endpoint_error;
     params.err_handler.arg = endpoint.get();
     const ucs_status_t status = ucp_ep_create(worker.handle, &params, &endpoint->ep);

@@ -51,6 +51,11 @@ struct UcxOptions {
   /// fetches them into its own buffer), whatever UCX's own threshold says; below it UCX
   /// decides. Large KV pages then never pass through bounce buffers.
   size_t rndv_min_bytes = size_t{1} << 20;
+  /// Endpoints fail when their peer goes (UCP_ERR_HANDLING_MODE_PEER), which every node needs.
+  /// UCX 1.13 then keeps their lanes off shared memory (posix/sysv/cma lack peer-failure
+  /// support there: ucx_perftest -e shows the same); false (mode NONE) lets shared memory
+  /// carry the data, for measurement only: a lost peer may then go unnoticed.
+  bool detect_peer_failure = true;
 };
 
 /// Counters for tests and metrics (read from any thread).
