@@ -372,6 +372,7 @@ class Link {
     net::UcxOptions options;
     options.config = {{"TLS", tls}};
     options.detect_peer_failure = peer_errors;
+    options.accept_address_peers = connect_by_address;  // the receiver's replies (request errors) reach the sender
     receiver_worker_ = std::make_unique<net::UcxWorker>(options);
     sender_worker_ = std::make_unique<net::UcxWorker>(options);
     net::KvReceiverCallbacks cb;

@@ -462,7 +462,11 @@ struct UcxWorker::Impl {
     EndpointId from = 0;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) {
       auto it = impl->endpoint_by_handle.find(param->reply_ep);
-      from = it != impl->endpoint_by_handle.end() ? it->second : impl->adopt_endpoint(param->reply_ep);
+      if (it != impl->endpoint_by_handle.end()) {
+        from = it->second;
+      } else if (impl->options.accept_address_peers) {
+        from = impl->adopt_endpoint(param->reply_ep);
+      }
     }
     const auto header_span = std::span(static_cast<const std::byte*>(header), header_bytes);
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {

@@ -56,6 +56,10 @@ struct UcxOptions {
   /// support there: ucx_perftest -e shows the same); false (mode NONE) lets shared memory
   /// carry the data, for measurement only: a lost peer may then go unnoticed.
   bool detect_peer_failure = true;
+  /// Gives a peer that connected by worker address (connect_address) an EndpointId on its first
+  /// message, so replies reach it. Off by default: the nodes are reached only through their
+  /// listener, and a message whose endpoint we do not know (one we closed) stays anonymous.
+  bool accept_address_peers = false;
 };
 
 /// Counters for tests and metrics (read from any thread).
@@ -102,8 +106,9 @@ class UcxWorker {
   /// unusable address; a peer that is gone arrives as a disconnect.
   ///
   /// The peer sees no connection request: its endpoint for us appears, unnamed by UCX, with
-  /// our first message, and the worker gives it an EndpointId then (replies work). It has no
-  /// error handler, so the peer is not told when we go (its own timeouts cover that).
+  /// our first message; a peer with accept_address_peers gives it an EndpointId then (replies
+  /// work). It has no error handler, so the peer is not told when we go (its own timeouts
+  /// cover that).
   EndpointId connect_address(const std::string& hex_address);
   /// Closes an endpoint without waiting (pending sends fail); no disconnect callback.
   void close(EndpointId endpoint);

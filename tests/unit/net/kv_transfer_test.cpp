@@ -26,11 +26,13 @@ struct Link {
   std::atomic<int> rejected{0};
   uint16_t port = 0;
 
-  // by_address: the sender connects to the receiver's worker address, as prefill does to a
-  // decode node that publishes one; else to its host:port listener.
+  // by_address: the sender connects to the receiver's worker address (transfer_bench
+  // --connect address; the receiver then accepts address peers); else to its host:port listener.
   explicit Link(const std::string& tls, const WireAuth& rx_auth = {}, const WireAuth& tx_auth = {},
                 bool by_address = false) {
-    receiver_worker = std::make_unique<UcxWorker>(test::options_for(tls));
+    UcxOptions rx_options = test::options_for(tls);
+    rx_options.accept_address_peers = by_address;
+    receiver_worker = std::make_unique<UcxWorker>(rx_options);
     sender_worker = std::make_unique<UcxWorker>(test::options_for(tls));
     KvReceiverCallbacks callbacks;
     callbacks.on_page = [this](uint64_t id, uint32_t layer, std::span<const std::byte> page) { rx.page(id, layer, page); };

@@ -104,7 +104,9 @@ TEST_CASE("ucx worker: messages small and large arrive intact both ways", "[net]
 TEST_CASE("ucx worker: connected by worker address, borrowed payloads arrive intact and replies come back", "[net][ucx]") {
   const std::string tls = GENERATE(from_range(test::loopback_transports()));
   INFO("UCX_TLS=" << tls);
-  UcxWorker server(test::options_for(tls));
+  UcxOptions server_options = test::options_for(tls);
+  server_options.accept_address_peers = true;
+  UcxWorker server(server_options);
   UcxWorker client(test::options_for(tls));
   REQUIRE(!server.address().empty());
   CHECK(server.address() != client.address());
@@ -148,6 +150,20 @@ TEST_CASE("ucx worker: connected by worker address, borrowed payloads arrive int
     }
   }
   CHECK(server.stats().rndv_received >= 1);
+}
+
+TEST_CASE("ucx worker: without accept_address_peers a peer connected by address stays anonymous", "[net][ucx]") {
+  UcxWorker server(test::options_for("tcp"));
+  UcxWorker client(test::options_for("tcp"));
+  Inbox inbox;
+  server.set_message_handler(kTestAm, [&](EndpointId ep, auto h, auto p) { inbox.add(ep, h, p); });
+  const EndpointId ep = client.connect_address(server.address());
+  SendResult sent;
+  client.send(ep, kTestAm, test::random_bytes(24, 1), test::random_bytes(100, 2), sent.callback());
+  REQUIRE(sent.wait_count(1));
+  REQUIRE(inbox.wait_count(1));
+  std::lock_guard lock(inbox.mutex);
+  CHECK(inbox.from.front() == 0);
 }
 
 TEST_CASE("ucx worker: a malformed worker address is an error", "[net][ucx]") {
