@@ -2,14 +2,17 @@
 // pages) against `--kv hack` (2-bit HACK pages, bf16 sinks and open block), for prompts of
 // 1K..32K tokens at two KV shapes: hack-tiny (models/hack-tiny/config.json) and Llama-3-8B
 // (32 layers, 8 KV heads, head_dim 128). Sender and receiver are two UcxWorkers in this
-// process, each with its own progress thread, connected over loopback by host:port; the KV
+// process, each with its own progress thread, connected over loopback by the receiver's
+// worker address (--connect address, as prefill connects to a decode node that publishes one:
+// shared memory carries the data when the UCX_TLS list has it) or by host:port (--connect
+// sockaddr: UCX 1.13 keeps such a connection's lanes on tcp whatever the list); the KV
 // streams through KvSender/KvReceiver layer by layer as prefill sends it (every page of layer
 // 0, layer_done, layer 1, ..., request_done). Time per request is from the first send_page
-// to the receiver's request_done callback (it includes the sender's copy into the send
-// queue and the xxh64 checksum on both sides, as the real path does); the best of
-// --repeats; queue_ms is the part of it the sending thread spent in send_page/layer_done/
-// request_done (KvSender's span overload copies each page into the send queue and takes its
-// checksum there). The bounds are ucx_perftest ucp_am_bw on the same UCX_TLS, run from here
+// to the receiver's request_done callback (it includes the xxh64 checksum on both sides, as
+// the real path does); the best of --repeats; queue_ms is the part of it the sending thread
+// spent in send_page/layer_done/request_done (the page's checksum, and with --send copy the
+// copy into the send queue that KvSender's span overload makes; --send borrowed, the default
+// and what prefill does, hands UCX the page in place). The bounds are ucx_perftest ucp_am_bw on the same UCX_TLS, run from here
 // as a server and a client process: once with --perftest-bytes messages (the large-message
 // ceiling) and once per (shape, kv) with messages of one full page, the size this path sends.
 // ucx_perftest's "MB/s" are 2^20 bytes/s; every GB/s printed here is 1e9 bytes/s.
@@ -36,7 +39,7 @@
 //   transfer_bench [--tls tcp:posix,sysv,cma,self,tcp] [--shapes hack-tiny,llama-8b]
 //                  [--kv fp,hack] [--tokens 1024,...,32768] [--max-tokens 32768]
 //                  [--repeats 3] [--block 64] [--bits 2] [--sinks 4] [--source-tokens 1024]
-//                  [--window-layers 2]
+//                  [--window-layers 2] [--connect address|sockaddr] [--send borrowed|copy]
 //                  [--model-dir models/hack-tiny] [--perftest-bytes 1048576]
 //                  [--perftest-iters 200] [--no-perftest] [--json]
 // (--tls takes ':'-separated UCX_TLS lists, since a list itself contains commas)
@@ -102,6 +105,9 @@ struct Args {
   bool perftest = true;
   bool json = false;
   bool auth = false;  // seal every message with HMAC-SHA256 (net::WireAuth), as nodes with a secret do
+  bool connect_by_address = true;  // --connect address (else sockaddr: host:port)
+  bool borrowed_pages = true;      // --send borrowed (else copy)
+  bool peer_errors = true;         // endpoints in UCP_ERR_HANDLING_MODE_PEER, as the nodes' (--no-peer-errors: NONE)
 };
 
 // Parses the flags (hack::FlagSet: --help, HACK_TRANSFER_BENCH_* mirrors, --config);
@@ -112,6 +118,7 @@ std::optional<Args> parse(int argc, char** argv) {
               tokens = "1024,2048,4096,8192,16384,32768";
   int64_t perftest_bytes = int64_t{1} << 20;
   bool no_perftest = false;
+  std::string connect = "address", send = "borrowed";
   FlagSet flags("transfer_bench", "One request's KV streamed layer by layer over UCX: bytes and time, fp vs HACK.",
                 "HACK_TRANSFER_BENCH");
   flags.add_string("tls", &tls, "':'-separated UCX_TLS lists, one run each");
@@ -131,6 +138,12 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_int("perftest-iters", &a.perftest_iters, "ucx_perftest iterations");
   flags.add_bool("no-perftest", &no_perftest, "skip the ucx_perftest bounds");
   flags.add_bool("json", &a.json, "JSON output");
+  flags.add_string("connect", &connect,
+                   "address: by the receiver's UCX worker address (shared memory usable); sockaddr: by host:port (tcp lanes)");
+  flags.add_string("send", &send, "borrowed: pages sent from where they lie; copy: copied into the send queue first");
+  bool no_peer_errors = false;
+  flags.add_bool("no-peer-errors", &no_peer_errors,
+                 "endpoints without peer-failure detection (UCX 1.13 uses shared memory only then; nodes never run so)");
   flags.add_bool("auth", &a.auth, "authenticate the data plane (HMAC-SHA256 tag per message, as with --secret-file)");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.tls = split_list(tls, ':');
@@ -140,6 +153,11 @@ std::optional<Args> parse(int argc, char** argv) {
   HACK_CHECK(perftest_bytes > 0, "--perftest-bytes must be positive");
   a.perftest_bytes = static_cast<size_t>(perftest_bytes);
   a.perftest = !no_perftest;
+  HACK_CHECK(connect == "address" || connect == "sockaddr", "--connect takes address or sockaddr, not '{}'", connect);
+  HACK_CHECK(send == "borrowed" || send == "copy", "--send takes borrowed or copy, not '{}'", send);
+  a.connect_by_address = connect == "address";
+  a.borrowed_pages = send == "borrowed";
+  a.peer_errors = !no_peer_errors;
   std::erase_if(a.tokens, [&](int n) { return n > a.max_tokens; });
   HACK_CHECK(!a.tokens.empty(), "no prompt length left under --max-tokens {}", a.max_tokens);
   HACK_CHECK(a.repeats >= 1, "--repeats must be at least 1");
@@ -349,9 +367,12 @@ struct Arrivals {
 
 class Link {
  public:
-  Link(const std::string& tls, bool auth) {
+  Link(const std::string& tls, bool auth, bool connect_by_address, bool borrowed_pages, bool peer_errors)
+      : borrowed_pages_(borrowed_pages) {
     net::UcxOptions options;
     options.config = {{"TLS", tls}};
+    options.detect_peer_failure = peer_errors;
+    options.accept_address_peers = connect_by_address;  // the receiver's replies (request errors) reach the sender
     receiver_worker_ = std::make_unique<net::UcxWorker>(options);
     sender_worker_ = std::make_unique<net::UcxWorker>(options);
     net::KvReceiverCallbacks cb;
@@ -383,8 +404,12 @@ class Link {
         *sender_worker_, net::KvSenderCallbacks{[this](uint64_t id, const Status& error) {
           fail_with("sender, request " + std::to_string(id) + ": " + error.message());
         }}, so);
-    const uint16_t port = receiver_worker_->listen("127.0.0.1", 0);
-    peer_ = sender_worker_->connect("127.0.0.1", port);
+    if (connect_by_address) {
+      peer_ = sender_worker_->connect_address(receiver_worker_->address());
+    } else {
+      const uint16_t port = receiver_worker_->listen("127.0.0.1", 0);
+      peer_ = sender_worker_->connect("127.0.0.1", port);
+    }
   }
   ~Link() {
     sender_.reset();
@@ -416,7 +441,8 @@ class Link {
         HACK_CHECK(arrivals_.layers_done >= needed, "request {}: layer {} not received within 60 s", id, needed - 1);
       }
       const auto q0 = Clock::now();
-      for (const auto& page : plan.layers[l]) check(sender_->send_page(peer_, id, layer, page));
+      for (const auto& page : plan.layers[l])
+        check(borrowed_pages_ ? sender_->send_page_borrowed(peer_, id, layer, page) : sender_->send_page(peer_, id, layer, page));
       check(sender_->layer_done(peer_, id, layer));
       queueing += Clock::now() - q0;
     }
@@ -451,6 +477,7 @@ class Link {
   std::unique_ptr<net::KvReceiver> receiver_;
   std::unique_ptr<net::KvSender> sender_;
   net::EndpointId peer_ = 0;
+  bool borrowed_pages_ = true;
   uint64_t next_id_ = 0;
   double last_queue_s_ = 0;
 };
@@ -660,11 +687,19 @@ int main(int argc, char** argv) {
     const double build_s = std::chrono::duration<double>(Clock::now() - t_build).count();
 
     const char* data_note =
-        "UCX 1.13 host:port (sockaddr) connections put the AM and rendezvous lanes on tcp even when shared "
-        "memory is enabled (UCX_LOG_LEVEL=debug: am and rma_bw on tcp/lo.0, a second rma_bw lane on tcp/eth0.0), "
-        "so every row here moves its bytes over tcp; ucx_perftest connects by worker "
-        "address and does use shared memory when it is listed, so for such lists its number bounds shared "
-        "memory, not this path, and the tcp bound is the one to compare with";
+        args.connect_by_address && !args.peer_errors
+            ? "connected by worker address without peer-failure detection, as ucx_perftest connects: with shared "
+              "memory in UCX_TLS, UCX puts the lanes on it (UCX_LOG_LEVEL=debug lane lines: sysv am, cma rma_bw), so "
+              "each list's own ucx_perftest number is its bound; nodes cannot run so (a lost peer goes unnoticed)"
+        : args.connect_by_address
+            ? "connected by worker address with peer-failure detection (UCP_ERR_HANDLING_MODE_PEER, as the nodes): "
+              "UCX 1.13 then keeps every lane on tcp even with shared memory listed (ucx_perftest -e does the same), "
+              "so the tcp bound is the one to compare with"
+            : "UCX 1.13 host:port (sockaddr) connections put the AM and rendezvous lanes on tcp even when shared "
+              "memory is enabled (UCX_LOG_LEVEL=debug: am and rma_bw on tcp/lo.0, a second rma_bw lane on tcp/eth0.0), "
+              "so every row here moves its bytes over tcp; ucx_perftest connects by worker "
+              "address and does use shared memory when it is listed, so for such lists its number bounds shared "
+              "memory, not this path, and the tcp bound is the one to compare with";
     if (!args.json) {
       std::printf("transfer_bench: one request's KV streamed layer by layer over UCX between two workers of this "
                   "process (loopback, separate progress threads); best of %d; layer l queued once layer l-%d "
@@ -711,11 +746,16 @@ int main(int argc, char** argv) {
         if (tls == "tcp") tcp_page_bound[s] = page_bound.back().gbs;
       }
       const bool vs_tcp = shm && tls != "tcp" && tcp_bound.has_value();
+      // Where the bytes go: sockaddr connections keep tcp lanes (see data_note).
+      const bool data_on_shm = shm && args.connect_by_address && !args.peer_errors;
       if (!args.json) {
-        std::printf("\nUCX_TLS=%s: data over tcp (sockaddr connection)\n", tls.c_str());
+        std::printf("\nUCX_TLS=%s: data over %s (%s connection), pages %s\n", tls.c_str(),
+                    data_on_shm ? "shared memory" : "tcp", args.connect_by_address ? "worker-address" : "sockaddr",
+                    args.borrowed_pages ? "sent in place" : "copied into the send queue");
         if (bound.gbs)
           std::printf("bound: ucx_perftest ucp_am_bw, %zu-byte messages: %.3f GB/s%s\n  (%s)\n", args.perftest_bytes,
-                      *bound.gbs, shm ? ", over shared memory, not this path's transport" : "", bound.note.c_str());
+                      *bound.gbs, shm && !data_on_shm ? ", over shared memory, not this path's transport" : "",
+                      bound.note.c_str());
         else
           std::printf("bound: NONE, %s\n", bound.note.c_str());
         std::printf("page bound: ucx_perftest ucp_am_bw with messages of one page (fp page / HACK page)\n");
@@ -723,7 +763,7 @@ int main(int argc, char** argv) {
                     "ms/req", "queue_ms", "GB/s", "%bound", "page_KiB", "pg_GB/s", "%page",
                     vs_tcp ? "  %tcp-bound %tcp-page" : "");
       }
-      Link link(tls, args.auth);
+      Link link(tls, args.auth, args.connect_by_address, args.borrowed_pages, args.peer_errors);
       // Warm-up: the connection is set up lazily, so the first request would pay for it.
       link.transfer(sources.front().plans.front(), args.window_layers);
       for (size_t s = 0; s < sources.size(); ++s) {
@@ -745,7 +785,9 @@ int main(int argc, char** argv) {
             return gbs / *of;
           };
           nlohmann::json row = {{"tls", tls},
-                                {"data_transport", "tcp"},
+                                {"data_transport", data_on_shm ? "shared memory" : "tcp"},
+                                {"connect", args.connect_by_address ? "address" : "sockaddr"},
+                                {"send", args.borrowed_pages ? "borrowed" : "copy"},
                                 {"shape", src.shape->name},
                                 {"kv", src.kv},
                                 {"tokens", args.tokens[i]},

@@ -95,8 +95,10 @@ void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExpo
   const KvCacheOptions& o = cache.options();
   const int T = o.block_tokens;
   const int length = cache.length(seq_id, layer);
-  auto send = [&](KvMessageKind kind, std::span<const std::byte> payload) {
+  auto send = [&](KvMessageKind kind, std::span<const std::byte> payload, bool in_cache = false) {
+    cursor.payload_in_cache = in_cache;
     emit(kind, payload);
+    cursor.payload_in_cache = false;
     ++cursor.messages;
     cursor.bytes += payload.size();
   };
@@ -123,7 +125,7 @@ void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExpo
     if (length >= S) {
       const int pages = cache.hack_page_count(seq_id, layer);
       for (; cursor.pages_sent[l] < pages; ++cursor.pages_sent[l])
-        send(KvMessageKind::hack_page, cache.hack_page(seq_id, layer, cursor.pages_sent[l]));
+        send(KvMessageKind::hack_page, cache.hack_page(seq_id, layer, cursor.pages_sent[l]), /*in_cache=*/true);
       if (!final && cursor.prompt_tokens > 0) {
         // Blocks full now that will have left the recent window when the prompt ends.
         const int filled = std::max(0, length - S) / T;

@@ -256,9 +256,11 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     uint64_t request_id = 0;
     bool counted = false;  // one of the request's messages (not an out-of-sequence cancel)
     std::vector<std::byte> header, payload;
+    std::span<const std::byte> borrowed;  // the caller's page (send_page_borrowed), when payload is empty
     // false while the thread that queued it computes its MAC outside the lock: drain stops
     // here (so messages still leave in seq order) and nothing else touches it until then.
     bool sealed = true;
+    std::span<const std::byte> bytes() const { return payload.empty() ? borrowed : std::span<const std::byte>(payload); }
   };
   // Per endpoint: messages handed to UCX are numbered; [oldest, next_index) is the window.
   struct Endpoint {
@@ -403,7 +405,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         }
       }
       const size_t in_window = static_cast<size_t>(ep.next_index - ep.oldest);
-      const size_t size = front.payload.size();
+      const size_t size = front.bytes().size();
       if (in_window >= options.max_in_flight_messages) break;
       if (in_window > 0 && ep.bytes + size > options.max_in_flight_bytes) break;
       Outgoing message = std::move(front);
@@ -415,11 +417,14 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       counters.max_window_messages = std::max<uint64_t>(counters.max_window_messages, ep.next_index - ep.oldest);
       counters.max_window_bytes = std::max<uint64_t>(counters.max_window_bytes, ep.bytes);
       lock.unlock();
-      worker.send(peer, kKvDataAmId, std::move(message.header), std::move(message.payload),
-                  [self = shared_from_this(), peer, index, size, id = message.request_id,
+      auto done = [self = shared_from_this(), peer, index, size, id = message.request_id,
                    counted = message.counted](const Status& status) {
-                    self->sent(peer, index, size, id, counted, status);
-                  });
+        self->sent(peer, index, size, id, counted, status);
+      };
+      if (message.payload.empty() && !message.borrowed.empty())
+        worker.send_borrowed(peer, kKvDataAmId, std::move(message.header), message.borrowed, std::move(done));
+      else
+        worker.send(peer, kKvDataAmId, std::move(message.header), std::move(message.payload), std::move(done));
       lock.lock();
     }
     ep.draining = false;
@@ -437,11 +442,13 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   }
 
   // Queues one message of a request; `end` marks the request's last message.
-  // The hashing (the payload's xxh64, and with auth its HMAC, both linear in the page) runs
+  // The hashing (the payload's XXH3, and with auth its HMAC, both linear in the page) runs
   // outside the lock so that concurrent senders do not serialize on it: the checksum before
   // taking it, the MAC after the message has its seq and its place in the queue.
-  Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end) {
-    WireHeader header = make_wire_header(type, id, layer, 0, payload);
+  // `borrowed` (with an empty `payload`): the caller's bytes, sent in place.
+  Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end,
+               std::span<const std::byte> borrowed = {}) {
+    WireHeader header = make_wire_header(type, id, layer, 0, payload.empty() ? borrowed : payload);
     Outgoing* unsealed = nullptr;
     {
       std::lock_guard lock(mutex);
@@ -456,11 +463,15 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       if (request.ended) return Status::error(fmt::format("request {} has already ended", id));
       if (request.failed) return request.error;
       header.seq = request.next_seq++;
-      if ((type == WireType::kv_page || type == WireType::kv_exact) && !payload.empty() && corrupt_next_page.erase(id) != 0)
+      if ((type == WireType::kv_page || type == WireType::kv_exact) && (!payload.empty() || !borrowed.empty()) &&
+          corrupt_next_page.erase(id) != 0) {
+        if (payload.empty()) payload.assign(borrowed.begin(), borrowed.end());  // the caller's page stays intact
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
+      }
       ++request.in_flight;
       request.ended = end;
-      Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
+      const std::span<const std::byte> in_place = payload.empty() ? borrowed : std::span<const std::byte>{};
+      Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload), in_place});
       if (options.auth.enabled()) {
         queued.sealed = false;
         unsealed = &queued;
@@ -469,7 +480,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     if (unsealed != nullptr) {
       // Only this thread touches an unsealed message (drain stops at it), so its buffers are
       // read and its header replaced without the lock; the flag flips under it.
-      auto sealed = options.auth.seal(std::move(unsealed->header), unsealed->payload, WireChannel::data);
+      auto sealed = options.auth.seal(std::move(unsealed->header), unsealed->bytes(), WireChannel::data);
       std::lock_guard lock(mutex);
       unsealed->header = std::move(sealed);
       unsealed->sealed = true;
@@ -573,6 +584,13 @@ Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer,
 
 Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page) {
   return send_page(peer, request_id, layer, std::vector<std::byte>(page.begin(), page.end()));
+}
+
+Status KvSender::send_page_borrowed(EndpointId peer, uint64_t request_id, uint32_t layer,
+                                  std::span<const std::byte> page) {
+  if (page.size() > kWireMaxPayloadBytes)
+    return Status::error(fmt::format("request {}: a {}-byte page exceeds the wire limit", request_id, page.size()));
+  return shared_->queue(peer, request_id, WireType::kv_page, layer, {}, false, page);
 }
 
 Status KvSender::send_exact_copy(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact) {

@@ -53,6 +53,31 @@ sockaddr_storage resolve(const std::string& host, uint16_t port, socklen_t& leng
   return out;
 }
 
+std::string to_hex(std::span<const std::byte> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (std::byte b : bytes) {
+    out.push_back(kDigits[std::to_integer<unsigned>(b) >> 4]);
+    out.push_back(kDigits[std::to_integer<unsigned>(b) & 15]);
+  }
+  return out;
+}
+
+// Hex (either case) to bytes; throws for an odd length or a character that is no hex digit.
+std::vector<std::byte> from_hex(const std::string& hex) {
+  auto digit = [&](char c) -> unsigned {
+    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
+    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
+    if (c >= 'A' && c <= 'F') return static_cast<unsigned>(c - 'A' + 10);
+    fail("UCX worker address: '{}' is not a hex digit", c);
+  };
+  if (hex.empty() || hex.size() % 2 != 0) fail("UCX worker address: {} hex digits (an even, non-zero number expected)", hex.size());
+  std::vector<std::byte> out(hex.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>(digit(hex[2 * i]) << 4 | digit(hex[2 * i + 1]));
+  return out;
+}
+
 uint16_t port_of(const sockaddr_storage& address) {
   if (address.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
   if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
@@ -122,19 +147,27 @@ struct UcxWorker::Impl {
     Impl* impl = nullptr;
     EndpointId id = 0;
     ucp_ep_h ep = nullptr;
+    // Created by UCX for a peer that connected by worker address (the reply endpoint of its
+    // first message): UCX owns it, so it is forgotten, never closed, when we let go.
+    bool adopted = false;
   };
   struct SendOp {
     Impl* impl = nullptr;
     std::vector<std::byte> header;
-    std::vector<std::byte> payload;
+    std::vector<std::byte> payload;       // owned, or empty when `borrowed` is sent
+    std::span<const std::byte> borrowed;  // the caller's bytes (send_borrowed)
     SendCallback done;
+    std::span<const std::byte> bytes() const { return payload.empty() ? borrowed : std::span<const std::byte>(payload); }
   };
   struct RecvOp {
     Impl* impl = nullptr;
     uint16_t am_id = 0;
     EndpointId from = 0;
     std::vector<std::byte> header;
-    std::vector<std::byte> payload;
+    // Where UCX writes a rendezvous payload: left uninitialised (no zero-fill pass over a
+    // page that is about to be overwritten).
+    std::unique_ptr<std::byte[]> payload;
+    size_t payload_bytes = 0;
   };
   struct AmHandlers {
     Impl* impl = nullptr;
@@ -148,6 +181,7 @@ struct UcxWorker::Impl {
   WorkerHandle worker;
   EventFd wake;
   int ucx_fd = -1;
+  std::string address_hex;  // ucp_worker_get_address, fixed for the worker's lifetime
   std::thread thread;
   std::thread::id thread_id;
 
@@ -171,8 +205,14 @@ struct UcxWorker::Impl {
   std::unordered_set<RecvOp*> recvs;
 
   explicit Impl(UcxOptions opts) : options(std::move(opts)), context(options), worker(context.handle) {
-    const ucs_status_t status = ucp_worker_get_efd(worker.handle, &ucx_fd);
+    ucs_status_t status = ucp_worker_get_efd(worker.handle, &ucx_fd);
     if (status != UCS_OK) fail("ucp_worker_get_efd: {}", ucs_status_string(status));
+    ucp_address_t* address = nullptr;
+    size_t address_bytes = 0;
+    status = ucp_worker_get_address(worker.handle, &address, &address_bytes);
+    if (status != UCS_OK) fail("ucp_worker_get_address: {}", ucs_status_string(status));
+    address_hex = to_hex(std::span(reinterpret_cast<const std::byte*>(address), address_bytes));
+    ucp_worker_release_address(worker.handle, address);
   }
 
   void post(std::function<void()> fn) {
@@ -358,7 +398,8 @@ struct UcxWorker::Impl {
     endpoint->impl = this;
     endpoint->id = next_id++;
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails the endpoint
+    params.err_mode = options.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER  // a dead peer fails the endpoint
+                                                  : UCP_ERR_HANDLING_MODE_NONE;
     params.err_handler.cb = &Impl::on_endpoint_error;
     params.err_handler.arg = endpoint.get();
     const ucs_status_t status = ucp_ep_create(worker.handle, &params, &endpoint->ep);
@@ -369,9 +410,28 @@ struct UcxWorker::Impl {
     return id;
   }
 
+  // A peer that connected by worker address: UCX made our side of the connection.
+  EndpointId adopt_endpoint(ucp_ep_h ep) {
+    auto endpoint = std::make_unique<Endpoint>();
+    endpoint->impl = this;
+    endpoint->id = next_id++;
+    endpoint->ep = ep;
+    endpoint->adopted = true;
+    const EndpointId id = endpoint->id;
+    endpoint_by_handle[ep] = id;
+    endpoints[id] = std::move(endpoint);
+    spdlog::debug("ucx: endpoint {} opened by a peer connecting by worker address", id);
+    return id;
+  }
+
   void close_endpoint(EndpointId id, bool force) {
     auto it = endpoints.find(id);
     if (it == endpoints.end()) return;
+    if (it->second->adopted) {
+      endpoint_by_handle.erase(it->second->ep);
+      endpoints.erase(it);
+      return;
+    }
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     params.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -402,7 +462,11 @@ struct UcxWorker::Impl {
     EndpointId from = 0;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) {
       auto it = impl->endpoint_by_handle.find(param->reply_ep);
-      if (it != impl->endpoint_by_handle.end()) from = it->second;
+      if (it != impl->endpoint_by_handle.end()) {
+        from = it->second;
+      } else if (impl->options.accept_address_peers) {
+        from = impl->adopt_endpoint(param->reply_ep);
+      }
     }
     const auto header_span = std::span(static_cast<const std::byte*>(header), header_bytes);
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
@@ -426,13 +490,14 @@ struct UcxWorker::Impl {
       finish_receive(op, Status::error(fmt::format("refused a {}-byte message (limit {})", bytes, options.max_message_bytes)));
       return;
     }
-    op->payload.resize(bytes);
+    op->payload = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    op->payload_bytes = bytes;
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     params.cb.recv_am = &Impl::on_rendezvous_done;
     params.user_data = op;
     recvs.insert(op);
-    void* request = ucp_am_recv_data_nbx(worker.handle, descriptor, op->payload.data(), bytes, &params);
+    void* request = ucp_am_recv_data_nbx(worker.handle, descriptor, op->payload.get(), bytes, &params);
     if (request == nullptr) {
       finish_receive(op, Status::ok());
     } else if (UCS_PTR_IS_ERR(request)) {
@@ -454,7 +519,7 @@ struct UcxWorker::Impl {
       ++messages_received;
       ++rndv_received;
       if (it != handlers.end() && it->second->on_message)
-        guarded([&] { it->second->on_message(op->from, op->header, op->payload); });
+        guarded([&] { it->second->on_message(op->from, op->header, std::span<const std::byte>(op->payload.get(), op->payload_bytes)); });
     } else if (it != handlers.end() && it->second->on_error) {
       guarded([&] { it->second->on_error(op->from, op->header, status); });
     } else {
@@ -471,17 +536,35 @@ struct UcxWorker::Impl {
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     params.flags = UCP_AM_SEND_FLAG_REPLY;  // lets the receiver see which endpoint it came on
-    if (op->payload.size() >= options.rndv_min_bytes) params.flags |= UCP_AM_SEND_FLAG_RNDV;
+    const std::span<const std::byte> payload = op->bytes();
+    if (payload.size() >= options.rndv_min_bytes) params.flags |= UCP_AM_SEND_FLAG_RNDV;
     params.cb.send = &Impl::on_send_done;
     params.user_data = op;
     sends.insert(op);
-    void* request = ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), op->payload.data(),
-                                    op->payload.size(), &params);
+    void* request = ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), payload.data(),
+                                    payload.size(), &params);
     if (request == nullptr) {
       finish_send(op, Status::ok());
     } else if (UCS_PTR_IS_ERR(request)) {
       finish_send(op, ucx_error("ucp_am_send_nbx", UCS_PTR_STATUS(request)));
     }
+  }
+
+  // Any thread: starts a send now on the progress thread, else posts it there.
+  void submit(EndpointId endpoint, uint16_t am_id, SendOp* op) {
+    {
+      std::lock_guard lock(mutex);
+      if (stopping) {
+        std::unique_ptr<SendOp> owned(op);
+        if (owned->done) owned->done(Status::error("UCX worker is shutting down"));
+        return;
+      }
+    }
+    if (std::this_thread::get_id() == thread_id) {
+      start_send(endpoint, am_id, op);
+      return;
+    }
+    post([this, endpoint, am_id, op] { start_send(endpoint, am_id, op); });
   }
 
   static void on_send_done(void* request, ucs_status_t status, void* user_data) {
@@ -569,6 +652,20 @@ EndpointId UcxWorker::connect(const std::string& host, uint16_t port) {
   return id;
 }
 
+const std::string& UcxWorker::address() const { return impl_->address_hex; }
+
+EndpointId UcxWorker::connect_address(const std::string& hex_address) {
+  const std::vector<std::byte> address = from_hex(hex_address);
+  EndpointId id = 0;
+  impl_->call([&] {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    id = impl_->add_endpoint(params);
+  });
+  return id;
+}
+
 void UcxWorker::close(EndpointId endpoint) {
   impl_->post([impl = impl_.get(), endpoint] { impl->close_endpoint(endpoint, true); });
 }
@@ -612,20 +709,12 @@ void UcxWorker::remove_disconnect_handler(int token) {
 
 void UcxWorker::send(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header, std::vector<std::byte> payload,
                      SendCallback done) {
-  auto* op = new Impl::SendOp{impl_.get(), std::move(header), std::move(payload), std::move(done)};
-  {
-    std::lock_guard lock(impl_->mutex);
-    if (impl_->stopping) {
-      std::unique_ptr<Impl::SendOp> owned(op);
-      if (owned->done) owned->done(Status::error("UCX worker is shutting down"));
-      return;
-    }
-  }
-  if (on_worker_thread()) {
-    impl_->start_send(endpoint, am_id, op);
-    return;
-  }
-  impl_->post([impl = impl_.get(), endpoint, am_id, op] { impl->start_send(endpoint, am_id, op); });
+  impl_->submit(endpoint, am_id, new Impl::SendOp{impl_.get(), std::move(header), std::move(payload), {}, std::move(done)});
+}
+
+void UcxWorker::send_borrowed(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
+                              std::span<const std::byte> payload, SendCallback done) {
+  impl_->submit(endpoint, am_id, new Impl::SendOp{impl_.get(), std::move(header), {}, payload, std::move(done)});
 }
 
 void UcxWorker::run_on_worker(const std::function<void()>& fn) { impl_->call(fn); }

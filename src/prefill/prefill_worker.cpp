@@ -295,8 +295,12 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
         if (from < n) throw_if_failed(sender_->send_exact_copy(*peer, id, l, encode_exact_tokens(*kv_, seq, layer, from, n - from)));
       }
       export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
-        if (kind == KvMessageKind::hack_page) {
-          throw_if_failed(sender_->send_page(*peer, id, l, payload));
+        if (kind == KvMessageKind::hack_page && cursor.payload_in_cache) {
+          // A closed HACK page of this sequence: immutable and kept until the sender has let go
+          // of the request (below), so UCX reads it in place.
+          throw_if_failed(sender_->send_page_borrowed(*peer, id, l, payload));
+        } else if (kind == KvMessageKind::hack_page) {
+          throw_if_failed(sender_->send_page(*peer, id, l, payload));  // peeked early into scratch memory
         } else {
           throw_if_failed(sender_->send_exact(*peer, id, l, std::vector<std::byte>(payload.begin(), payload.end())));
         }
@@ -343,11 +347,19 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     const std::string prefix = fmt::format("request {}", id);
     status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
   }
-  if (added) engine_->remove_sequence(seq);
   if (!status.is_ok()) {
     spdlog::warn("prefill: request {} failed: {}", id, status.message());
     if (peer) sender_->cancel(*peer, id, status.message());
   }
+  // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is done
+  // with every message of the request (at once on success, where wait_request saw them all
+  // out). A request UCX never lets go of keeps its pages: leaked, not freed under a send.
+  if (added && peer && !sender_->wait_request_closed(id, options_.send_timeout_s)) {
+    spdlog::error("prefill: request {}: UCX still holds its KV {} s after it ended; its pages stay allocated", id,
+                  options_.send_timeout_s);
+    added = false;
+  }
+  if (added) engine_->remove_sequence(seq);
   if (status.is_ok()) return result;
   return status;
 }

@@ -79,6 +79,10 @@ struct KvExportCursor {
   std::vector<uint8_t> finished;     ///< per layer: the final export ran
   size_t messages = 0;               ///< messages emitted, all layers
   size_t bytes = 0;                  ///< payload bytes emitted, all layers
+  /// During an emit: whether its payload is the cache's own closed page (hack_page), which
+  /// stays valid and unchanged until the sequence is removed, so a sender may keep it beyond
+  /// the call. False for pages peeked early into a scratch buffer and for exact messages.
+  bool payload_in_cache = false;
 };
 
 using KvEmitFn = std::function<void(KvMessageKind kind, std::span<const std::byte> payload)>;

@@ -123,7 +123,11 @@ class KvSender {
 
   /// Queues one HACK page of `layer`. The first message of a request binds it to `peer`.
   Status send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> page);
+  /// Copies the page into the send queue.
   Status send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page);
+  /// Sends the page from the caller's memory, with no copy: it must stay valid and unchanged
+  /// until the request has left the sender (wait_request_closed, or wait_request ok).
+  Status send_page_borrowed(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page);
   /// Queues one exact-tokens message (kv/kv_stream.h) of `layer`.
   Status send_exact(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact);
   /// Queues an exact message the receiver keeps beside its cache (KvMessageKind::exact_copy).

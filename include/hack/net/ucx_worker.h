@@ -1,7 +1,8 @@
 /// @file ucx_worker.h
 /// @brief A UCX (ucp) context + worker driven by its own progress thread: listen on
-/// host:port, connect to host:port, send active messages (rendezvous for large payloads),
-/// and receive them through per-id handlers. UCX types stay in the .cpp.
+/// host:port, connect to host:port or to a peer's worker address, send active messages
+/// (rendezvous for large payloads), and receive them through per-id handlers. UCX types stay
+/// in the .cpp.
 ///
 /// Threading: every ucp call happens on the progress thread. listen/connect/close/send and
 /// the handler setters may be called from any thread; they post work to the progress
@@ -13,8 +14,9 @@
 ///   UCX_TLS=posix,sysv,cma,self,tcp   shared memory enabled; tcp must stay in the list,
 ///                                     the sockaddr connection manager needs it on the
 ///                                     device it resolved (UCX 1.13 refuses "lo is not
-///                                     enabled" otherwise, and in this connect mode still
-///                                     puts the data lanes on tcp)
+///                                     enabled" otherwise). Only connect_address() puts
+///                                     data on shared memory: a host:port (sockaddr)
+///                                     connection keeps its lanes on tcp in UCX 1.13
 ///   UCX_TLS unset                     UCX's default: RDMA verbs (rc, ud, dc) where present
 ///   UCX_NET_DEVICES=eth0 | mlx5_0:1   which NIC(s) to use
 /// UcxOptions::config sets the same variables (name without the UCX_ prefix) for one
@@ -49,6 +51,15 @@ struct UcxOptions {
   /// fetches them into its own buffer), whatever UCX's own threshold says; below it UCX
   /// decides. Large KV pages then never pass through bounce buffers.
   size_t rndv_min_bytes = size_t{1} << 20;
+  /// Endpoints fail when their peer goes (UCP_ERR_HANDLING_MODE_PEER), which every node needs.
+  /// UCX 1.13 then keeps their lanes off shared memory (posix/sysv/cma lack peer-failure
+  /// support there: ucx_perftest -e shows the same); false (mode NONE) lets shared memory
+  /// carry the data, for measurement only: a lost peer may then go unnoticed.
+  bool detect_peer_failure = true;
+  /// Gives a peer that connected by worker address (connect_address) an EndpointId on its first
+  /// message, so replies reach it. Off by default: the nodes are reached only through their
+  /// listener, and a message whose endpoint we do not know (one we closed) stays anonymous.
+  bool accept_address_peers = false;
 };
 
 /// Counters for tests and metrics (read from any thread).
@@ -85,6 +96,20 @@ class UcxWorker {
   uint16_t listen(const std::string& host, uint16_t port);
   /// Starts connecting to host:port. Failure to connect arrives as a disconnect.
   EndpointId connect(const std::string& host, uint16_t port);
+  /// This worker's UCX address (ucp_worker_get_address) as lowercase hex, what a peer passes
+  /// to connect_address(). It lists every transport the worker enabled: a peer on the same
+  /// host reaches it over shared memory when both enabled posix/sysv/cma, else over tcp or
+  /// RDMA. A few hundred bytes; valid for this worker's lifetime only.
+  const std::string& address() const;
+  /// Starts connecting to a worker address (hex, from address()). UCX picks the lanes from
+  /// both sides' transports, shared memory included. Throws hack::Error for a malformed or
+  /// unusable address; a peer that is gone arrives as a disconnect.
+  ///
+  /// The peer sees no connection request: its endpoint for us appears, unnamed by UCX, with
+  /// our first message; a peer with accept_address_peers gives it an EndpointId then (replies
+  /// work). It has no error handler, so the peer is not told when we go (its own timeouts
+  /// cover that).
+  EndpointId connect_address(const std::string& hex_address);
   /// Closes an endpoint without waiting (pending sends fail); no disconnect callback.
   void close(EndpointId endpoint);
 
@@ -101,6 +126,10 @@ class UcxWorker {
   /// thread (an unknown or failed endpoint completes it with an error).
   void send(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header, std::vector<std::byte> payload,
             SendCallback done = {});
+  /// Same, but UCX reads the payload from the caller's memory (no copy here): `payload` must
+  /// stay valid and unchanged until `done` has run.
+  void send_borrowed(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
+                     std::span<const std::byte> payload, SendCallback done);
 
   /// Runs fn on the progress thread (now, if called from it) and waits for it.
   void run_on_worker(const std::function<void()>& fn);

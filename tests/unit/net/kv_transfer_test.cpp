@@ -26,8 +26,13 @@ struct Link {
   std::atomic<int> rejected{0};
   uint16_t port = 0;
 
-  explicit Link(const std::string& tls, const WireAuth& rx_auth = {}, const WireAuth& tx_auth = {}) {
-    receiver_worker = std::make_unique<UcxWorker>(test::options_for(tls));
+  // by_address: the sender connects to the receiver's worker address (transfer_bench
+  // --connect address; the receiver then accepts address peers); else to its host:port listener.
+  explicit Link(const std::string& tls, const WireAuth& rx_auth = {}, const WireAuth& tx_auth = {},
+                bool by_address = false) {
+    UcxOptions rx_options = test::options_for(tls);
+    rx_options.accept_address_peers = by_address;
+    receiver_worker = std::make_unique<UcxWorker>(rx_options);
     sender_worker = std::make_unique<UcxWorker>(test::options_for(tls));
     KvReceiverCallbacks callbacks;
     callbacks.on_page = [this](uint64_t id, uint32_t layer, std::span<const std::byte> page) { rx.page(id, layer, page); };
@@ -50,8 +55,12 @@ struct Link {
     so.auth = tx_auth;
     sender = std::make_unique<KvSender>(
         *sender_worker, KvSenderCallbacks{[this](uint64_t id, const Status& s) { tx.error(id, s); }}, so);
-    port = receiver_worker->listen("127.0.0.1", 0);
-    peer = sender_worker->connect("127.0.0.1", port);
+    if (by_address) {
+      peer = sender_worker->connect_address(receiver_worker->address());
+    } else {
+      port = receiver_worker->listen("127.0.0.1", 0);
+      peer = sender_worker->connect("127.0.0.1", port);
+    }
   }
   ~Link() {
     sender.reset();
@@ -107,6 +116,46 @@ TEST_CASE("kv transfer: small and large pages arrive intact", "[net][kv]") {
   CHECK(link.rx.log[1].back() == "done");
   CHECK(link.receiver_worker->stats().rndv_received >= 2);  // the two ≥ 8 MiB pages
   CHECK(link.tx.errors.empty());
+}
+
+TEST_CASE("kv transfer: borrowed pages arrive intact by worker address and a corrupted one leaves the caller's page alone", "[net][kv]") {
+  const std::string tls = GENERATE(from_range(test::loopback_transports()));
+  const bool sealed = GENERATE(false, true);
+  INFO("UCX_TLS=" << tls << (sealed ? ", sealed" : ""));
+  const WireAuth auth = sealed ? WireAuth("borrowed pages secret") : WireAuth();
+  Link link(tls, auth, auth, /*by_address=*/true);
+  // The caller's pages: alive and unchanged until the request has left the sender.
+  const std::vector<size_t> sizes = {1, 4096, (size_t{2} << 20) + 3, 100000};
+  std::vector<std::vector<std::byte>> pages;
+  for (size_t i = 0; i < sizes.size(); ++i) pages.push_back(page_bytes(1, 0, static_cast<int>(i), sizes[i]));
+  for (const auto& page : pages) REQUIRE(link.sender->send_page_borrowed(link.peer, 1, 0, page).is_ok());
+  REQUIRE(link.sender->layer_done(link.peer, 1, 0).is_ok());
+  REQUIRE(link.sender->request_done(link.peer, 1).is_ok());
+  REQUIRE(link.rx.wait([&] { return link.rx.is_done(1) || link.rx.has_error(1); }));
+  REQUIRE(link.sender->wait_request_closed(1, test::kWaitS));
+
+  // Request 2: its second page is corrupted in flight; the caller's copy must not be.
+  const auto before = pages[1];
+  REQUIRE(link.sender->send_page_borrowed(link.peer, 2, 0, pages[0]).is_ok());
+  link.sender->corrupt_next_page_for_test(2);
+  REQUIRE(link.sender->send_page_borrowed(link.peer, 2, 0, pages[1]).is_ok());
+  REQUIRE(link.rx.wait([&] { return link.rx.has_error(2); }));
+  link.sender->cancel(link.peer, 2, "test over");
+  REQUIRE(link.sender->wait_request_closed(2, test::kWaitS));
+  CHECK(pages[1] == before);
+
+  std::lock_guard lock(link.rx.mutex);
+  CHECK_FALSE(link.rx.errors.contains(1));
+  CHECK_THAT(link.rx.errors[2], Catch::Contains("checksum"));
+  CHECK(link.rejected == 0);
+  REQUIRE(link.rx.log[1].size() == sizes.size() + 2);
+  size_t request_1_pages = 0;
+  for (const auto& page : link.rx.pages) {
+    if (page.request_id != 1) continue;
+    CHECK(page.bytes == pages[request_1_pages]);
+    ++request_1_pages;
+  }
+  CHECK(request_1_pages == sizes.size());
 }
 
 TEST_CASE("kv transfer: many pages stay in order per layer across interleaved requests", "[net][kv]") {
