@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "hack/core/error.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace hack::cpu::detail {
@@ -67,7 +68,40 @@ void tile_rows(const uint32_t* a, size_t lda_pairs, size_t pairs, const uint32_t
   micro_tile<MR>(a, lda_pairs, pairs, pack, c, ldc, mask0, mask1);
 }
 
+// One weight row at a time (one sequential stream for the prefetcher), R activation rows
+// against it: 32 bf16 weights per load, one VDPBF16PS per row.
+template <int R>
+void gemv_dot_rows(const uint16_t* w, size_t in, const uint16_t* x, float* y, size_t y_stride, size_t o_begin,
+                   size_t o_end) {
+  for (size_t o = o_begin; o < o_end; ++o) {
+    const uint16_t* wo = w + o * in;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (size_t i = 0; i < in; i += 32) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(wo + i);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], wv, (__m512bh)_mm512_loadu_si512(x + static_cast<size_t>(r) * in + i));
+    }
+    for (int r = 0; r < R; ++r) y[static_cast<size_t>(r) * y_stride + o] = _mm512_reduce_add_ps(acc[r]);
+  }
+}
+
 }  // namespace
+
+void gemv_bf16_dot_avx512(const uint16_t* w, size_t in, const uint16_t* x, size_t rows, float* y, size_t y_stride,
+                          size_t o_begin, size_t o_end) {
+  switch (rows) {
+    case 1: return gemv_dot_rows<1>(w, in, x, y, y_stride, o_begin, o_end);
+    case 2: return gemv_dot_rows<2>(w, in, x, y, y_stride, o_begin, o_end);
+    case 3: return gemv_dot_rows<3>(w, in, x, y, y_stride, o_begin, o_end);
+    case 4: return gemv_dot_rows<4>(w, in, x, y, y_stride, o_begin, o_end);
+    case 5: return gemv_dot_rows<5>(w, in, x, y, y_stride, o_begin, o_end);
+    case 6: return gemv_dot_rows<6>(w, in, x, y, y_stride, o_begin, o_end);
+    case 7: return gemv_dot_rows<7>(w, in, x, y, y_stride, o_begin, o_end);
+    case 8: return gemv_dot_rows<8>(w, in, x, y, y_stride, o_begin, o_end);
+    default: fail("gemv_bf16_dot_avx512: {} rows outside [1, 8]", rows);
+  }
+}
 
 size_t gemm_bf16_pack_words(size_t k) { return (k + 1) / 2 * kPanel; }
 

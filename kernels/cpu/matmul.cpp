@@ -33,23 +33,32 @@ CpuIsa gemv_isa() { return cpu_isa() == CpuIsa::scalar ? CpuIsa::avx2 : cpu_isa(
 // sequential, short enough to balance the threads.
 constexpr size_t kGemvBlockRows = 16;
 
-// Activation rows from which the even/odd bf16 kernel pays for permuting x.
+// Activation rows from which GEMV is compute-bound: the even/odd bf16 kernel pays for
+// permuting x, and MatmulPrecision::bf16 switches to VDPBF16PS dot products.
 constexpr size_t kEvenOddMinRows = 4;
 
-// x as one GEMV region reads it: as given, or permuted for the even/odd bf16 kernel when
-// every weight allows it (bf16, in % 32 == 0, AVX-512) and the rows make GEMV compute-bound.
+// x as one GEMV region reads it: as given; from 4 rows with every weight bf16, in % 32 == 0
+// and AVX-512, either rounded to bf16 for VDPBF16PS (MatmulPrecision::bf16, llama.cpp's
+// arithmetic) or permuted for the even/odd fp32 kernel.
 struct GemvInput {
+  enum class Kernel { plain, even_odd, bf16_dot };
   const float* x;
+  const uint16_t* x_bf16 = nullptr;
   size_t rows;
   CpuIsa isa;
-  bool even_odd;
+  Kernel kernel = Kernel::plain;
 
   GemvInput(const float* x_in, size_t n_rows, size_t in, bool bf16_weights, MatmulWorkspace& ws)
-      : x(x_in),
-        rows(n_rows),
-        isa(gemv_isa()),
-        even_odd(bf16_weights && isa == CpuIsa::avx512 && n_rows >= kEvenOddMinRows && in % 32 == 0) {
-    if (!even_odd) return;
+      : x(x_in), rows(n_rows), isa(gemv_isa()) {
+    if (!bf16_weights || isa != CpuIsa::avx512 || n_rows < kEvenOddMinRows || in % 32 != 0) return;
+    if (ws.precision == MatmulPrecision::bf16) {
+      kernel = Kernel::bf16_dot;
+      ws.x_bf16.resize(n_rows * in);
+      detail::f32_to_bf16_pairs_avx512(x_in, n_rows, in, ws.x_bf16.data());
+      x_bf16 = ws.x_bf16.data();
+      return;
+    }
+    kernel = Kernel::even_odd;
     ws.x_even_odd.resize(n_rows * in);
     detail::permute_even_odd(x_in, n_rows, in, ws.x_even_odd.data());
     x = ws.x_even_odd.data();
@@ -57,12 +66,15 @@ struct GemvInput {
 
   // Output rows [o_begin, o_end) of y = x · wᵀ.
   void run(const Tensor& w, float* y, size_t o_begin, size_t o_end) const {
-    const size_t out = static_cast<size_t>(w.dim(0));
-    if (even_odd) {
-      detail::gemv_bf16_even_odd_avx512(w.data<uint16_t>(), static_cast<size_t>(w.dim(1)), x, rows, y, out, o_begin,
-                                        o_end);
-    } else {
-      gemv_rows(isa, x, rows, w, y, o_begin, o_end);
+    const size_t out = static_cast<size_t>(w.dim(0)), in = static_cast<size_t>(w.dim(1));
+    switch (kernel) {
+      case Kernel::bf16_dot:
+        detail::gemv_bf16_dot_avx512(w.data<uint16_t>(), in, x_bf16, rows, y, out, o_begin, o_end);
+        break;
+      case Kernel::even_odd:
+        detail::gemv_bf16_even_odd_avx512(w.data<uint16_t>(), in, x, rows, y, out, o_begin, o_end);
+        break;
+      case Kernel::plain: gemv_rows(isa, x, rows, w, y, o_begin, o_end); break;
     }
   }
 };

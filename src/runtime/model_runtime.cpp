@@ -25,7 +25,7 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
                    "transparent huge pages: decode streams every weight per token and ran 1.4x faster so on the dev VM) "
                    "or mmap (the checkpoint's pages, zero-copy, shared with other processes)");
   flags.add_string("matmul-precision", &c.matmul_precision,
-                   "arithmetic of the CPU backend's many-row matmuls (prefill, decode batches over 8) on bf16 weights: "
+                   "arithmetic of the CPU backend's compute-bound matmuls (prefill, decode steps of 4 or more sequences) on bf16 weights: "
                    "fp32 (weights widened, sgemm; matches transformers' fp32 logits) or bf16 (activations rounded to "
                    "bf16, AVX-512 BF16 dot products: llama.cpp's arithmetic, ~2x the prefill GEMM rate; runs as fp32 "
                    "without AVX-512 BF16)");

@@ -152,6 +152,41 @@ TEST_CASE("matmul bf16 precision: the VDPBF16PS GEMM equals a double reference o
   }
 }
 
+TEST_CASE("matmul bf16 precision, GEMV rows: VDPBF16PS from 4 rows equals a double reference on bf16-rounded rows",
+          "[kernels][matmul]") {
+  ThreadPool pool(2);
+  cpu::MatmulWorkspace ws, ws_f32;
+  ws.precision = cpu::MatmulPrecision::bf16;
+  for (int64_t in : {32, 576, 100}) {  // 100: not a multiple of 32, fp32 GEMV whatever the rows
+    const Tensor w = random_weight(DType::bf16, 45, in, 700 + static_cast<uint64_t>(in));
+    for (size_t rows = 1; rows <= cpu::kGemvMaxRows; ++rows) {
+      INFO("in " << in << " rows " << rows);
+      const std::vector<float> x = random_vec(rows * static_cast<size_t>(in), 40 + rows);
+      std::vector<float> got(rows * 45, -1.0f), f32(got.size(), -2.0f);
+      cpu::matmul(x.data(), rows, w, got.data(), pool, ws);
+      cpu::matmul(x.data(), rows, w, f32.data(), pool, ws_f32);
+      const bool dot = cpu_supports(CpuIsa::avx512) && rows >= 4 && in % 32 == 0;
+      if (!dot) {
+        REQUIRE(got == f32);  // memory-bound GEMVs (or no AVX-512 BF16 / odd widths) stay fp32, bit for bit
+        continue;
+      }
+      for (size_t r = 0; r < rows; ++r) {
+        for (int64_t o = 0; o < 45; ++o) {
+          double want = 0, magnitude = 0;
+          for (int64_t i = 0; i < in; ++i) {
+            const double xr = bf16_to_f32(f32_to_bf16(x[r * static_cast<size_t>(in) + static_cast<size_t>(i)]));
+            const double term = xr * bf16_to_f32(w.data<uint16_t>()[o * in + i]);
+            want += term;
+            magnitude += std::abs(term);
+          }
+          REQUIRE(std::abs(got[r * 45 + static_cast<size_t>(o)] - want) <= 1e-6 * magnitude + 1e-6);
+        }
+      }
+      CHECK(got != f32);  // the rounded activations show: this is not the fp32 kernel
+    }
+  }
+}
+
 TEST_CASE("matmul's GEMV path (even/odd bf16 kernel from 4 rows) equals the scalar reference", "[kernels][matmul]") {
   ThreadPool pool(2);
   cpu::MatmulWorkspace ws;

@@ -21,11 +21,12 @@ namespace hack::cpu {
 /// Rows of x at or below which matmul() streams weights (GEMV) instead of calling sgemm.
 inline constexpr size_t kGemvMaxRows = 8;
 
-/// Arithmetic of the many-row path (prefill chunks, decode batches over kGemvMaxRows) on
-/// bf16 weights. f32: the weights widened to fp32, OpenBLAS sgemm (matches transformers in
-/// fp32 to ~1e-5). bf16: the activations rounded to bf16 and multiplied with VDPBF16PS,
-/// fp32 accumulation — llama.cpp's arithmetic for bf16 weights, twice the multiply rate;
-/// needs AVX-512 BF16, elsewhere it runs as f32. The GEMV (decode) path is fp32 always.
+/// Arithmetic of the compute-bound matmuls (prefill chunks, decode steps of 4 or more rows)
+/// on bf16 weights. f32: the weights widened to fp32 (OpenBLAS sgemm, or the fp32 GEMV;
+/// matches transformers in fp32 to ~1e-5). bf16: the activations rounded to bf16 and
+/// multiplied with VDPBF16PS, fp32 accumulation — llama.cpp's arithmetic for bf16 weights,
+/// twice the multiply rate; needs AVX-512 BF16, elsewhere it runs as f32. GEMVs of 1–3 rows
+/// (memory-bound) stay fp32 in both.
 enum class MatmulPrecision { f32, bf16 };
 
 /// Parses "fp32" | "bf16" (the --matmul-precision flag).
@@ -36,7 +37,7 @@ struct MatmulWorkspace {
   MatmulPrecision precision = MatmulPrecision::f32;
   std::vector<float> weight_tile;            // f32: fp32 tiles of 16-bit weights for sgemm
   std::vector<float> x_even_odd;             // GEMV: x permuted for the even/odd bf16 kernel
-  std::vector<uint16_t> x_bf16;              // bf16: the activations
+  std::vector<uint16_t> x_bf16;              // bf16: the activations (GEMM and GEMV)
   std::vector<std::vector<uint32_t>> packs;  // bf16: one packed weight panel per thread
 };
 
