@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <variant>
 
 #include <spdlog/spdlog.h>
@@ -46,7 +47,9 @@ struct DecodeScheduler::Command {
     uint64_t id;
     uint32_t layer;
     KvMessageKind kind;
-    std::vector<std::byte> payload;
+    std::unique_ptr<std::byte[]> bytes;
+    size_t size;
+    std::span<const std::byte> payload() const { return {bytes.get(), size}; }
   };
   struct KvComplete {
     uint64_t id;
@@ -118,8 +121,14 @@ Status DecodeScheduler::submit(DecodeRequest request, DecodeEventFn on_event) {
 
 void DecodeScheduler::cancel(uint64_t id) { post(Command{Command::Cancel{id}}); }
 
-void DecodeScheduler::import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload) {
-  post(Command{Command::KvMessage{id, layer, kind, std::vector<std::byte>(payload.begin(), payload.end())}});
+void DecodeScheduler::import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload,
+                                std::unique_ptr<std::byte[]> owned) {
+  HACK_CHECK(!owned || owned.get() == payload.data(), "import_kv: `owned` must hold the payload");
+  if (!owned) {
+    owned = std::make_unique_for_overwrite<std::byte[]>(payload.size());
+    if (!payload.empty()) std::memcpy(owned.get(), payload.data(), payload.size());
+  }
+  post(Command{Command::KvMessage{id, layer, kind, std::move(owned), payload.size()}});
 }
 
 void DecodeScheduler::kv_complete(uint64_t id, SampleResult first, uint64_t seed) {
@@ -222,14 +231,14 @@ void DecodeScheduler::handle(Command& command) {
             if (c.kind == KvMessageKind::exact_copy) {
               // Only for the vault: a bad one costs the vault store, never the request.
               try {
-                if (r.recorder) r.recorder->add_exact_message(static_cast<int>(c.layer), c.payload);
+                if (r.recorder) r.recorder->add_exact_message(static_cast<int>(c.layer), c.payload());
               } catch (const Error& e) {
                 spdlog::warn("request {}: exact copy dropped: {}", c.id, e.what());
               }
               return;
             }
             try {
-              import_message(kv_, r.seq_id, static_cast<int>(c.layer), c.kind, c.payload);
+              import_message(kv_, r.seq_id, static_cast<int>(c.layer), c.kind, c.payload());
             } catch (const Error& e) {
               fail(r, fmt::format("bad KV from the prefill node: {}", e.what()));
             }

@@ -203,6 +203,7 @@ struct UcxWorker::Impl {
   std::deque<std::function<void()>> deferred;
   std::unordered_set<SendOp*> sends;
   std::unordered_set<RecvOp*> recvs;
+  RecvOp* delivering = nullptr;  // the rendezvous message whose handler runs now
 
   explicit Impl(UcxOptions opts) : options(std::move(opts)), context(options), worker(context.handle) {
     ucs_status_t status = ucp_worker_get_efd(worker.handle, &ucx_fd);
@@ -518,8 +519,11 @@ struct UcxWorker::Impl {
     if (status.is_ok()) {
       ++messages_received;
       ++rndv_received;
-      if (it != handlers.end() && it->second->on_message)
+      if (it != handlers.end() && it->second->on_message) {
+        delivering = op;  // its buffer may be taken during the call (take_received_payload)
         guarded([&] { it->second->on_message(op->from, op->header, std::span<const std::byte>(op->payload.get(), op->payload_bytes)); });
+        delivering = nullptr;
+      }
     } else if (it != handlers.end() && it->second->on_error) {
       guarded([&] { it->second->on_error(op->from, op->header, status); });
     } else {
@@ -715,6 +719,14 @@ void UcxWorker::send(EndpointId endpoint, uint16_t am_id, std::vector<std::byte>
 void UcxWorker::send_borrowed(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
                               std::span<const std::byte> payload, SendCallback done) {
   impl_->submit(endpoint, am_id, new Impl::SendOp{impl_.get(), std::move(header), {}, payload, std::move(done)});
+}
+
+std::unique_ptr<std::byte[]> UcxWorker::take_received_payload(std::span<const std::byte> payload) {
+  if (!on_worker_thread()) return nullptr;
+  Impl::RecvOp* op = impl_->delivering;
+  if (op == nullptr || !op->payload || op->payload.get() != payload.data() || op->payload_bytes != payload.size())
+    return nullptr;
+  return std::move(op->payload);
 }
 
 void UcxWorker::run_on_worker(const std::function<void()>& fn) { impl_->call(fn); }

@@ -144,8 +144,11 @@ class DecodeScheduler {
   /// Unknown ids are ignored.
   void cancel(uint64_t id);
 
-  /// KV from a prefill node, in the order it was sent (any thread; payload copied).
-  void import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload);
+  /// KV from a prefill node, in the order it was sent (any thread). `owned`, when given, is
+  /// the memory `payload` lies in (UcxWorker::take_received_payload) and is kept as is;
+  /// otherwise the payload is copied.
+  void import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload,
+                 std::unique_ptr<std::byte[]> owned = nullptr);
   /// Every layer has arrived; `first` was sampled by the prefill node with `seed`.
   void kv_complete(uint64_t id, SampleResult first, uint64_t seed);
   /// The transfer failed (bad page, lost prefill node): the request fails with `error`.

@@ -131,6 +131,12 @@ class UcxWorker {
   void send_borrowed(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
                      std::span<const std::byte> payload, SendCallback done);
 
+  /// From a message handler: the buffer a rendezvous payload was received into, when
+  /// `payload` is exactly that payload, so the handler keeps the bytes without copying them
+  /// (the span stays valid, now owned by the caller). Empty for an eager payload (UCX's own
+  /// memory, valid only during the call), any other span, or outside a handler.
+  std::unique_ptr<std::byte[]> take_received_payload(std::span<const std::byte> payload);
+
   /// Runs fn on the progress thread (now, if called from it) and waits for it.
   void run_on_worker(const std::function<void()>& fn);
   bool on_worker_thread() const;

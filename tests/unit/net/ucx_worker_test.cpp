@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 
 #include "hack/net/ucx_worker.h"
@@ -164,6 +165,47 @@ TEST_CASE("ucx worker: without accept_address_peers a peer connected by address 
   REQUIRE(inbox.wait_count(1));
   std::lock_guard lock(inbox.mutex);
   CHECK(inbox.from.front() == 0);
+}
+
+TEST_CASE("ucx worker: a handler takes a rendezvous payload's buffer instead of copying it", "[net][ucx]") {
+  UcxWorker server(test::options_for("tcp"));
+  UcxWorker client(test::options_for("tcp"));
+  struct Taken {
+    size_t bytes = 0;
+    bool same_memory = false, subspan_refused = false;
+    std::unique_ptr<std::byte[]> buffer;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Taken> taken;
+  server.set_message_handler(kTestAm, [&](EndpointId, auto, std::span<const std::byte> p) {
+    Taken t;
+    t.bytes = p.size();
+    // Only the whole payload can be taken (KvReceiver hands out whole payloads).
+    t.subspan_refused = p.size() < 2 || server.take_received_payload(p.subspan(1)) == nullptr;
+    t.buffer = server.take_received_payload(p);
+    t.same_memory = t.buffer && t.buffer.get() == p.data();
+    std::lock_guard lock(mutex);
+    taken.push_back(std::move(t));
+    changed.notify_all();
+  });
+  const EndpointId ep = client.connect("127.0.0.1", server.listen("127.0.0.1", 0));
+  const auto big = test::random_bytes(size_t{3} << 20, 1), small = test::random_bytes(100, 2);
+  SendResult sent;
+  client.send(ep, kTestAm, test::random_bytes(24, 3), big, sent.callback());  // ≥ 1 MiB: rendezvous
+  REQUIRE(sent.wait_count(1));
+  client.send(ep, kTestAm, test::random_bytes(24, 4), small, sent.callback());  // eager
+  REQUIRE(sent.wait_count(2));
+  std::unique_lock lock(mutex);
+  REQUIRE(changed.wait_for(lock, std::chrono::duration<double>(test::kWaitS), [&] { return taken.size() == 2; }));
+  if (taken[0].bytes != big.size()) std::swap(taken[0], taken[1]);  // handlers may run in either order
+  CHECK(taken[0].bytes == big.size());
+  CHECK(taken[0].subspan_refused);
+  REQUIRE(taken[0].same_memory);
+  CHECK(std::memcmp(taken[0].buffer.get(), big.data(), big.size()) == 0);  // still the message, after the handler
+  CHECK(taken[1].bytes == small.size());
+  CHECK(taken[1].buffer == nullptr);  // UCX's own memory: the handler copies
+  CHECK(server.take_received_payload(big) == nullptr);  // outside a handler
 }
 
 TEST_CASE("ucx worker: a malformed worker address is an error", "[net][ucx]") {
