@@ -18,6 +18,11 @@ namespace {
 
 // How often a job waiting for its KV to leave looks at its cancel flag.
 constexpr double kDrainPollS = 0.02;
+// How long an ended job waits for UCX to let go of its borrowed pages before the worker moves
+// on (the sequence is then freed later), and how often such sequences are looked at again.
+constexpr double kReleaseWaitS = 0.5;
+// How long shutdown waits for UCX to let go of such pages once their endpoints are closed.
+constexpr double kShutdownReleaseS = 5.0;
 
 std::string peer_key(const DecodePeer& peer) { return peer.host + ":" + std::to_string(peer.port); }
 
@@ -70,6 +75,18 @@ PrefillWorker::~PrefillWorker() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Pages UCX may still read must outlive its sends: close the endpoints of such requests
+  // (their sends fail) and wait; if UCX still holds them, the cache is left allocated.
+  for (const Unsent& u : unsent_) ucx_.close(u.endpoint);
+  for (const Unsent& u : unsent_) {
+    if (sender_->wait_request_closed(u.request_id, kShutdownReleaseS)) continue;
+    spdlog::error("prefill worker: UCX still holds KV pages of request {} at shutdown; the KV cache is not freed",
+                  u.request_id);
+    (void)engine_.release();  // the engine refers to the cache
+    (void)backend_.release();
+    (void)kv_.release();
+    break;
+  }
   // Before the members its callbacks use (mutex_, peers_) go: ~KvSender unhooks them.
   sender_.reset();
   for (Queued& q : left) {
@@ -181,12 +198,37 @@ net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
   return endpoint;
 }
 
+void PrefillWorker::release_unsent() {
+  if (unsent_.empty()) return;
+  const size_t before = unsent_.size();
+  std::erase_if(unsent_, [&](const Unsent& u) {
+    if (!sender_->wait_request_closed(u.request_id, 0.0)) return false;
+    engine_->remove_sequence(u.seq);
+    return true;
+  });
+  if (unsent_.size() == before) return;
+  std::lock_guard lock(mutex_);
+  update_kv_stats();
+}
+
+void PrefillWorker::update_kv_stats() {
+  const KvCacheStats kv = kv_->stats();
+  stats_.kv_sequences = kv.sequences;
+  stats_.kv_bytes_used = kv.bytes_used;
+}
+
 void PrefillWorker::run() {
   for (;;) {
+    release_unsent();
     Queued queued;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      const auto ready = [&] { return stopping_ || !queue_.empty(); };
+      if (unsent_.empty()) {
+        wake_.wait(lock, ready);
+      } else if (!wake_.wait_for(lock, std::chrono::duration<double>(kReleaseWaitS), ready)) {
+        continue;  // look at the unsent requests again
+      }
       if (stopping_) return;
       queued = std::move(queue_.front());
       queue_.pop_front();
@@ -222,9 +264,7 @@ void PrefillWorker::run() {
       } else {
         ++stats_.jobs_failed;
       }
-      const KvCacheStats kv = kv_->stats();
-      stats_.kv_sequences = kv.sequences;
-      stats_.kv_bytes_used = kv.bytes_used;
+      update_kv_stats();
     }
     if (queued.job.on_done) queued.job.on_done(queued.job.request_id, std::move(outcome));
   }
@@ -352,11 +392,12 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     if (peer) sender_->cancel(*peer, id, status.message());
   }
   // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is done
-  // with every message of the request (at once on success, where wait_request saw them all
-  // out). A request UCX never lets go of keeps its pages: leaked, not freed under a send.
-  if (added && peer && !sender_->wait_request_closed(id, options_.send_timeout_s)) {
-    spdlog::error("prefill: request {}: UCX still holds its KV {} s after it ended; its pages stay allocated", id,
-                  options_.send_timeout_s);
+  // with every message of the request — at once on success (wait_request saw them all out)
+  // and soon after a broken transport (its sends fail). A decode node that stalls holds them
+  // longer: the sequence is then freed later (release_unsent) and the worker goes on.
+  if (added && peer && !sender_->wait_request_closed(id, kReleaseWaitS)) {
+    spdlog::warn("prefill: request {}: UCX still holds some of its KV pages; freed once it lets go", id);
+    unsent_.push_back(Unsent{id, seq, *peer});
     added = false;
   }
   if (added) engine_->remove_sequence(seq);

@@ -154,6 +154,10 @@ class PrefillWorker {
   void drop_endpoint(net::EndpointId endpoint, const Status& reason);
   /// Whether a failed job is worth running again on a fresh endpoint (see send_retries).
   bool retryable(const PrefillJob& job, const PrefillOutcome& outcome, std::optional<net::EndpointId> used);
+  /// Frees the sequences of ended requests whose borrowed pages UCX has now let go of.
+  void release_unsent();
+  /// Refreshes stats_'s KV fields from the cache (mutex_ held).
+  void update_kv_stats();
 
   const ModelConfig& config_;
   net::UcxWorker& ucx_;
@@ -178,6 +182,14 @@ class PrefillWorker {
   std::map<std::string, net::EndpointId> peers_;  // "host:port" → endpoint
   std::deque<net::EndpointId> lost_endpoints_;  // recently lost or dropped (mutex_): never cached again
   int next_seq_id_ = 1;
+  // Ended requests UCX still held pages of (a stalled decode node): their sequences are freed
+  // by release_unsent once the sender has let go. Engine thread only (then the destructor).
+  struct Unsent {
+    uint64_t request_id;
+    int seq;
+    net::EndpointId endpoint;
+  };
+  std::vector<Unsent> unsent_;
   std::thread thread_;
 };
 

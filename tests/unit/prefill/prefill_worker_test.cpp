@@ -345,6 +345,86 @@ TEST_CASE("prefill worker: losing the decode node fails the job and frees its KV
   CHECK(worker.stats().send_retries == 0);
 }
 
+TEST_CASE("prefill worker: pages a stalled decode node still holds are freed once UCX lets go, and the worker goes on",
+          "[server][prefill]") {
+  Fixture f;
+  Inbox inbox_a, inbox_b;
+  net::UcxWorker rx_a(net::test::options_for("tcp")), rx_b(net::test::options_for("tcp"));
+  net::KvReceiver receiver_a(rx_a, inbox_a.callbacks()), receiver_b(rx_b, inbox_b.callbacks());
+  const uint16_t port_a = rx_a.listen("127.0.0.1", 0), port_b = rx_b.listen("127.0.0.1", 0);
+  // Every message by rendezvous: a send completes only once the receiver has fetched it.
+  net::UcxOptions tx_options = net::test::options_for("tcp");
+  tx_options.rndv_min_bytes = 1;
+  net::UcxWorker tx_worker(tx_options);
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::hack);  // closed HACK pages leave borrowed from the cache
+  wo.engine.prefill_chunk_tokens = 64;
+  Outcomes outcomes;
+  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  auto job_of = [&](uint64_t id, uint16_t port) {
+    PrefillJob job;
+    job.request_id = id;
+    job.tokens = test::random_prompt(1500, f.cfg.vocab_size, static_cast<uint32_t>(id));
+    job.sampling.temperature = 0.0f;
+    job.peer.host = "127.0.0.1";
+    job.peer.port = port;
+    job.on_done = outcomes.callback();
+    return job;
+  };
+
+  // Node A stalls (its progress thread held) once its first message is in.
+  REQUIRE(worker.submit(job_of(1, port_a)).is_ok());
+  REQUIRE(inbox_a.wait_seen(1, net::test::kWaitS));
+  std::mutex hold_mutex;
+  std::condition_variable hold_changed;
+  bool held = false, release = false;
+  auto let_go = [&] {
+    std::lock_guard lock(hold_mutex);
+    release = true;
+    hold_changed.notify_all();
+  };
+  std::thread holder([&] {
+    rx_a.run_on_worker([&] {
+      std::unique_lock lock(hold_mutex);
+      held = true;
+      hold_changed.notify_all();
+      hold_changed.wait(lock, [&] { return release; });
+    });
+  });
+  struct Joiner {  // a failed REQUIRE below must not leave node A held
+    std::function<void()> let_go;
+    std::thread& thread;
+    ~Joiner() {
+      let_go();
+      if (thread.joinable()) thread.join();
+    }
+  } joiner{let_go, holder};
+  {
+    std::unique_lock lock(hold_mutex);
+    REQUIRE(hold_changed.wait_for(lock, std::chrono::duration<double>(net::test::kWaitS), [&] { return held; }));
+  }
+  // The job ends (the router gave up on A) while UCX still sends its pages to A.
+  CHECK(worker.cancel(1));
+  REQUIRE(outcomes.wait(1, net::test::kWaitS));
+  CHECK_THAT(outcomes.error_of(1), Catch::Contains("cancelled"));
+  CHECK(worker.stats().kv_sequences == 1);  // its pages are not freed under a send
+
+  // The worker serves the next job meanwhile.
+  REQUIRE(worker.submit(job_of(2, port_b)).is_ok());
+  REQUIRE(outcomes.wait(2, net::test::kWaitS));
+  CHECK(std::holds_alternative<PrefillResult>(outcomes.by_id.at(2)));
+  CHECK(worker.stats().kv_sequences == 1);
+
+  // A resumes: its sends complete and the worker frees the sequence on its own.
+  let_go();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (worker.stats().kv_sequences != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(worker.stats().kv_sequences == 0);
+  CHECK(worker.stats().kv_bytes_used == 0);
+  CHECK(worker.kv().stats().sequences == 0);
+}
+
 namespace {
 
 // Every KV message of one request as the receiver got it, in order: (kind, layer, bytes).
