@@ -4,8 +4,10 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -42,6 +44,9 @@ struct VaultClient::Shared {
   mutable std::mutex mutex;
   std::condition_variable changed;
   std::optional<EndpointId> endpoint;
+  // Endpoints UCX reported lost (the newest few): a dial that fails before endpoint_of has
+  // stored its result reports the loss first, and must not leave a dead endpoint stored.
+  std::deque<EndpointId> lost;
   double last_dial_s = -1e30;
   bool dialling = false;
   uint64_t next_id = 1;
@@ -111,13 +116,20 @@ struct VaultClient::Shared {
 
   void on_disconnect(EndpointId ep, const Status& reason) {
     std::lock_guard lock(mutex);
+    lost.push_back(ep);
+    if (lost.size() > 16) lost.pop_front();
+    forget_endpoint(ep);
+    for (auto& [id, call] : calls)
+      if (call->endpoint == ep) fail_call(*call, "lost the vault: " + reason.message());
+    changed.notify_all();
+  }
+
+  // Under the lock: the next call dials again if `ep` is the one in use.
+  void forget_endpoint(EndpointId ep) {
     if (endpoint && *endpoint == ep) {
       endpoint.reset();
       ++stats.disconnects;
     }
-    for (auto& [id, call] : calls)
-      if (call->endpoint == ep) fail_call(*call, "lost the vault: " + reason.message());
-    changed.notify_all();
   }
 
   // Waits until `call` is answered or failed, then forgets it.
@@ -248,7 +260,7 @@ std::optional<EndpointId> endpoint_of(VaultClient::Shared& s, UcxWorker& worker,
   }
   std::lock_guard lock(s.mutex);
   s.dialling = false;
-  if (ep && !s.endpoint) s.endpoint = ep;
+  if (ep && !s.endpoint && std::find(s.lost.begin(), s.lost.end(), *ep) == s.lost.end()) s.endpoint = ep;
   s.changed.notify_all();
   if (!error.empty()) throw Error(error);
   return s.endpoint;
@@ -281,12 +293,15 @@ void VaultClient::store(const std::string& name_space, const BlockKey& key, cons
       encode_wire_header(make_wire_header(WireType::vault_store, 0, 0, 0, payload)), payload, WireChannel::data);
   std::weak_ptr<Shared> weak = shared_;
   const size_t bytes = value.size();
-  worker_.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, bytes](const Status& s) {
+  worker_.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, bytes, ep = *ep](const Status& s) {
     auto sh = weak.lock();
     if (!sh) return;
     std::lock_guard lock(sh->mutex);
     sh->store_bytes_in_flight -= bytes;
-    if (!s) ++sh->stats.store_errors;
+    if (!s) {
+      ++sh->stats.store_errors;
+      sh->forget_endpoint(ep);
+    }
     sh->changed.notify_all();
   });
 }
@@ -335,11 +350,12 @@ StartedCall start_call(VaultClient::Shared& s, UcxWorker& worker,
   std::vector<std::byte> header =
       o.auth.seal(encode_wire_header(make_wire_header(type, id, 0, 0, payload)), payload, WireChannel::data);
   std::weak_ptr<VaultClient::Shared> weak = owner;
-  worker.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, id](const Status& st) {
+  worker.send(*ep, kVaultRequestAmId, std::move(header), std::move(payload), [weak, id, ep = *ep](const Status& st) {
     if (st) return;
     auto sh = weak.lock();
     if (!sh) return;
     std::lock_guard lock(sh->mutex);
+    sh->forget_endpoint(ep);  // a send that fails on it: the next call dials again
     if (auto it = sh->calls.find(id); it != sh->calls.end()) sh->fail_call(*it->second, "vault send failed: " + st.message());
     sh->changed.notify_all();
   });

@@ -191,6 +191,37 @@ TEST_CASE("vault: an unreachable vault is an error within the timeout, and redia
   CHECK(client.stats().call_errors >= 2);
 }
 
+TEST_CASE("vault: a vault that starts where none listened is found by a later call, never behind a dead endpoint",
+          "[vault_server]") {
+  // Each dial to the dead port fails fast, and its failure may reach the client before the
+  // dial's own result (seen under load): the client must not keep that endpoint either way.
+  UcxWorker worker;
+  uint16_t port = 0;
+  {
+    UcxWorker probe;
+    port = probe.listen("127.0.0.1", 0);
+  }
+  VaultClient client(worker, VaultClientOptions{"127.0.0.1", port, 0.05});
+  const Chain c = make_chain("late", 2);
+  size_t n = 0;
+  for (int i = 0; i < 20; ++i) {
+    CHECK_FALSE(client.lookup("default", c.keys, 1.0, n));
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the redial interval
+  }
+  VaultServerConfig config;
+  config.port = 0;
+  config.ucx_port = port;
+  config.max_bytes = "64M";
+  VaultServer server(config);
+  bool found = false;
+  for (int i = 0; i < 40 && !found; ++i) {
+    found = client.lookup("default", c.keys, 1.0, n).is_ok();
+    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  }
+  CHECK(found);
+  CHECK(n == 0);  // an empty vault answers: nothing stored yet
+}
+
 TEST_CASE("vault: stores racing promotes never serve a partial block", "[vault_server]") {
   Fixture f;
   const Chain c = make_chain("race", 8);
