@@ -76,6 +76,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Seconds between health polls while a node answers that it is not ready yet.
+constexpr double kStartingRepollS = 0.25;
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A node-side request id: random, so ids of several routers do not collide.
@@ -430,6 +433,7 @@ struct RouterServer::Impl {
   std::mutex health_mutex;
   std::condition_variable health_cv;
   bool health_stop = false;
+  bool health_starting = false;  // the first poll found a node not ready yet (set before health_thread starts)
   std::thread health_thread;
 
   std::unique_ptr<HttpServer> http;
@@ -474,7 +478,7 @@ struct RouterServer::Impl {
     decode_nodes = parse_nodes(config.decode, "decode");
     for (const NodeAddress& n : prefill_nodes) prefill_pool.add(n);
     for (const NodeAddress& n : decode_nodes) decode_pool.add(n);
-    poll_health();  // a cluster that is up is routable at once
+    health_starting = poll_health();  // a cluster that is up is routable at once
 
     HttpServerOptions ho;
     ho.host = config.host;
@@ -506,7 +510,8 @@ struct RouterServer::Impl {
 
   // ---- health ---------------------------------------------------------------------------
 
-  void poll_node(NodePool& pool, const NodeAddress& node, const char* role) {
+  // Returns true for a node that answered but is not ready yet (not draining).
+  bool poll_node(NodePool& pool, const NodeAddress& node, const char* role) {
     try {
       const double timeout = std::max(0.5, std::min(2.0, 2.0 * config.health_interval_s));
       const NodeHealth h = fetch_health(node, timeout);
@@ -522,27 +527,35 @@ struct RouterServer::Impl {
       seen = h.kv_bytes_transferred;
       if (h.draining || !h.ready) {  // not ready: a decode node whose UCX listener has not passed its self-probe
         pool.report_draining(node.name);
-      } else {
-        pool.report_success(node.name, h.queue_tokens);
+        return !h.draining;
       }
+      pool.report_success(node.name, h.queue_tokens);
     } catch (const std::exception& e) {
       spdlog::debug("health of {} node {}: {}", role, node.name, e.what());
       pool.report_failure(node.name);
     }
+    return false;
   }
 
-  void poll_health() {
-    for (const NodeAddress& n : prefill_nodes) poll_node(prefill_pool, n, "prefill");
-    for (const NodeAddress& n : decode_nodes) poll_node(decode_pool, n, "decode");
+  // Polls every node; true if one answered that it is not ready yet.
+  bool poll_health() {
+    bool starting = false;
+    for (const NodeAddress& n : prefill_nodes) starting |= poll_node(prefill_pool, n, "prefill");
+    for (const NodeAddress& n : decode_nodes) starting |= poll_node(decode_pool, n, "decode");
+    return starting;
   }
 
   void health_loop() {
     std::unique_lock lock(health_mutex);
+    bool starting = health_starting;
     while (!health_stop) {
-      health_cv.wait_for(lock, std::chrono::duration<double>(config.health_interval_s));
+      // A node still starting (its self-probe not passed) is asked again soon, whatever the
+      // interval: it is about to serve, and a long --health-interval would keep it out.
+      const double wait_s = starting ? std::min<double>(config.health_interval_s, kStartingRepollS) : config.health_interval_s;
+      health_cv.wait_for(lock, std::chrono::duration<double>(wait_s));
       if (health_stop) break;
       lock.unlock();
-      poll_health();
+      starting = poll_health();
       lock.lock();
     }
   }

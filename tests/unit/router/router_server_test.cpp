@@ -65,6 +65,7 @@ class FakeNode {
   int port() const { return server_.port(); }
 
   std::atomic<int> health_polls{0}, cancels{0};
+  std::atomic<bool> ready{true};  // what /health says (a decode node before its UCX self-probe: false)
   std::atomic<int> streams_open{0};
   std::atomic<int> long_streams_running{0};  // long streams (kLongTokens) that have sent a token
 
@@ -75,6 +76,7 @@ class FakeNode {
       NodeHealth h;
       h.role = role_;
       h.ucx_address = role_ == "decode" ? "127.0.0.1:1" : "";
+      h.ready = ready;
       res->send(200, "application/json", to_json(h));
     } else if (req.path == "/internal/cancel") {
       ++cancels;
@@ -312,6 +314,32 @@ TEST_CASE("a decode node that never answers cancels does not hold up the router'
   CHECK(s.decode_cancels >= kLongCalls);
   CHECK(s.polls_after == s.polls);
   CHECK(s.streams_ended);
+}
+
+TEST_CASE("a decode node not ready at the router's first poll is routed to once ready, whatever the health interval",
+          "[server][router]") {
+  FakeNode prefill("prefill"), decode("decode");
+  decode.ready = false;
+  RouterConfig config = router_config(prefill, decode);
+  config.health_interval_s = 1000;  // the next regular poll would be in 17 minutes
+  RouterServer router(config);
+  auto router_health = [&] {
+    HttpClientRequest r;
+    r.host = "127.0.0.1";
+    r.port = router.port();
+    r.target = "/health";
+    r.timeout_s = 10;
+    return http_request(r).status;
+  };
+  CHECK(router_health() == 503);  // no decode node ready
+  decode.ready = true;
+  int status = 0;
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    status = router_health();
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(status == 200);
+  CHECK(http_request(completion_request(router.port(), completion_body(2, /*stream=*/false))).status == 200);
 }
 
 TEST_CASE("a router whose port is taken throws hack::Error instead of aborting", "[server][router]") {
