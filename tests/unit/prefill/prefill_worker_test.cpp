@@ -113,6 +113,58 @@ struct Outcomes {
   }
 };
 
+// A greedy job of `length` random prompt tokens (seeded by its id) for the decode node
+// listening on 127.0.0.1:port, reporting to `outcomes`.
+PrefillJob greedy_job(uint64_t id, int length, int vocab_size, uint16_t port, Outcomes& outcomes) {
+  PrefillJob job;
+  job.request_id = id;
+  job.tokens = test::random_prompt(length, vocab_size, static_cast<uint32_t>(id));
+  job.sampling.temperature = 0.0f;
+  job.peer.host = "127.0.0.1";
+  job.peer.port = port;
+  job.on_done = outcomes.callback();
+  return job;
+}
+
+// Holds a UCX worker's progress thread (a stalled node) from construction until let_go() or
+// destruction, so a failed REQUIRE never leaves it held.
+class ProgressHold {
+ public:
+  explicit ProgressHold(net::UcxWorker& worker)
+      : thread_([this, &worker] {
+          worker.run_on_worker([this] {
+            std::unique_lock lock(mutex_);
+            held_ = true;
+            changed_.notify_all();
+            changed_.wait(lock, [&] { return release_; });
+          });
+        }) {}
+  ~ProgressHold() { let_go(); }
+  ProgressHold(const ProgressHold&) = delete;
+  ProgressHold& operator=(const ProgressHold&) = delete;
+
+  // Whether the progress thread is held now (waits up to timeout_s for it).
+  bool wait_held(double timeout_s) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return held_; });
+  }
+  // Lets the progress thread go on and waits until it has.
+  void let_go() {
+    {
+      std::lock_guard lock(mutex_);
+      release_ = true;
+      changed_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool held_ = false, release_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 struct Fixture {
   ModelConfig cfg = test::small_synthetic_config();
   Model model = Model::synthetic(cfg, 99);
@@ -259,16 +311,7 @@ TEST_CASE("prefill worker: cancel a queued and a running job", "[server][prefill
   wo.engine.prefill_chunk_tokens = 64;
   Outcomes outcomes;
   PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
-  auto job_of = [&](uint64_t id, int length) {
-    PrefillJob job;
-    job.request_id = id;
-    job.tokens = test::random_prompt(length, f.cfg.vocab_size, static_cast<uint32_t>(id));
-    job.sampling.temperature = 0.0f;
-    job.peer.host = "127.0.0.1";
-    job.peer.port = port;
-    job.on_done = outcomes.callback();
-    return job;
-  };
+  auto job_of = [&](uint64_t id, int length) { return greedy_job(id, length, f.cfg.vocab_size, port, outcomes); };
   REQUIRE(worker.submit(job_of(1, 3500)).is_ok());  // 55 chunks: long enough to be caught running
   REQUIRE(worker.submit(job_of(2, 100)).is_ok());
   CHECK(worker.queue_tokens() == 3600);
@@ -359,46 +402,11 @@ TEST_CASE("prefill worker: pages a stalled decode node still holds are freed onc
   wo.send_timeout_s = 1.0;  // the job gives up on a node that takes nothing
   Outcomes outcomes;
   PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
-  auto job_of = [&](uint64_t id, uint16_t port) {
-    PrefillJob job;
-    job.request_id = id;
-    job.tokens = test::random_prompt(1500, f.cfg.vocab_size, static_cast<uint32_t>(id));
-    job.sampling.temperature = 0.0f;
-    job.peer.host = "127.0.0.1";
-    job.peer.port = port;
-    job.on_done = outcomes.callback();
-    return job;
-  };
+  auto job_of = [&](uint64_t id, uint16_t port) { return greedy_job(id, 1500, f.cfg.vocab_size, port, outcomes); };
 
   // Node A is stalled (its progress thread held) before the job dials it.
-  std::mutex hold_mutex;
-  std::condition_variable hold_changed;
-  bool held = false, release = false;
-  auto let_go = [&] {
-    std::lock_guard lock(hold_mutex);
-    release = true;
-    hold_changed.notify_all();
-  };
-  std::thread holder([&] {
-    rx_a.run_on_worker([&] {
-      std::unique_lock lock(hold_mutex);
-      held = true;
-      hold_changed.notify_all();
-      hold_changed.wait(lock, [&] { return release; });
-    });
-  });
-  struct Joiner {  // a failed REQUIRE below must not leave node A held
-    std::function<void()> let_go;
-    std::thread& thread;
-    ~Joiner() {
-      let_go();
-      if (thread.joinable()) thread.join();
-    }
-  } joiner{let_go, holder};
-  {
-    std::unique_lock lock(hold_mutex);
-    REQUIRE(hold_changed.wait_for(lock, std::chrono::duration<double>(net::test::kWaitS), [&] { return held; }));
-  }
+  ProgressHold hold(rx_a);
+  REQUIRE(hold.wait_held(net::test::kWaitS));
   // The job fails (its KV never leaves) while UCX still holds its pages for A.
   REQUIRE(worker.submit(job_of(1, port_a)).is_ok());
   REQUIRE(outcomes.wait(1, net::test::kWaitS));
@@ -411,7 +419,7 @@ TEST_CASE("prefill worker: pages a stalled decode node still holds are freed onc
   CHECK(std::holds_alternative<PrefillResult>(outcomes.by_id.at(2)));
 
   // A resumes: UCX lets go of the pages and the worker frees the sequence on its own.
-  let_go();
+  hold.let_go();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (worker.stats().kv_sequences != 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -561,50 +569,15 @@ TEST_CASE("prefill worker: a decode node restarted on its port behind a stale en
     wo.send_retries = retries;
     Outcomes outcomes;
     PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
-    auto job_of = [&](uint64_t id) {
-      PrefillJob job;
-      job.request_id = id;
-      job.tokens = test::random_prompt(200, f.cfg.vocab_size, static_cast<uint32_t>(id));
-      job.sampling.temperature = 0.0f;
-      job.peer.host = "127.0.0.1";
-      job.peer.port = port;
-      job.on_done = outcomes.callback();
-      return job;
-    };
+    auto job_of = [&](uint64_t id) { return greedy_job(id, 200, f.cfg.vocab_size, port, outcomes); };
     REQUIRE(worker.submit(job_of(1)).is_ok());
     REQUIRE(outcomes.wait(1, net::test::kWaitS));
     REQUIRE(std::holds_alternative<PrefillResult>(outcomes.by_id.at(1)));
 
     // Hold the prefill side's progress thread while the node restarts, so the old
     // connection's end is still unread when job 2 picks its endpoint.
-    std::mutex hold_mutex;
-    std::condition_variable hold_changed;
-    bool held = false, release = false;
-    auto let_go = [&] {
-      std::lock_guard lock(hold_mutex);
-      release = true;
-      hold_changed.notify_all();
-    };
-    std::thread holder([&] {
-      tx_worker.run_on_worker([&] {
-        std::unique_lock lock(hold_mutex);
-        held = true;
-        hold_changed.notify_all();
-        hold_changed.wait(lock, [&] { return release; });
-      });
-    });
-    struct Joiner {  // a failed REQUIRE below must not leave the progress thread held
-      std::function<void()> let_go;
-      std::thread& thread;
-      ~Joiner() {
-        let_go();
-        if (thread.joinable()) thread.join();
-      }
-    } joiner{let_go, holder};
-    {
-      std::unique_lock lock(hold_mutex);
-      REQUIRE(hold_changed.wait_for(lock, std::chrono::duration<double>(net::test::kWaitS), [&] { return held; }));
-    }
+    ProgressHold hold(tx_worker);
+    REQUIRE(hold.wait_held(net::test::kWaitS));
     receiver_a.reset();
     rx_a.reset();
     Inbox inbox_b;
@@ -615,8 +588,7 @@ TEST_CASE("prefill worker: a decode node restarted on its port behind a stale en
     // The job prefills and queues its messages on the stale endpoint; they go nowhere until
     // the progress thread runs again (the job waits for them, up to send_timeout_s).
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    let_go();
-    holder.join();
+    hold.let_go();
     REQUIRE(outcomes.wait(2, net::test::kWaitS));
     if (retries > 0) {
       INFO(outcomes.error_of(2));

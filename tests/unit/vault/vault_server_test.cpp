@@ -58,6 +58,12 @@ Chain make_chain(const std::string& label, int blocks) {
   return c;
 }
 
+// A port a UCX listener had a moment ago: nothing listens there now.
+uint16_t unused_port() {
+  UcxWorker probe;
+  return probe.listen("127.0.0.1", 0);
+}
+
 struct Fixture {
   std::unique_ptr<VaultServer> server;
   std::unique_ptr<UcxWorker> worker = std::make_unique<UcxWorker>();
@@ -173,12 +179,7 @@ TEST_CASE("vault: bad stores are refused and the vault keeps serving", "[vault_s
 TEST_CASE("vault: an unreachable vault is an error within the timeout, and redials are rate-limited",
           "[vault_server]") {
   UcxWorker worker;
-  uint16_t dead_port = 0;
-  {
-    UcxWorker probe;
-    dead_port = probe.listen("127.0.0.1", 0);
-  }  // closed: nothing listens there now
-  VaultClient client(worker, VaultClientOptions{"127.0.0.1", dead_port, 60.0});
+  VaultClient client(worker, VaultClientOptions{"127.0.0.1", unused_port(), 60.0});
   const Chain c = make_chain("a", 1);
   size_t n = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -196,11 +197,7 @@ TEST_CASE("vault: a vault that starts where none listened is found by a later ca
   // Each dial to the dead port fails fast, and its failure may reach the client before the
   // dial's own result (seen under load): the client must not keep that endpoint either way.
   UcxWorker worker;
-  uint16_t port = 0;
-  {
-    UcxWorker probe;
-    port = probe.listen("127.0.0.1", 0);
-  }
+  const uint16_t port = unused_port();
   VaultClient client(worker, VaultClientOptions{"127.0.0.1", port, 0.05});
   const Chain c = make_chain("late", 2);
   size_t n = 0;
