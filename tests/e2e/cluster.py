@@ -143,6 +143,14 @@ class Daemon:
     def alive(self):
         return self.proc.poll() is None
 
+    def wait_data_plane_ready(self, timeout=READY_TIMEOUT_S):
+        """Blocks until a decode node's /health says "ready" (its UCX self-probe passed)."""
+        deadline = time.monotonic() + timeout
+        while not self.health().get("ready", True):
+            if time.monotonic() > deadline or not self.alive():
+                raise RuntimeError(f"{self.name} not ready within {timeout} s; log tail:\n{self.log_tail()}")
+            time.sleep(0.05)
+
     def health(self, timeout=5.0):
         """GET /health as a dict (nodes: queue_tokens, running, waiting, kv_sequences, ...)."""
         status, body, _ = http_get(self.port, "/health", timeout)
@@ -231,6 +239,11 @@ class Cluster:
                                                          *vault_args, *decode_flags], self.log_dir, self.env))
             for d in self.prefill + self.decode:
                 d.wait_ready()
+            # A decode node serves only once its UCX listener has passed the self-probe
+            # ("ready" in /health); until then routers skip it, and a test that counts on
+            # every node (shortest queue, retries) would see one node short.
+            for d in self.decode:
+                d.wait_data_plane_ready()
             self.router = self.add_router(router_flags) if router else None
         except BaseException:
             self.stop()
