@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "hack/core/error.h"
+#include "hack/core/hex.h"
 
 namespace hack {
 
@@ -41,26 +42,13 @@ class Sha256 {
 
 }  // namespace
 
-std::string to_hex(const BlockKey& key) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(key.size() * 2, '0');
-  for (size_t i = 0; i < key.size(); ++i) {
-    out[2 * i] = kDigits[key[i] >> 4];
-    out[2 * i + 1] = kDigits[key[i] & 15];
-  }
-  return out;
-}
+std::string to_hex(const BlockKey& key) { return hex_encode(key); }
 
 BlockKey parse_block_key(std::string_view hex) {
   HACK_CHECK(hex.size() == 64, "block key: expected 64 hex digits, got {} characters", hex.size());
-  auto digit = [&](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    fail("block key: '{}' is not a hex digit", c);
-  };
+  const std::vector<uint8_t> bytes = hex_decode(hex, "block key");
   BlockKey key{};
-  for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<uint8_t>(digit(hex[2 * i]) << 4 | digit(hex[2 * i + 1]));
+  std::copy(bytes.begin(), bytes.end(), key.begin());
   return key;
 }
 

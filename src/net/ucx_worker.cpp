@@ -28,6 +28,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "hack/core/hex.h"
+
 namespace hack::net {
 
 namespace {
@@ -50,31 +52,6 @@ sockaddr_storage resolve(const std::string& host, uint16_t port, socklen_t& leng
   std::memcpy(&out, found->ai_addr, found->ai_addrlen);
   length = found->ai_addrlen;
   freeaddrinfo(found);
-  return out;
-}
-
-std::string to_hex(std::span<const std::byte> bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (std::byte b : bytes) {
-    out.push_back(kDigits[std::to_integer<unsigned>(b) >> 4]);
-    out.push_back(kDigits[std::to_integer<unsigned>(b) & 15]);
-  }
-  return out;
-}
-
-// Hex (either case) to bytes; throws for an odd length or a character that is no hex digit.
-std::vector<std::byte> from_hex(const std::string& hex) {
-  auto digit = [&](char c) -> unsigned {
-    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
-    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
-    if (c >= 'A' && c <= 'F') return static_cast<unsigned>(c - 'A' + 10);
-    fail("UCX worker address: '{}' is not a hex digit", c);
-  };
-  if (hex.empty() || hex.size() % 2 != 0) fail("UCX worker address: {} hex digits (an even, non-zero number expected)", hex.size());
-  std::vector<std::byte> out(hex.size() / 2);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>(digit(hex[2 * i]) << 4 | digit(hex[2 * i + 1]));
   return out;
 }
 
@@ -212,7 +189,7 @@ struct UcxWorker::Impl {
     size_t address_bytes = 0;
     status = ucp_worker_get_address(worker.handle, &address, &address_bytes);
     if (status != UCS_OK) fail("ucp_worker_get_address: {}", ucs_status_string(status));
-    address_hex = to_hex(std::span(reinterpret_cast<const std::byte*>(address), address_bytes));
+    address_hex = hex_encode(std::span(reinterpret_cast<const uint8_t*>(address), address_bytes));
     ucp_worker_release_address(worker.handle, address);
   }
 
@@ -659,7 +636,8 @@ EndpointId UcxWorker::connect(const std::string& host, uint16_t port) {
 const std::string& UcxWorker::address() const { return impl_->address_hex; }
 
 EndpointId UcxWorker::connect_address(const std::string& hex_address) {
-  const std::vector<std::byte> address = from_hex(hex_address);
+  if (hex_address.empty()) fail("UCX worker address: 0 hex digits (an even, non-zero number expected)");
+  const std::vector<uint8_t> address = hex_decode(hex_address, "UCX worker address");
   EndpointId id = 0;
   impl_->call([&] {
     ucp_ep_params_t params{};
