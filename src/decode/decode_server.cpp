@@ -178,16 +178,16 @@ struct DecodeServer::Impl {
     cb.on_page = [this](uint64_t id, uint32_t layer, std::span<const std::byte> page) {
       kv_bytes_received += page.size();
       metrics.add_kv_bytes_transferred("decode", page.size());
-      scheduler->import_kv(id, layer, KvMessageKind::hack_page, page, worker->take_received_payload(page));
+      scheduler->import_kv(id, layer, KvMessageKind::hack_page, page, worker->retain_received_payload(page));
     };
     cb.on_exact = [this](uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
       kv_bytes_received += payload.size();
       metrics.add_kv_bytes_transferred("decode", payload.size());
-      scheduler->import_kv(id, layer, KvMessageKind::exact, payload, worker->take_received_payload(payload));
+      scheduler->import_kv(id, layer, KvMessageKind::exact, payload, worker->retain_received_payload(payload));
     };
     cb.on_exact_copy = [this](uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
       kv_bytes_received += payload.size();
-      scheduler->import_kv(id, layer, KvMessageKind::exact_copy, payload, worker->take_received_payload(payload));
+      scheduler->import_kv(id, layer, KvMessageKind::exact_copy, payload, worker->retain_received_payload(payload));
     };
     cb.on_request_done = [this](uint64_t id, std::span<const std::byte> payload) {
       try {
