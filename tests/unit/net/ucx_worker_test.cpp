@@ -277,6 +277,7 @@ TEST_CASE("ucx worker: a retainable handler keeps eager payloads in UCX's memory
   CHECK(server.stats().eager_held_bytes == 0);
   // And the worker keeps receiving (its buffers were really returned).
   client.send(ep, kTestAm, test::random_bytes(24, 999), payloads[0], sent.callback());
+  REQUIRE(sent.wait_count(kMessages + 1));  // `sent` outlives every completion
   lock.lock();
   REQUIRE(changed.wait_for(lock, std::chrono::duration<double>(test::kWaitS), [&] { return kept.size() == 1; }));
   CHECK(kept[0].owner != nullptr);
