@@ -8,11 +8,15 @@
 // sockaddr: UCX 1.13 keeps such a connection's lanes on tcp whatever the list); the KV
 // streams through KvSender/KvReceiver layer by layer as prefill sends it (every page of layer
 // 0, layer_done, layer 1, ..., request_done). Time per request is from the first send_page
-// to the receiver's request_done callback (it includes the xxh64 checksum on both sides, as
+// to the receiver's request_done callback (it includes the XXH3 checksum on both sides, as
 // the real path does); the best of --repeats; queue_ms is the part of it the sending thread
 // spent in send_page/layer_done/request_done (the page's checksum, and with --send copy the
 // copy into the send queue that KvSender's span overload makes; --send borrowed, the default
-// and what prefill does, hands UCX the page in place). The bounds are ucx_perftest ucp_am_bw on the same UCX_TLS, run from here
+// and what prefill does, hands UCX the page in place). Consecutive pages of a layer leave
+// together as one kv_page message of about --message-kb KiB (default 1024, as prefill; 0:
+// one page per message), the pages gathered into one buffer (--gather copy, the default) or
+// handed to UCX in place as an iov (--gather iov): "pages" counts pages per request, "msgs"
+// the kv_page messages that carried them. The bounds are ucx_perftest ucp_am_bw on the same UCX_TLS, run from here
 // as a server and a client process: once with --perftest-bytes messages (the large-message
 // ceiling) and once per (shape, kv) with messages of one full page, the size this path sends.
 // ucx_perftest's "MB/s" are 2^20 bytes/s; every GB/s printed here is 1e9 bytes/s.
@@ -29,7 +33,11 @@
 // noise are appended to a PagedKvCache (hack) or packed as bf16 blocks (fp) for
 // --source-tokens tokens of every layer; a longer request reuses those pages cyclically
 // (page i of layer l is source page i mod count of layer l). Page sizes do not depend on
-// content and UCX does not compress, so reuse changes no byte count and no time.
+// content and UCX does not compress, so reuse changes no byte count and no time. A layer's
+// fp pages lie back to back in one buffer, as hack-prefill's PagePool slabs hold a layer's
+// consecutive pages (so a multi-page message is one span, sent with no copy; HACK pages are
+// padded to 64 bytes in their pool, so theirs are gathered); --scatter-pages allocates each
+// separately (what this bench did before 2026-11-26).
 //
 // Per layer a request carries, for N prompt tokens and Π = --block:
 //   fp:   ceil(N / Π) bf16 pages [K|V][kv_head][Π][head_dim] (the last one only its tokens)
@@ -39,7 +47,8 @@
 //   transfer_bench [--tls tcp:posix,sysv,cma,self,tcp] [--shapes hack-tiny,llama-8b]
 //                  [--kv fp,hack] [--tokens 1024,...,32768] [--max-tokens 32768]
 //                  [--repeats 3] [--block 64] [--bits 2] [--sinks 4] [--source-tokens 1024]
-//                  [--window-layers 2] [--connect address|sockaddr] [--send borrowed|copy]
+//                  [--window-layers 2] [--connect address|sockaddr] [--send borrowed|copy] [--message-kb 1024]
+//                  [--gather copy|iov] [--scatter-pages]
 //                  [--model-dir models/hack-tiny] [--perftest-bytes 1048576]
 //                  [--perftest-iters 200] [--no-perftest] [--json]
 // (--tls takes ':'-separated UCX_TLS lists, since a list itself contains commas)
@@ -108,6 +117,9 @@ struct Args {
   bool connect_by_address = true;  // --connect address (else sockaddr: host:port)
   bool borrowed_pages = true;      // --send borrowed (else copy)
   bool peer_errors = true;         // endpoints in UCP_ERR_HANDLING_MODE_PEER, as the nodes' (--no-peer-errors: NONE)
+  size_t message_bytes = size_t{1} << 20;  // --message-kb: KvSenderOptions::message_bytes
+  net::KvGather gather = net::KvGather::copy;  // --gather copy|iov
+  bool scatter_pages = false;  // fp pages in separate allocations, not back to back (--scatter-pages)
 };
 
 // Parses the flags (hack::FlagSet: --help, HACK_TRANSFER_BENCH_* mirrors, --config);
@@ -118,7 +130,8 @@ std::optional<Args> parse(int argc, char** argv) {
               tokens = "1024,2048,4096,8192,16384,32768";
   int64_t perftest_bytes = int64_t{1} << 20;
   bool no_perftest = false;
-  std::string connect = "address", send = "borrowed";
+  int64_t message_kb = 1024;
+  std::string connect = "address", send = "borrowed", gather = "copy";
   FlagSet flags("transfer_bench", "One request's KV streamed layer by layer over UCX: bytes and time, fp vs HACK.",
                 "HACK_TRANSFER_BENCH");
   flags.add_string("tls", &tls, "':'-separated UCX_TLS lists, one run each");
@@ -144,6 +157,12 @@ std::optional<Args> parse(int argc, char** argv) {
   bool no_peer_errors = false;
   flags.add_bool("no-peer-errors", &no_peer_errors,
                  "endpoints without peer-failure detection (UCX 1.13 uses shared memory only then; nodes never run so)");
+  flags.add_int64("message-kb", &message_kb,
+                  "pages of one layer leave together in kv_page messages of about this many KiB (0: one page each)");
+  flags.add_string("gather", &gather,
+                   "a multi-page message's pages: copy (into one buffer, sent contiguous) or iov (in place, UCP_DATATYPE_IOV)");
+  flags.add_bool("scatter-pages", &a.scatter_pages,
+                 "fp pages each in their own allocation (before: back to back per layer, as a KV pool's slab holds them)");
   flags.add_bool("auth", &a.auth, "authenticate the data plane (HMAC-SHA256 tag per message, as with --secret-file)");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.tls = split_list(tls, ':');
@@ -151,6 +170,10 @@ std::optional<Args> parse(int argc, char** argv) {
   a.kv = split_list(kv);
   a.tokens = parse_int_list(tokens, "tokens");
   HACK_CHECK(perftest_bytes > 0, "--perftest-bytes must be positive");
+  HACK_CHECK(message_kb >= 0 && message_kb <= (int64_t{1} << 20), "--message-kb must be in [0, 1048576]");
+  a.message_bytes = static_cast<size_t>(message_kb) << 10;
+  HACK_CHECK(gather == "copy" || gather == "iov", "--gather takes copy or iov, not '{}'", gather);
+  a.gather = gather == "iov" ? net::KvGather::iov : net::KvGather::copy;
   a.perftest_bytes = static_cast<size_t>(perftest_bytes);
   a.perftest = !no_perftest;
   HACK_CHECK(connect == "address" || connect == "sockaddr", "--connect takes address or sockaddr, not '{}'", connect);
@@ -215,7 +238,10 @@ std::vector<std::byte> exact_slice(const KvShape& s, std::span<const std::byte> 
 
 // The source pages of one layer.
 struct LayerSource {
-  std::vector<std::vector<std::byte>> fp_blocks;    // bf16 [K|V][kv_head][Π][head_dim]
+  // bf16 [K|V][kv_head][Π][head_dim] blocks, back to back in one buffer as a PagePool slab
+  // holds a layer's consecutive pages (or each in its own allocation: --scatter-pages).
+  std::vector<std::vector<std::byte>> fp_storage;
+  std::vector<std::span<const std::byte>> fp_blocks;
   std::vector<std::span<const std::byte>> hack_pages;  // into the cache
   std::vector<std::byte> sinks;                     // bf16 [K|V][kv_head][sinks][head_dim]
 };
@@ -283,9 +309,15 @@ PageSource build_pages(const KvShape& shape, KvMode mode, const Args& args) {
     structured_kv(shape, S, 1000 + static_cast<uint64_t>(l), k, v);
     LayerSource& ls = src.layers[static_cast<size_t>(l)];
     // bf16 blocks of Π tokens (the fp pages; the hack sinks and open block are cut from them).
+    const size_t block_bytes = exact_bytes(shape, T);
+    const size_t blocks = static_cast<size_t>(S / T);
+    if (!args.scatter_pages) ls.fp_storage.emplace_back(blocks * block_bytes);
     for (int first = 0; first + T <= S; first += T) {
-      std::vector<std::byte> block(exact_bytes(shape, T));
-      auto* out = reinterpret_cast<uint16_t*>(block.data());
+      if (args.scatter_pages) ls.fp_storage.emplace_back(block_bytes);
+      std::byte* const base = args.scatter_pages ? ls.fp_storage.back().data()
+                                                 : ls.fp_storage.front().data() + static_cast<size_t>(first / T) * block_bytes;
+      const std::span<const std::byte> block(base, block_bytes);
+      auto* out = reinterpret_cast<uint16_t*>(base);
       for (int kv = 0; kv < 2; ++kv) {
         const std::vector<float>& x = kv == 0 ? k : v;
         for (int h = 0; h < shape.num_kv_heads; ++h)
@@ -294,7 +326,7 @@ PageSource build_pages(const KvShape& shape, KvMode mode, const Args& args) {
               *out++ = f32_to_bf16(x[static_cast<size_t>(first + t) * width +
                                      static_cast<size_t>(h * shape.head_dim + d)]);
       }
-      ls.fp_blocks.push_back(std::move(block));
+      ls.fp_blocks.push_back(block);
     }
     if (mode == KvMode::hack) {
       src.cache->append(l, 0, 0, S, k.data(), v.data());
@@ -317,7 +349,7 @@ struct RequestPlan {
   std::vector<std::vector<std::span<const std::byte>>> layers;
   std::vector<std::vector<std::byte>> owned;  // partial fp pages, hack open blocks
   size_t bytes = 0;
-  size_t messages = 0;  // kv_page messages
+  size_t messages = 0;  // pages (kv_page messages when each page goes alone)
 };
 
 RequestPlan plan_request(const PageSource& src, int tokens) {
@@ -359,6 +391,7 @@ struct Arrivals {
   std::condition_variable changed;
   uint64_t request_id = 0;  // the request being timed
   size_t bytes = 0;
+  size_t pages = 0, kept = 0;  // pages, and those KvReceiver::retain_payload could keep (hack-decode: 1 copy)
   int layers_done = 0;
   bool done = false;
   Clock::time_point done_at;
@@ -367,7 +400,8 @@ struct Arrivals {
 
 class Link {
  public:
-  Link(const std::string& tls, bool auth, bool connect_by_address, bool borrowed_pages, bool peer_errors)
+  Link(const std::string& tls, bool auth, bool connect_by_address, bool borrowed_pages, bool peer_errors,
+       size_t message_bytes, net::KvGather gather)
       : borrowed_pages_(borrowed_pages) {
     net::UcxOptions options;
     options.config = {{"TLS", tls}};
@@ -377,8 +411,14 @@ class Link {
     sender_worker_ = std::make_unique<net::UcxWorker>(options);
     net::KvReceiverCallbacks cb;
     cb.on_page = [this](uint64_t id, uint32_t, std::span<const std::byte> page) {
+      // As hack-decode does: keep the page where UCX received it, for one copy into the pool
+      // (dropped at once here; only whether it could be kept is counted).
+      const bool kept = receiver_ != nullptr && receiver_->retain_payload(page) != nullptr;
       std::lock_guard lock(arrivals_.mutex);
-      if (id == arrivals_.request_id) arrivals_.bytes += page.size();
+      if (id != arrivals_.request_id) return;
+      arrivals_.bytes += page.size();
+      ++arrivals_.pages;
+      arrivals_.kept += kept ? 1 : 0;
     };
     cb.on_layer_done = [this](uint64_t id, uint32_t) {
       std::lock_guard lock(arrivals_.mutex);
@@ -400,6 +440,8 @@ class Link {
     receiver_ = std::make_unique<net::KvReceiver>(*receiver_worker_, cb, wire_auth);
     net::KvSenderOptions so;
     so.auth = wire_auth;
+    so.message_bytes = message_bytes;
+    so.gather = gather;
     sender_ = std::make_unique<net::KvSender>(
         *sender_worker_, net::KvSenderCallbacks{[this](uint64_t id, const Status& error) {
           fail_with("sender, request " + std::to_string(id) + ": " + error.message());
@@ -425,9 +467,11 @@ class Link {
       std::lock_guard lock(arrivals_.mutex);
       arrivals_.request_id = id;
       arrivals_.bytes = 0;
+      arrivals_.pages = arrivals_.kept = 0;
       arrivals_.layers_done = 0;
       arrivals_.done = false;
     }
+    const uint64_t messages_before = sender_->stats().messages_sent;
     const auto t0 = Clock::now();
     Clock::duration queueing{};
     for (size_t l = 0; l < plan.layers.size(); ++l) {
@@ -457,12 +501,19 @@ class Link {
     HACK_CHECK(ended, "request {} did not complete within 120 s", id);
     HACK_CHECK(arrivals_.bytes == plan.bytes, "request {}: {} bytes arrived, {} sent", id, arrivals_.bytes, plan.bytes);
     const double seconds = std::chrono::duration<double>(arrivals_.done_at - t0).count();
+    last_kept_share_ = arrivals_.pages > 0 ? static_cast<double>(arrivals_.kept) / static_cast<double>(arrivals_.pages) : 0;
     lock.unlock();
     check(sender_->wait_idle(60.0));
+    // Every layer's layer_done and the request_done are the messages that are not kv_page.
+    last_page_messages_ = sender_->stats().messages_sent - messages_before - plan.layers.size() - 1;
     return seconds;
   }
+  // kv_page messages the latest transfer() sent (pages coalesced per --message-kb).
+  size_t last_page_messages() const { return last_page_messages_; }
   // Seconds the latest transfer() spent in KvSender calls (copy and checksum on this thread).
   double last_queue_s() const { return last_queue_s_; }
+  // Share of the latest transfer's pages the receiver could keep in UCX's buffer.
+  double last_kept_share() const { return last_kept_share_; }
 
  private:
   void fail_with(std::string message) {
@@ -480,6 +531,8 @@ class Link {
   bool borrowed_pages_ = true;
   uint64_t next_id_ = 0;
   double last_queue_s_ = 0;
+  double last_kept_share_ = 0;
+  size_t last_page_messages_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -749,9 +802,11 @@ int main(int argc, char** argv) {
       // Where the bytes go: sockaddr connections keep tcp lanes (see data_note).
       const bool data_on_shm = shm && args.connect_by_address && !args.peer_errors;
       if (!args.json) {
-        std::printf("\nUCX_TLS=%s: data over %s (%s connection), pages %s\n", tls.c_str(),
-                    data_on_shm ? "shared memory" : "tcp", args.connect_by_address ? "worker-address" : "sockaddr",
-                    args.borrowed_pages ? "sent in place" : "copied into the send queue");
+        std::printf("\nUCX_TLS=%s: data over %s (%s connection), pages %s, %zu KiB per kv_page message (%s)\n",
+                    tls.c_str(), data_on_shm ? "shared memory" : "tcp",
+                    args.connect_by_address ? "worker-address" : "sockaddr",
+                    args.borrowed_pages ? "sent in place" : "copied into the send queue", args.message_bytes >> 10,
+                    args.gather == net::KvGather::iov ? "pages as a UCX iov" : "pages gathered into one buffer");
         if (bound.gbs)
           std::printf("bound: ucx_perftest ucp_am_bw, %zu-byte messages: %.3f GB/s%s\n  (%s)\n", args.perftest_bytes,
                       *bound.gbs, shm && !data_on_shm ? ", over shared memory, not this path's transport" : "",
@@ -759,11 +814,14 @@ int main(int argc, char** argv) {
         else
           std::printf("bound: NONE, %s\n", bound.note.c_str());
         std::printf("page bound: ucx_perftest ucp_am_bw with messages of one page (fp page / HACK page)\n");
-        std::printf("%-9s %-4s %6s %10s %6s %9s %8s %7s %7s %8s %8s %7s%s\n", "shape", "kv", "tokens", "MB/req", "msgs",
+        std::printf("%-9s %-4s %6s %10s %6s %6s %9s %8s %7s %7s %8s %8s %7s%s\n", "shape", "kv", "tokens", "MB/req", "pages", "msgs",
                     "ms/req", "queue_ms", "GB/s", "%bound", "page_KiB", "pg_GB/s", "%page",
                     vs_tcp ? "  %tcp-bound %tcp-page" : "");
+        std::printf("(kept: share of pages the receiver kept in UCX's buffer, so hack-decode copies them once; "
+                    "the rest twice)\n");
       }
-      Link link(tls, args.auth, args.connect_by_address, args.borrowed_pages, args.peer_errors);
+      Link link(tls, args.auth, args.connect_by_address, args.borrowed_pages, args.peer_errors, args.message_bytes,
+                args.gather);
       // Warm-up: the connection is set up lazily, so the first request would pay for it.
       link.transfer(sources.front().plans.front(), args.window_layers);
       for (size_t s = 0; s < sources.size(); ++s) {
@@ -772,11 +830,15 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < args.tokens.size(); ++i) {
           const RequestPlan& plan = src.plans[i];
           double best = 1e30, best_queue = 0;
+          size_t page_messages = 0;
+          double kept_share = 0;
           for (int r = 0; r < args.repeats; ++r) {
             const double t = link.transfer(plan, args.window_layers);
             if (t < best) {
               best = t;
               best_queue = link.last_queue_s();
+              page_messages = link.last_page_messages();
+              kept_share = link.last_kept_share();
             }
           }
           const double gbs = static_cast<double>(plan.bytes) / best / 1e9;
@@ -792,7 +854,11 @@ int main(int argc, char** argv) {
                                 {"kv", src.kv},
                                 {"tokens", args.tokens[i]},
                                 {"bytes", plan.bytes},
-                                {"messages", plan.messages},
+                                {"pages", plan.messages},
+                                {"messages", page_messages},
+                                {"message_bytes", args.message_bytes},
+                                {"gather", args.gather == net::KvGather::iov ? "iov" : "copy"},
+                                {"pages_kept_in_place", rounded(kept_share)},
                                 {"page_bytes", src.pages.page_bytes()},
                                 {"ms", rounded(best * 1e3)},
                                 {"queue_ms", rounded(best_queue * 1e3)},
@@ -811,8 +877,8 @@ int main(int argc, char** argv) {
               if (auto f = share(of)) std::printf(" %*.1f%%", width - 1, 100.0 * *f);
               else std::printf(" %*s", width, "n/a");
             };
-            std::printf("%-9s %-4s %6d %10.3f %6zu %9.2f %8.2f %7.3f", src.shape->name.c_str(), src.kv.c_str(),
-                        args.tokens[i], static_cast<double>(plan.bytes) / 1e6, plan.messages, best * 1e3,
+            std::printf("%-9s %-4s %6d %10.3f %6zu %6zu %9.2f %8.2f %7.3f", src.shape->name.c_str(), src.kv.c_str(),
+                        args.tokens[i], static_cast<double>(plan.bytes) / 1e6, plan.messages, page_messages, best * 1e3,
                         best_queue * 1e3, gbs);
             pct(bound.gbs, 7);
             std::printf(" %8.1f", static_cast<double>(src.pages.page_bytes()) / 1024.0);
@@ -823,7 +889,7 @@ int main(int argc, char** argv) {
               pct(tcp_bound, 11);
               pct(tcp_page_bound[s], 9);
             }
-            std::printf("\n");
+            std::printf("  kept %.0f%%\n", 100.0 * kept_share);
           }
         }
       }

@@ -47,9 +47,9 @@ struct DecodeScheduler::Command {
     uint64_t id;
     uint32_t layer;
     KvMessageKind kind;
-    std::unique_ptr<std::byte[]> bytes;
-    size_t size;
-    std::span<const std::byte> payload() const { return {bytes.get(), size}; }
+    std::shared_ptr<const void> owner;  // keeps `bytes` valid
+    std::span<const std::byte> bytes;
+    std::span<const std::byte> payload() const { return bytes; }
   };
   struct KvComplete {
     uint64_t id;
@@ -122,13 +122,15 @@ Status DecodeScheduler::submit(DecodeRequest request, DecodeEventFn on_event) {
 void DecodeScheduler::cancel(uint64_t id) { post(Command{Command::Cancel{id}}); }
 
 void DecodeScheduler::import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload,
-                                std::unique_ptr<std::byte[]> owned) {
-  HACK_CHECK(!owned || owned.get() == payload.data(), "import_kv: `owned` must hold the payload");
-  if (!owned) {
-    owned = std::make_unique_for_overwrite<std::byte[]>(payload.size());
-    if (!payload.empty()) std::memcpy(owned.get(), payload.data(), payload.size());
+                                std::shared_ptr<const void> owner) {
+  ++(owner ? kv_in_place_ : kv_copied_);
+  if (!owner) {
+    std::shared_ptr<std::byte[]> copy = std::make_shared_for_overwrite<std::byte[]>(payload.size());
+    if (!payload.empty()) std::memcpy(copy.get(), payload.data(), payload.size());
+    payload = {copy.get(), payload.size()};
+    owner = std::move(copy);
   }
-  post(Command{Command::KvMessage{id, layer, kind, std::move(owned), payload.size()}});
+  post(Command{Command::KvMessage{id, layer, kind, std::move(owner), payload}});
 }
 
 void DecodeScheduler::kv_complete(uint64_t id, SampleResult first, uint64_t seed) {
@@ -141,7 +143,10 @@ void DecodeScheduler::kv_failed(uint64_t id, const Status& error) {
 
 DecodeSchedulerStats DecodeScheduler::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  DecodeSchedulerStats s = stats_;
+  s.kv_messages_in_place = kv_in_place_;
+  s.kv_messages_copied = kv_copied_;
+  return s;
 }
 
 bool DecodeScheduler::wait_idle(double timeout_s) const {

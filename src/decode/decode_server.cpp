@@ -70,6 +70,7 @@ struct DecodeServer::Impl {
   std::thread probe_thread;
   std::unique_ptr<DecodeScheduler> scheduler;
   std::unique_ptr<net::KvReceiver> receiver;
+  std::atomic<net::KvReceiver*> receiver_for_callbacks{nullptr};  // `receiver`, for its own callbacks
   Metrics metrics;
   std::atomic<uint64_t> kv_bytes_received{0};
   // Open /internal/generate streams, so /internal/cancel can end them.
@@ -109,6 +110,7 @@ struct DecodeServer::Impl {
     // With a secret, KV is accepted only sealed with it (net/wire.h WireAuth); without one, from anyone who
     // reaches the UCX port, as before.
     receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks(), net::WireAuth(config.secret));
+    receiver_for_callbacks.store(receiver.get(), std::memory_order_release);
     if (config.secret.empty()) spdlog::warn("no --secret-file: the KV data plane accepts messages from anyone who reaches its port");
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
     HttpServerOptions ho;
@@ -150,6 +152,7 @@ struct DecodeServer::Impl {
     stopping = true;
     if (probe_thread.joinable()) probe_thread.join();
     http.reset();      // no new requests
+    receiver_for_callbacks.store(nullptr);
     receiver.reset();  // no more KV callbacks
     scheduler.reset(); // fails what is still open
     vault.reset();
@@ -173,21 +176,28 @@ struct DecodeServer::Impl {
     if (n > 0) spdlog::debug("request {}: {} blocks of the conversation sent to the vault", f.id, n);
   }
 
+  // A received payload kept in UCX's memory for the engine thread to copy once (null: the
+  // scheduler copies it). Callbacks may run before `receiver` is assigned, hence the atomic.
+  std::shared_ptr<const void> retain(std::span<const std::byte> payload) {
+    net::KvReceiver* r = receiver_for_callbacks.load(std::memory_order_acquire);
+    return r != nullptr ? r->retain_payload(payload) : nullptr;
+  }
+
   net::KvReceiverCallbacks receiver_callbacks() {
     net::KvReceiverCallbacks cb;
     cb.on_page = [this](uint64_t id, uint32_t layer, std::span<const std::byte> page) {
       kv_bytes_received += page.size();
       metrics.add_kv_bytes_transferred("decode", page.size());
-      scheduler->import_kv(id, layer, KvMessageKind::hack_page, page, worker->take_received_payload(page));
+      scheduler->import_kv(id, layer, KvMessageKind::hack_page, page, retain(page));
     };
     cb.on_exact = [this](uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
       kv_bytes_received += payload.size();
       metrics.add_kv_bytes_transferred("decode", payload.size());
-      scheduler->import_kv(id, layer, KvMessageKind::exact, payload, worker->take_received_payload(payload));
+      scheduler->import_kv(id, layer, KvMessageKind::exact, payload, retain(payload));
     };
     cb.on_exact_copy = [this](uint64_t id, uint32_t layer, std::span<const std::byte> payload) {
       kv_bytes_received += payload.size();
-      scheduler->import_kv(id, layer, KvMessageKind::exact_copy, payload, worker->take_received_payload(payload));
+      scheduler->import_kv(id, layer, KvMessageKind::exact_copy, payload, retain(payload));
     };
     cb.on_request_done = [this](uint64_t id, std::span<const std::byte> payload) {
       try {

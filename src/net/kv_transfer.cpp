@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -31,7 +33,9 @@ std::string bytes_text(std::span<const std::byte> bytes) {
 struct KvReceiver::State {
   struct Early {
     WireHeader header;
-    std::vector<std::byte> payload;
+    std::shared_ptr<const void> owner;   // UCX's buffer, retained (UcxWorker::retain_received_payload)
+    std::vector<std::byte> copy;         // else a copy
+    std::span<const std::byte> payload;  // in one of them
   };
   struct Request {
     EndpointId from = 0;
@@ -46,6 +50,7 @@ struct KvReceiver::State {
   std::unordered_map<uint64_t, Request> requests;
   std::unordered_set<uint64_t> ended;
   std::deque<uint64_t> ended_order;
+  const Early* delivering_early = nullptr;  // the held message being delivered now (retain)
 
   void remember_ended(uint64_t id) {
     if (ended.insert(id).second) ended_order.push_back(id);
@@ -67,6 +72,18 @@ struct KvReceiver::State {
     if (callbacks.on_bad_message) callbacks.on_bad_message(from, error);
   }
 
+  // A header that does not decode: when its fixed part names a request (only its page table
+  // or its length is wrong, wire_header_request), that request fails, as for a bad payload;
+  // otherwise no request can be blamed.
+  void bad_header(EndpointId from, std::span<const std::byte> header_bytes, const Status& error) {
+    const std::optional<uint64_t> id = wire_header_request(header_bytes);
+    if (!id || (!requests.contains(*id) && ended.contains(*id))) return bad_message(from, error);
+    auto [it, started] = requests.try_emplace(*id);
+    if (started) it->second.from = from;
+    if (it->second.from != from) return bad_message(from, error);
+    fail(*id, it->second, error);
+  }
+
   void fail(uint64_t id, Request& request, const Status& error) {
     if (request.failed) return;
     request.failed = true;
@@ -85,7 +102,7 @@ struct KvReceiver::State {
     std::span<const std::byte> header_bytes;
     if (Status s = auth.open(sealed, payload, WireChannel::data, header_bytes); !s) return rejected(from, s);
     WireHeader header;
-    if (Status s = decode_wire_header(header_bytes, header); !s) return bad_message(from, s);
+    if (Status s = decode_wire_header(header_bytes, header); !s) return bad_header(from, header_bytes, s);
     const uint64_t id = header.request_id;
     const bool control = header.type == WireType::request_cancel || header.type == WireType::request_error;
     if (!requests.contains(id) && ended.contains(id)) {
@@ -127,7 +144,12 @@ struct KvReceiver::State {
         return fail(id, request, Status::error(fmt::format("request {}: message {} arrived twice", id, header.seq)));
       if (request.early.size() >= kKvMaxEarlyMessages)
         return fail(id, request, Status::error(fmt::format("request {}: message {} never arrived", id, request.next_seq)));
-      request.early.emplace(header.seq, Early{header, {payload.begin(), payload.end()}});
+      Early early{header, worker.retain_received_payload(payload), {}, payload};
+      if (!early.owner) {
+        early.copy.assign(payload.begin(), payload.end());
+        early.payload = early.copy;
+      }
+      request.early.emplace(header.seq, std::move(early));
       return;
     }
     if (!deliver(it, header, payload)) return;
@@ -137,7 +159,10 @@ struct KvReceiver::State {
       if (next == it->second.early.end()) break;
       Early early = std::move(next->second);
       it->second.early.erase(next);
-      if (!deliver(it, early.header, early.payload)) return;
+      delivering_early = &early;
+      const bool more = deliver(it, early.header, early.payload);
+      delivering_early = nullptr;
+      if (!more) return;
     }
   }
 
@@ -151,9 +176,15 @@ struct KvReceiver::State {
       return false;
     }
     switch (header.type) {
-      case WireType::kv_page:
-        if (callbacks.on_page) callbacks.on_page(id, header.layer, payload);
+      case WireType::kv_page: {
+        // One call per page, in order (the page table was checked against the payload).
+        size_t offset = 0;
+        for (uint32_t bytes : header.page_bytes) {
+          if (callbacks.on_page) callbacks.on_page(id, header.layer, payload.subspan(offset, bytes));
+          offset += bytes;
+        }
         return true;
+      }
       case WireType::kv_exact:
         if (callbacks.on_exact) callbacks.on_exact(id, header.layer, payload);
         return true;
@@ -205,8 +236,8 @@ KvReceiver::KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks, WireAut
         // The payload never arrived, so a tag cannot be checked: with auth on, only a request
         // already streaming from this endpoint is failed.
         const bool authed = state->auth.enabled();
-        if (authed && sealed.size() != kWireSealedHeaderBytes) return state->bad_message(from, error);
-        const auto header_bytes = authed ? sealed.first(kWireHeaderBytes) : sealed;
+        if (authed && sealed.size() < kWireSealedHeaderBytes) return state->bad_message(from, error);
+        const auto header_bytes = authed ? sealed.first(sealed.size() - kWireTagBytes) : sealed;
         WireHeader header;
         if (!decode_wire_header(header_bytes, header)) return state->bad_message(from, error);
         auto it = state->requests.find(header.request_id);
@@ -219,7 +250,8 @@ KvReceiver::KvReceiver(UcxWorker& worker, KvReceiverCallbacks callbacks, WireAut
         state->fail(header.request_id, it->second,
                     Status::error(fmt::format("request {}: lost a {}-byte {}: {}", header.request_id, header.payload_bytes,
                                               wire_type_name(header.type), error.message())));
-      });
+      },
+      /*retainable=*/true);
   disconnect_token_ = worker_.add_disconnect_handler(
       [state](EndpointId endpoint, const Status& reason) { state->on_lost(endpoint, reason); });
 }
@@ -233,6 +265,18 @@ KvReceiver::~KvReceiver() {
   }
 }
 
+std::shared_ptr<const void> KvReceiver::retain_payload(std::span<const std::byte> bytes) {
+  if (!worker_.on_worker_thread()) return nullptr;
+  if (const State::Early* early = state_->delivering_early; early != nullptr) {
+    const auto& held = early->payload;
+    if (early->owner && bytes.data() >= held.data() && bytes.size() <= held.size() &&
+        static_cast<size_t>(bytes.data() - held.data()) <= held.size() - bytes.size())
+      return std::shared_ptr<const void>(early->owner, bytes.data());
+    return nullptr;
+  }
+  return worker_.retain_received_payload(bytes);
+}
+
 size_t KvReceiver::open_requests() const {
   size_t n = 0;
   worker_.run_on_worker([&] { n = state_->requests.size(); });
@@ -241,7 +285,64 @@ size_t KvReceiver::open_requests() const {
 
 // ---- sender -------------------------------------------------------------------
 
+namespace {
+
+// Buffers that multi-page messages are gathered into (KvGather::copy), reused: a fresh
+// 1 MiB allocation per message costs its page faults again and again (glibc hands large
+// blocks back to the system). Holds at most kKeep idle buffers; thread-safe, and buffers
+// handed out may outlive it.
+class StagingPool : public std::enable_shared_from_this<StagingPool> {
+ public:
+  // A buffer of at least `bytes` (contents undefined), returned here when its last owner goes.
+  std::shared_ptr<std::byte[]> take(size_t bytes) {
+    std::unique_ptr<std::byte[]> buffer;
+    size_t capacity = 0;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+        if (it->first >= bytes && it->first <= 2 * bytes) {
+          capacity = it->first;
+          buffer = std::move(it->second);
+          idle_.erase(it);
+          break;
+        }
+      }
+    }
+    if (!buffer) {
+      capacity = (bytes + kRound - 1) / kRound * kRound;
+      buffer = std::make_unique_for_overwrite<std::byte[]>(capacity);
+    }
+    std::weak_ptr<StagingPool> pool = weak_from_this();
+    return std::shared_ptr<std::byte[]>(buffer.release(), [pool, capacity](std::byte* p) {
+      std::unique_ptr<std::byte[]> owned(p);
+      if (auto alive = pool.lock()) alive->give_back(capacity, std::move(owned));
+    });
+  }
+
+ private:
+  static constexpr size_t kKeep = 64;           // the default window holds 64 MiB: ~64 messages
+  static constexpr size_t kRound = size_t{64} << 10;
+  void give_back(size_t capacity, std::unique_ptr<std::byte[]> buffer) {
+    std::lock_guard lock(mutex_);
+    if (idle_.size() < kKeep) idle_.emplace_back(capacity, std::move(buffer));
+  }
+  std::mutex mutex_;
+  std::vector<std::pair<size_t, std::unique_ptr<std::byte[]>>> idle_;
+};
+
+}  // namespace
+
 struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
+  // Pages of one layer waiting to leave together as one kv_page message.
+  struct Batch {
+    uint32_t layer = 0;
+    std::vector<uint32_t> page_bytes;
+    std::vector<uint64_t> page_checksums;              // wire_checksum of each page
+    std::vector<std::span<const std::byte>> segments;  // the pages: the caller's, or in `owned`
+    std::vector<std::vector<std::byte>> owned;         // pages copied into the queue (moves keep their buffers)
+    size_t bytes = 0;
+    bool empty() const { return page_bytes.empty(); }
+  };
   struct Request {
     EndpointId peer = 0;
     uint32_t next_seq = 0;
@@ -250,17 +351,33 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     bool failed = false;
     bool cancelled = false;
     Status error;
+    Batch batch;  // pages not yet in a message (not counted in in_flight)
   };
   // One message waiting for its endpoint's window.
   struct Outgoing {
     uint64_t request_id = 0;
     bool counted = false;  // one of the request's messages (not an out-of-sequence cancel)
     std::vector<std::byte> header, payload;
-    std::span<const std::byte> borrowed;  // the caller's page (send_page_borrowed), when payload is empty
-    // false while the thread that queued it computes its MAC outside the lock: drain stops
-    // here (so messages still leave in seq order) and nothing else touches it until then.
+    // A kv_page message (payload empty): its pages in order (adjacent ones merged), sent in
+    // place as a UCX iov, or gathered into `staged` (KvGather::copy); `owned` holds the pages
+    // that were copied into the queue.
+    std::vector<std::span<const std::byte>> segments;
+    std::vector<std::vector<std::byte>> owned;
+    std::shared_ptr<std::byte[]> staged;
+    size_t pages = 0;  // kv_page: pages it carries
+    // false while the thread that queued it gathers its pages and computes its MAC outside
+    // the lock: drain stops here (so messages still leave in seq order) and nothing else
+    // touches it until then.
     bool sealed = true;
-    std::span<const std::byte> bytes() const { return payload.empty() ? borrowed : std::span<const std::byte>(payload); }
+    std::vector<std::span<const std::byte>> parts() const {
+      if (!segments.empty()) return segments;
+      return {std::span<const std::byte>(payload)};
+    }
+    size_t bytes() const {
+      size_t n = payload.size();
+      for (const auto& s : segments) n += s.size();
+      return n;
+    }
   };
   // Per endpoint: messages handed to UCX are numbered; [oldest, next_index) is the window.
   struct Endpoint {
@@ -283,6 +400,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   std::unordered_map<uint64_t, Status> outcomes;       // of requests that finished, for wait_request
   std::deque<uint64_t> outcome_order;
   std::unordered_set<uint64_t> corrupt_next_page;  // test hook
+  std::shared_ptr<StagingPool> staging = std::make_shared<StagingPool>();
   size_t in_flight = 0;                            // all messages queued or handed out
   KvSenderStats counters;
 
@@ -315,6 +433,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       if (it == requests.end() || it->second.failed || it->second.cancelled) return;
       it->second.failed = true;
       it->second.error = error;
+      it->second.batch = {};  // its pages are not sent
       peer = it->second.peer;
       report = callbacks.on_request_error;
       idle.notify_all();
@@ -337,7 +456,8 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     idle.notify_all();
   }
 
-  void sent(EndpointId peer, uint64_t index, size_t bytes, uint64_t id, bool counted, const Status& status) {
+  void sent(EndpointId peer, uint64_t index, size_t bytes, size_t pages, uint64_t id, bool counted,
+            const Status& status) {
     std::function<void(uint64_t, const Status&)> report;
     Status error;
     if (!status) {
@@ -360,6 +480,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       }
       if (status) {
         ++counters.messages_sent;
+        counters.pages_sent += pages;
         counters.bytes_sent += bytes;
       } else if (counted) {
         // Marked here, before the request can finish, so its outcome keeps the error. A failed
@@ -405,7 +526,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         }
       }
       const size_t in_window = static_cast<size_t>(ep.next_index - ep.oldest);
-      const size_t size = front.bytes().size();
+      const size_t size = front.bytes();
       if (in_window >= options.max_in_flight_messages) break;
       if (in_window > 0 && ep.bytes + size > options.max_in_flight_bytes) break;
       Outgoing message = std::move(front);
@@ -417,14 +538,23 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       counters.max_window_messages = std::max<uint64_t>(counters.max_window_messages, ep.next_index - ep.oldest);
       counters.max_window_bytes = std::max<uint64_t>(counters.max_window_bytes, ep.bytes);
       lock.unlock();
-      auto done = [self = shared_from_this(), peer, index, size, id = message.request_id,
-                   counted = message.counted](const Status& status) {
-        self->sent(peer, index, size, id, counted, status);
-      };
-      if (message.payload.empty() && !message.borrowed.empty())
-        worker.send_borrowed(peer, kKvDataAmId, std::move(message.header), message.borrowed, std::move(done));
-      else
+      if (message.segments.empty()) {
+        auto done = [self = shared_from_this(), peer, index, size, id = message.request_id,
+                     counted = message.counted](const Status& status) {
+          self->sent(peer, index, size, 0, id, counted, status);
+        };
         worker.send(peer, kKvDataAmId, std::move(message.header), std::move(message.payload), std::move(done));
+      } else {
+        // The pages' memory (the caller's, or `owned` / `staged`, kept alive here) until UCX is done.
+        std::shared_ptr<const void> keep = message.staged;
+        if (!message.owned.empty())
+          keep = std::make_shared<const std::vector<std::vector<std::byte>>>(std::move(message.owned));
+        auto done = [self = shared_from_this(), peer, index, size, pages = message.pages, id = message.request_id,
+                     counted = message.counted, keep](const Status& status) {
+          self->sent(peer, index, size, pages, id, counted, status);
+        };
+        worker.send_gather(peer, kKvDataAmId, std::move(message.header), std::move(message.segments), std::move(done));
+      }
       lock.lock();
     }
     ep.draining = false;
@@ -441,51 +571,151 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     return waiting.back();
   }
 
-  // Queues one message of a request; `end` marks the request's last message.
-  // The hashing (the payload's XXH3, and with auth its HMAC, both linear in the page) runs
-  // outside the lock so that concurrent senders do not serialize on it: the checksum before
-  // taking it, the MAC after the message has its seq and its place in the queue.
-  // `borrowed` (with an empty `payload`): the caller's bytes, sent in place.
-  Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end,
-               std::span<const std::byte> borrowed = {}) {
-    WireHeader header = make_wire_header(type, id, layer, 0, payload.empty() ? borrowed : payload);
-    Outgoing* unsealed = nullptr;
-    {
-      std::lock_guard lock(mutex);
-      auto [it, started] = requests.try_emplace(id);
-      Request& request = it->second;
-      if (started) {
-        request.peer = peer;
-        outcomes.erase(id);
-      }
-      if (request.peer != peer)
-        return Status::error(fmt::format("request {} streams to endpoint {}, not {}", id, request.peer, peer));
-      if (request.ended) return Status::error(fmt::format("request {} has already ended", id));
-      if (request.failed) return request.error;
-      header.seq = request.next_seq++;
-      if ((type == WireType::kv_page || type == WireType::kv_exact) && (!payload.empty() || !borrowed.empty()) &&
-          corrupt_next_page.erase(id) != 0) {
-        if (payload.empty()) payload.assign(borrowed.begin(), borrowed.end());  // the caller's page stays intact
-        payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
-      }
-      ++request.in_flight;
-      request.ended = end;
-      const std::span<const std::byte> in_place = payload.empty() ? borrowed : std::span<const std::byte>{};
-      Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload), in_place});
-      if (options.auth.enabled()) {
-        queued.sealed = false;
-        unsealed = &queued;
-      }
+  // Under the lock: the request's pending pages become one kv_page message (next seq).
+  void flush_batch(EndpointId peer, uint64_t id, Request& request, std::vector<Outgoing*>& unsealed) {
+    if (request.batch.empty()) return;
+    Batch batch = std::move(request.batch);
+    request.batch = {};
+    const WireHeader header =
+        make_pages_header(id, batch.layer, request.next_seq++, std::move(batch.page_bytes), batch.page_checksums);
+    ++request.in_flight;
+    // Pages that lie back to back in memory (a pool's consecutive pages) go as one segment.
+    std::vector<std::span<const std::byte>> segments;
+    for (const auto& page : batch.segments) {
+      if (!segments.empty() && segments.back().data() + segments.back().size() == page.data())
+        segments.back() = {segments.back().data(), segments.back().size() + page.size()};
+      else
+        segments.push_back(page);
     }
-    if (unsealed != nullptr) {
-      // Only this thread touches an unsealed message (drain stops at it), so its buffers are
-      // read and its header replaced without the lock; the flag flips under it.
-      auto sealed = options.auth.seal(std::move(unsealed->header), unsealed->bytes(), WireChannel::data);
+    Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), {}, std::move(segments),
+                                              std::move(batch.owned), nullptr, header.page_bytes.size()});
+    if (options.auth.enabled() || (options.gather == KvGather::copy && queued.segments.size() > 1)) {
+      queued.sealed = false;
+      unsealed.push_back(&queued);
+    }
+  }
+
+  // Under the lock: the request `id` to `peer`, started if new; an error if it cannot take
+  // another message.
+  Status open_request(EndpointId peer, uint64_t id, Request*& out) {
+    auto [it, started] = requests.try_emplace(id);
+    Request& request = it->second;
+    if (started) {
+      request.peer = peer;
+      outcomes.erase(id);
+    }
+    if (request.peer != peer)
+      return Status::error(fmt::format("request {} streams to endpoint {}, not {}", id, request.peer, peer));
+    if (request.ended) return Status::error(fmt::format("request {} has already ended", id));
+    if (request.failed) return request.error;
+    out = &request;
+    return Status::ok();
+  }
+
+  // Outside the lock: gathers (KvGather::copy) and MACs the messages this thread queued
+  // (only this thread touches an unsealed message, drain stops at it, so its buffers are read
+  // and its header replaced without the lock; the flag flips under it), then hands what the
+  // window allows to UCX.
+  void seal_and_drain(EndpointId peer, const std::vector<Outgoing*>& unsealed) {
+    for (Outgoing* message : unsealed) {
+      if (options.gather == KvGather::copy && message->segments.size() > 1) {
+        const size_t bytes = message->bytes();
+        message->staged = staging->take(bytes);
+        size_t at = 0;
+        for (const auto& segment : message->segments) {
+          std::memcpy(message->staged.get() + at, segment.data(), segment.size());
+          at += segment.size();
+        }
+        message->segments = {std::span<const std::byte>(message->staged.get(), bytes)};
+        message->owned.clear();
+      }
+      if (!options.auth.enabled()) continue;
+      message->header = options.auth.seal(std::move(message->header), message->parts(), WireChannel::data);
+    }
+    if (!unsealed.empty()) {
       std::lock_guard lock(mutex);
-      unsealed->header = std::move(sealed);
-      unsealed->sealed = true;
+      for (Outgoing* message : unsealed) message->sealed = true;
     }
     drain(peer);
+  }
+
+  // Adds one page to its request's batch, which leaves as a message once it holds
+  // options.message_bytes (or kWireMaxPagesPerMessage pages); a page of another layer sends
+  // the pages before it first. The page's checksum is taken before the lock, so concurrent
+  // senders do not serialize on it. `owned` (when not empty) is the page, else `borrowed`.
+  Status queue_page(EndpointId peer, uint64_t id, uint32_t layer, std::vector<std::byte> owned,
+                    std::span<const std::byte> borrowed) {
+    const std::span<const std::byte> page = owned.empty() ? borrowed : std::span<const std::byte>(owned);
+    if (page.empty()) return Status::error(fmt::format("request {}: an empty page (layer {})", id, layer));
+    const uint64_t checksum = wire_checksum(page);
+    std::vector<Outgoing*> unsealed;
+    {
+      std::lock_guard lock(mutex);
+      Request* request = nullptr;
+      if (Status s = open_request(peer, id, request); !s) return s;
+      Batch& batch = request->batch;
+      if (!batch.empty() && batch.layer != layer) flush_batch(peer, id, *request, unsealed);
+      if (corrupt_next_page.erase(id) != 0) {
+        if (owned.empty()) owned.assign(borrowed.begin(), borrowed.end());  // the caller's page stays intact
+        owned[owned.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
+      }
+      batch.layer = layer;
+      batch.page_bytes.push_back(static_cast<uint32_t>(page.size()));
+      batch.page_checksums.push_back(checksum);
+      if (owned.empty()) {
+        batch.segments.push_back(borrowed);
+      } else {
+        batch.owned.push_back(std::move(owned));
+        batch.segments.push_back(batch.owned.back());
+      }
+      batch.bytes += page.size();
+      if (batch.bytes >= options.message_bytes || batch.page_bytes.size() >= kWireMaxPagesPerMessage)
+        flush_batch(peer, id, *request, unsealed);
+    }
+    seal_and_drain(peer, unsealed);
+    return Status::ok();
+  }
+
+  // Sends a request's pending pages now (a partial batch).
+  Status flush(EndpointId peer, uint64_t id) {
+    std::vector<Outgoing*> unsealed;
+    {
+      std::lock_guard lock(mutex);
+      auto it = requests.find(id);
+      if (it == requests.end()) return Status::ok();
+      if (it->second.peer != peer)
+        return Status::error(fmt::format("request {} streams to endpoint {}, not {}", id, it->second.peer, peer));
+      if (it->second.failed) return it->second.error;
+      flush_batch(peer, id, it->second, unsealed);
+    }
+    seal_and_drain(peer, unsealed);
+    return Status::ok();
+  }
+
+  // Queues one message of a request (after its pending pages); `end` marks the request's
+  // last message. The hashing (the payload's XXH3, and with auth its HMAC, both linear in
+  // the payload) runs outside the lock so that concurrent senders do not serialize on it: the
+  // checksum before taking it, the MAC after the message has its seq and its place in the queue.
+  Status queue(EndpointId peer, uint64_t id, WireType type, uint32_t layer, std::vector<std::byte> payload, bool end) {
+    WireHeader header = make_wire_header(type, id, layer, 0, payload);
+    std::vector<Outgoing*> unsealed;
+    {
+      std::lock_guard lock(mutex);
+      Request* request = nullptr;
+      if (Status s = open_request(peer, id, request); !s) return s;
+      flush_batch(peer, id, *request, unsealed);
+      header.seq = request->next_seq++;
+      if (type == WireType::kv_exact && !payload.empty() && corrupt_next_page.erase(id) != 0)
+        payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
+      ++request->in_flight;
+      request->ended = end;
+      Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
+      if (options.auth.enabled()) {
+        queued.sealed = false;
+        unsealed.push_back(&queued);
+      }
+    }
+    seal_and_drain(peer, unsealed);
     return Status::ok();
   }
 
@@ -546,6 +776,8 @@ KvSender::KvSender(UcxWorker& worker, KvSenderCallbacks callbacks, KvSenderOptio
              "kv sender: max_in_flight_messages must be in [1, {}], got {}", kKvMaxEarlyMessages,
              options.max_in_flight_messages);
   HACK_CHECK(options.max_in_flight_bytes >= 1, "kv sender: max_in_flight_bytes must be positive");
+  HACK_CHECK(options.message_bytes <= kWireMaxPayloadBytes, "kv sender: message_bytes must be at most {}, got {}",
+             kWireMaxPayloadBytes, options.message_bytes);
   shared_ = std::make_shared<Shared>(worker, std::move(callbacks), options);
   Shared* shared = shared_.get();
   worker_.set_message_handler(kKvReplyAmId,
@@ -579,7 +811,7 @@ KvSender::~KvSender() {
 Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> page) {
   if (page.size() > kWireMaxPayloadBytes)
     return Status::error(fmt::format("request {}: a {}-byte page exceeds the wire limit", request_id, page.size()));
-  return shared_->queue(peer, request_id, WireType::kv_page, layer, std::move(page), false);
+  return shared_->queue_page(peer, request_id, layer, std::move(page), {});
 }
 
 Status KvSender::send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page) {
@@ -590,8 +822,10 @@ Status KvSender::send_page_borrowed(EndpointId peer, uint64_t request_id, uint32
                                   std::span<const std::byte> page) {
   if (page.size() > kWireMaxPayloadBytes)
     return Status::error(fmt::format("request {}: a {}-byte page exceeds the wire limit", request_id, page.size()));
-  return shared_->queue(peer, request_id, WireType::kv_page, layer, {}, false, page);
+  return shared_->queue_page(peer, request_id, layer, {}, page);
 }
+
+Status KvSender::flush(EndpointId peer, uint64_t request_id) { return shared_->flush(peer, request_id); }
 
 Status KvSender::send_exact_copy(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact) {
   return shared_->queue(peer, request_id, WireType::kv_exact_copy, layer, std::move(exact), false);
@@ -619,6 +853,7 @@ Status KvSender::request_done(EndpointId peer, uint64_t request_id, std::vector<
     if (it != shared_->requests.end() && it->second.failed) {
       error = it->second.error;
       it->second.ended = true;
+      it->second.batch = {};
       shared_->maybe_finish(it);
     }
   }
@@ -636,6 +871,7 @@ void KvSender::cancel(EndpointId peer, uint64_t request_id, std::string reason) 
     if (it != shared_->requests.end()) {
       it->second.ended = true;
       it->second.cancelled = true;
+      it->second.batch = {};  // pages not yet sent are dropped
       shared_->idle.notify_all();
       shared_->maybe_finish(it);
     }

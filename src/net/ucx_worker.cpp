@@ -134,6 +134,7 @@ struct UcxWorker::Impl {
     std::vector<std::byte> payload;       // owned, or empty when `borrowed` is sent
     std::span<const std::byte> borrowed;  // the caller's bytes (send_borrowed)
     SendCallback done;
+    std::vector<ucp_dt_iov_t> iov;        // send_gather: the caller's segments, in order
     std::span<const std::byte> bytes() const { return payload.empty() ? borrowed : std::span<const std::byte>(payload); }
   };
   struct RecvOp {
@@ -145,12 +146,39 @@ struct UcxWorker::Impl {
     // page that is about to be overwritten).
     std::unique_ptr<std::byte[]> payload;
     size_t payload_bytes = 0;
+    std::shared_ptr<std::byte[]> retained;  // the payload once a handler retained it
+  };
+  // Eager payloads handlers retained (UCP_AM_FLAG_PERSISTENT_DATA): their last owner, on any
+  // thread, queues the release here; the progress thread calls ucp_am_data_release. Shared
+  // with the owners, which may outlive the worker (their release is then dropped).
+  struct Releases {
+    std::mutex mutex;
+    std::vector<void*> pending;
+    bool open = true;
+    int wake_fd = -1;
+    std::atomic<uint64_t> held_bytes{0};
+    void release(void* data, size_t bytes) {
+      held_bytes -= bytes;
+      std::lock_guard lock(mutex);
+      if (!open) return;
+      pending.push_back(data);
+      const uint64_t one = 1;
+      [[maybe_unused]] const ssize_t n = ::write(wake_fd, &one, sizeof one);
+    }
+  };
+  // The eager message whose handler runs now.
+  struct EagerDelivery {
+    void* data = nullptr;
+    size_t bytes = 0;
+    bool retainable = false;
+    std::shared_ptr<const void> owner;  // set once the handler retained it
   };
   struct AmHandlers {
     Impl* impl = nullptr;
     uint16_t am_id = 0;
     MessageHandler on_message;
     MessageErrorHandler on_error;
+    bool retainable = false;
   };
 
   UcxOptions options;
@@ -166,7 +194,8 @@ struct UcxWorker::Impl {
   std::deque<std::function<void()>> commands;
   bool stopping = false;
   std::atomic<EndpointId> next_id{1};
-  std::atomic<uint64_t> messages_received{0}, rndv_received{0}, messages_sent{0}, send_errors{0};
+  std::atomic<uint64_t> messages_received{0}, rndv_received{0}, messages_sent{0}, send_errors{0}, eager_retained{0};
+  std::shared_ptr<Releases> releases = std::make_shared<Releases>();
 
   // Progress-thread state.
   ucp_listener_h listener = nullptr;
@@ -181,6 +210,7 @@ struct UcxWorker::Impl {
   std::unordered_set<SendOp*> sends;
   std::unordered_set<RecvOp*> recvs;
   RecvOp* delivering = nullptr;  // the rendezvous message whose handler runs now
+  EagerDelivery* delivering_eager = nullptr;
 
   explicit Impl(UcxOptions opts) : options(std::move(opts)), context(options), worker(context.handle) {
     ucs_status_t status = ucp_worker_get_efd(worker.handle, &ucx_fd);
@@ -191,6 +221,17 @@ struct UcxWorker::Impl {
     if (status != UCS_OK) fail("ucp_worker_get_address: {}", ucs_status_string(status));
     address_hex = hex_encode(std::span(reinterpret_cast<const uint8_t*>(address), address_bytes));
     ucp_worker_release_address(worker.handle, address);
+    releases->wake_fd = wake.fd;
+  }
+
+  // Progress thread: hands retained eager payloads whose owners have gone back to UCX.
+  void release_retained() {
+    std::vector<void*> batch;
+    {
+      std::lock_guard lock(releases->mutex);
+      batch.swap(releases->pending);
+    }
+    for (void* data : batch) ucp_am_data_release(worker.handle, data);
   }
 
   void post(std::function<void()> fn) {
@@ -276,6 +317,7 @@ struct UcxWorker::Impl {
         if (stopping && batch.empty()) break;
       }
       for (auto& fn : batch) guarded(fn);
+      release_retained();
       while (ucp_worker_progress(worker.handle) != 0) {
       }
       run_deferred();
@@ -323,6 +365,14 @@ struct UcxWorker::Impl {
 
   void shutdown() {
     run_deferred();
+    release_retained();
+    {
+      // Owners still holding eager payloads now hold memory that goes with the worker.
+      std::lock_guard lock(releases->mutex);
+      releases->open = false;
+      if (releases->held_bytes != 0)
+        spdlog::warn("ucx: worker shut down while {} bytes of received messages were still held", releases->held_bytes.load());
+    }
     if (listener) {
       ucp_listener_destroy(listener);
       listener = nullptr;
@@ -455,11 +505,15 @@ struct UcxWorker::Impl {
       return UCS_INPROGRESS;
     }
     ++impl->messages_received;
-    if (handlers->on_message) {
-      const auto payload = std::span(static_cast<const std::byte*>(data), data_bytes);
-      guarded([&] { handlers->on_message(from, header_span, payload); });
-    }
-    return UCS_OK;
+    if (!handlers->on_message) return UCS_OK;
+    const auto payload = std::span(static_cast<const std::byte*>(data), data_bytes);
+    // Persistent (UCP_AM_RECV_ATTR_FLAG_DATA): the handler may keep UCX's buffer; then UCX
+    // holds it (UCS_INPROGRESS) until the last owner lets go (ucp_am_data_release).
+    EagerDelivery eager{data, data_bytes, handlers->retainable && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0, {}};
+    impl->delivering_eager = &eager;
+    guarded([&] { handlers->on_message(from, header_span, payload); });
+    impl->delivering_eager = nullptr;
+    return eager.owner ? UCS_INPROGRESS : UCS_OK;
   }
 
   void start_rendezvous(RecvOp* op, void* descriptor, size_t bytes) {
@@ -497,7 +551,7 @@ struct UcxWorker::Impl {
       ++messages_received;
       ++rndv_received;
       if (it != handlers.end() && it->second->on_message) {
-        delivering = op;  // its buffer may be taken during the call (take_received_payload)
+        delivering = op;  // its buffer may be retained during the call (retain_received_payload)
         guarded([&] { it->second->on_message(op->from, op->header, std::span<const std::byte>(op->payload.get(), op->payload_bytes)); });
         delivering = nullptr;
       }
@@ -518,12 +572,21 @@ struct UcxWorker::Impl {
     params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     params.flags = UCP_AM_SEND_FLAG_REPLY;  // lets the receiver see which endpoint it came on
     const std::span<const std::byte> payload = op->bytes();
-    if (payload.size() >= options.rndv_min_bytes) params.flags |= UCP_AM_SEND_FLAG_RNDV;
+    const void* buffer = payload.data();
+    size_t count = payload.size(), bytes = payload.size();
+    if (!op->iov.empty()) {
+      params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      params.datatype = ucp_dt_make_iov();
+      buffer = op->iov.data();
+      count = op->iov.size();
+      bytes = 0;
+      for (const ucp_dt_iov_t& segment : op->iov) bytes += segment.length;
+    }
+    if (bytes >= options.rndv_min_bytes) params.flags |= UCP_AM_SEND_FLAG_RNDV;
     params.cb.send = &Impl::on_send_done;
     params.user_data = op;
     sends.insert(op);
-    void* request = ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), payload.data(),
-                                    payload.size(), &params);
+    void* request = ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), buffer, count, &params);
     if (request == nullptr) {
       finish_send(op, Status::ok());
     } else if (UCS_PTR_IS_ERR(request)) {
@@ -652,14 +715,15 @@ void UcxWorker::close(EndpointId endpoint) {
   impl_->post([impl = impl_.get(), endpoint] { impl->close_endpoint(endpoint, true); });
 }
 
-void UcxWorker::set_message_handler(uint16_t am_id, MessageHandler on_message, MessageErrorHandler on_error) {
+void UcxWorker::set_message_handler(uint16_t am_id, MessageHandler on_message, MessageErrorHandler on_error,
+                                    bool retainable) {
   impl_->call([&] {
     Impl& impl = *impl_;
     ucp_am_handler_param_t params{};
     params.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                         UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
     params.id = am_id;
-    params.flags = UCP_AM_FLAG_WHOLE_MSG;
+    params.flags = UCP_AM_FLAG_WHOLE_MSG | (retainable ? UCP_AM_FLAG_PERSISTENT_DATA : 0u);
     if (!on_message) {
       params.cb = nullptr;
       params.arg = nullptr;
@@ -667,7 +731,8 @@ void UcxWorker::set_message_handler(uint16_t am_id, MessageHandler on_message, M
       impl.handlers.erase(am_id);
       return;
     }
-    auto handlers = std::make_unique<Impl::AmHandlers>(Impl::AmHandlers{&impl, am_id, std::move(on_message), std::move(on_error)});
+    auto handlers = std::make_unique<Impl::AmHandlers>(
+        Impl::AmHandlers{&impl, am_id, std::move(on_message), std::move(on_error), retainable});
     params.cb = &Impl::on_active_message;
     params.arg = handlers.get();
     const ucs_status_t status = ucp_worker_set_am_recv_handler(impl.worker.handle, &params);
@@ -691,20 +756,48 @@ void UcxWorker::remove_disconnect_handler(int token) {
 
 void UcxWorker::send(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header, std::vector<std::byte> payload,
                      SendCallback done) {
-  impl_->submit(endpoint, am_id, new Impl::SendOp{impl_.get(), std::move(header), std::move(payload), {}, std::move(done)});
+  impl_->submit(endpoint, am_id, new Impl::SendOp{impl_.get(), std::move(header), std::move(payload), {}, std::move(done), {}});
 }
 
 void UcxWorker::send_borrowed(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
                               std::span<const std::byte> payload, SendCallback done) {
-  impl_->submit(endpoint, am_id, new Impl::SendOp{impl_.get(), std::move(header), {}, payload, std::move(done)});
+  impl_->submit(endpoint, am_id, new Impl::SendOp{impl_.get(), std::move(header), {}, payload, std::move(done), {}});
 }
 
-std::unique_ptr<std::byte[]> UcxWorker::take_received_payload(std::span<const std::byte> payload) {
+void UcxWorker::send_gather(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
+                            std::vector<std::span<const std::byte>> segments, SendCallback done) {
+  if (segments.size() == 1) return send_borrowed(endpoint, am_id, std::move(header), segments.front(), std::move(done));
+  auto* op = new Impl::SendOp{impl_.get(), std::move(header), {}, {}, std::move(done), {}};
+  op->iov.reserve(segments.size());
+  for (const auto& segment : segments)
+    op->iov.push_back(ucp_dt_iov_t{const_cast<std::byte*>(segment.data()), segment.size()});  // UCX only reads it
+  impl_->submit(endpoint, am_id, op);
+}
+
+std::shared_ptr<const void> UcxWorker::retain_received_payload(std::span<const std::byte> bytes) {
   if (!on_worker_thread()) return nullptr;
-  Impl::RecvOp* op = impl_->delivering;
-  if (op == nullptr || !op->payload || op->payload.get() != payload.data() || op->payload_bytes != payload.size())
+  const auto within = [&](const std::byte* base, size_t size) {
+    return base != nullptr && bytes.data() >= base && bytes.size() <= size &&
+           static_cast<size_t>(bytes.data() - base) <= size - bytes.size();
+  };
+  if (Impl::RecvOp* op = impl_->delivering; op != nullptr) {
+    const std::byte* base = op->retained ? op->retained.get() : op->payload.get();
+    if (!within(base, op->payload_bytes)) return nullptr;
+    if (!op->retained) op->retained = std::shared_ptr<std::byte[]>(op->payload.release());
+    return std::shared_ptr<const void>(op->retained, bytes.data());
+  }
+  Impl::EagerDelivery* eager = impl_->delivering_eager;
+  if (eager == nullptr || !eager->retainable || !within(static_cast<const std::byte*>(eager->data), eager->bytes))
     return nullptr;
-  return std::move(op->payload);
+  if (!eager->owner) {
+    auto& releases = impl_->releases;
+    if (releases->held_bytes + eager->bytes > impl_->options.max_retained_eager_bytes) return nullptr;
+    releases->held_bytes += eager->bytes;
+    ++impl_->eager_retained;
+    eager->owner = std::shared_ptr<const void>(
+        eager->data, [releases, bytes = eager->bytes](const void* data) { releases->release(const_cast<void*>(data), bytes); });
+  }
+  return std::shared_ptr<const void>(eager->owner, bytes.data());
 }
 
 void UcxWorker::run_on_worker(const std::function<void()>& fn) { impl_->call(fn); }
@@ -717,6 +810,8 @@ UcxStats UcxWorker::stats() const {
   s.rndv_received = impl_->rndv_received;
   s.messages_sent = impl_->messages_sent;
   s.send_errors = impl_->send_errors;
+  s.eager_retained = impl_->eager_retained;
+  s.eager_held_bytes = impl_->releases->held_bytes;
   return s;
 }
 

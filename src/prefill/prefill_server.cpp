@@ -28,6 +28,12 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
   flags.add_secret("secret", &c.secret, "shared secret required on internal endpoints (X-Hack-Secret); empty = none");
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_int64("window-mb", &c.window_mb, "KV bytes in flight per decode node before sends wait (MiB)");
+  flags.add_int64("kv-message-kb", &c.kv_message_kb,
+                  "KV pages of one layer are sent together in messages of about this many KiB (0 = one page per "
+                  "message)");
+  flags.add_string("kv-gather", &c.kv_gather,
+                   "how a KV message's pages reach UCX: copy (into one buffer, sent contiguous: faster over tcp with "
+                   "UCX 1.13) or iov (in place, no copy)");
   flags.add_float("send-timeout", &c.send_timeout_s, "seconds a job's KV may take to leave after its prefill");
   flags.add_int("send-retries", &c.send_retries,
                 "times a job whose KV send failed on a broken decode endpoint (reset, timeout, a restarted node) "
@@ -89,6 +95,12 @@ struct PrefillServer::Impl {
     wo.engine = engine_options_from(config.model);
     HACK_CHECK(config.window_mb > 0, "--window-mb must be positive, got {}", config.window_mb);
     wo.sender.max_in_flight_bytes = static_cast<size_t>(config.window_mb) << 20;
+    HACK_CHECK(config.kv_message_kb >= 0 && config.kv_message_kb <= (int64_t{1} << 20),
+               "--kv-message-kb must be in [0, 1048576], got {}", config.kv_message_kb);
+    wo.sender.message_bytes = static_cast<size_t>(config.kv_message_kb) << 10;
+    HACK_CHECK(config.kv_gather == "copy" || config.kv_gather == "iov", "--kv-gather takes copy or iov, not '{}'",
+               config.kv_gather);
+    wo.sender.gather = config.kv_gather == "iov" ? net::KvGather::iov : net::KvGather::copy;
     wo.sender.auth = net::WireAuth(config.secret);  // KV messages carry the cluster's MAC (none without a secret)
     wo.send_timeout_s = config.send_timeout_s;
     wo.send_retries = config.send_retries;

@@ -345,7 +345,9 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
           throw_if_failed(sender_->send_exact(*peer, id, l, std::vector<std::byte>(payload.begin(), payload.end())));
         }
       });
-      if (last_chunk) throw_if_failed(sender_->layer_done(*peer, id, l));
+      // A chunk's pages of this layer leave now, not with the next chunk's (layer_done sends
+      // what is pending too).
+      throw_if_failed(last_chunk ? sender_->layer_done(*peer, id, l) : sender_->flush(*peer, id));
       if (options_.test_layer_delay_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
       }

@@ -2,10 +2,11 @@
 // kv/hack_page.h, kv/kv_stream.h): open the AM header (MAC check with a fixed secret, or the
 // plain header without one), decode and validate the wire header, check the payload against
 // it, and decode the payload as the KV receiver would (HACK page layout and validation,
-// exact-tokens header and its conversion to f32).
+// exact-tokens header and its conversion to f32), for every page of a multi-page kv_page message.
 //
-// Input: byte 0 = mode (bit 0: authenticated, bits 1..: header length choice), then the AM
-// header, then the payload. Oracle: a header that decodes must re-encode to the same bytes.
+// Input: byte 0 = mode (bit 0: authenticated), bytes 1-2 = the AM header's length (u16 LE, cut
+// to what follows), then the AM header (wire v3: fixed part, page table, tag), then the
+// payload. Oracle: a header that decodes must re-encode to the same bytes.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -25,10 +26,18 @@ using namespace hack::net;
 void decode_payload(const WireHeader& header, std::span<const std::byte> payload) {
   try {
     if (header.type == WireType::kv_page) {
-      const hack::HackPageLayout layout = hack::HackPageLayout::from_page(payload.data(), payload.size());
-      layout.validate(payload.data(), payload.size());
-      (void)hack::HackPageLayout::page_layer(payload.data());
-      (void)hack::HackPageLayout::page_first_token(payload.data());
+      size_t offset = 0;
+      for (uint32_t bytes : header.page_bytes) {  // as KvReceiver splits the message
+        const auto page = payload.subspan(offset, bytes);
+        offset += bytes;
+        try {
+          const hack::HackPageLayout layout = hack::HackPageLayout::from_page(page.data(), page.size());
+          layout.validate(page.data(), page.size());
+          (void)hack::HackPageLayout::page_layer(page.data());
+          (void)hack::HackPageLayout::page_first_token(page.data());
+        } catch (const hack::Error&) {
+        }
+      }
     } else if (header.type == WireType::kv_exact || header.type == WireType::kv_exact_copy) {
       const hack::ExactTokensHeader exact = hack::decode_exact_header(payload);
       std::vector<float> k, v;
@@ -43,14 +52,11 @@ void decode_payload(const WireHeader& header, std::span<const std::byte> payload
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const WireAuth sealed_auth("fuzz-cluster-secret");
   static const WireAuth plain_auth;
-  if (size == 0) return 0;
+  if (size < 3) return 0;
   const auto mode = data[0];
-  const std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data) + 1, size - 1);
+  const std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data) + 3, size - 3);
   const WireAuth& auth = (mode & 1) ? sealed_auth : plain_auth;
-  // The AM header is usually one of the two valid lengths; sometimes any length.
-  size_t header_len = (mode & 2) ? kWireSealedHeaderBytes : kWireHeaderBytes;
-  if ((mode & 4) && in.size() > 0) header_len = static_cast<size_t>(mode >> 3) % (kWireSealedHeaderBytes + 8);
-  header_len = std::min(header_len, in.size());
+  const size_t header_len = std::min(static_cast<size_t>(data[1] | data[2] << 8), in.size());
   const auto am_header = in.first(header_len);
   const auto payload = in.subspan(header_len);
 
@@ -59,7 +65,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Also the path of a forged message whose header is fine: decode the header anyway, as a
     // fuzz of decode_wire_header alone.
     WireHeader h;
-    (void)decode_wire_header(am_header.first(std::min(am_header.size(), kWireHeaderBytes)), h);
+    (void)decode_wire_header(am_header, h);
+    (void)wire_header_request(am_header);
     return 0;
   }
   WireHeader header;

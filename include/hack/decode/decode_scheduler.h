@@ -25,6 +25,7 @@
 ///   (as in vLLM's recompute mode); greedy equality with hack-run holds without preemption.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -125,6 +126,10 @@ struct DecodeSchedulerStats {
   uint64_t finished = 0;
   uint64_t failed = 0;
   uint64_t idle_trims = 0;       ///< times the idle node gave free memory back (idle_trim_s)
+  /// KV messages import_kv took with the memory they lie in (copied once, into the cache) and
+  /// those it had to copy first (twice in all): the decode side's copies per page.
+  uint64_t kv_messages_in_place = 0;
+  uint64_t kv_messages_copied = 0;
 };
 
 class DecodeScheduler {
@@ -144,11 +149,12 @@ class DecodeScheduler {
   /// Unknown ids are ignored.
   void cancel(uint64_t id);
 
-  /// KV from a prefill node, in the order it was sent (any thread). `owned`, when given, is
-  /// the memory `payload` lies in (UcxWorker::take_received_payload) and is kept as is;
-  /// otherwise the payload is copied.
+  /// KV from a prefill node, in the order it was sent (any thread). `owner`, when given,
+  /// keeps the memory `payload` lies in valid (UcxWorker::retain_received_payload: UCX's
+  /// receive buffer, shared by the pages of one message) until the engine thread has copied
+  /// the payload into the cache, its only copy; otherwise the payload is copied here first.
   void import_kv(uint64_t id, uint32_t layer, KvMessageKind kind, std::span<const std::byte> payload,
-                 std::unique_ptr<std::byte[]> owned = nullptr);
+                 std::shared_ptr<const void> owner = nullptr);
   /// Every layer has arrived; `first` was sampled by the prefill node with `seed`.
   void kv_complete(uint64_t id, SampleResult first, uint64_t seed);
   /// The transfer failed (bad page, lost prefill node): the request fails with `error`.
@@ -192,6 +198,7 @@ class DecodeScheduler {
   std::vector<Command> inbox_;
   bool stopping_ = false;
   std::set<uint64_t> known_ids_;        // ids submitted and not yet ended (guards duplicates)
+  std::atomic<uint64_t> kv_in_place_{0}, kv_copied_{0};  // import_kv (any thread)
   DecodeSchedulerStats stats_;          // published copy
   mutable std::condition_variable idle_;
 

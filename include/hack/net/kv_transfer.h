@@ -3,7 +3,8 @@
 /// layer by layer to a decode node; a KvReceiver (decode) hands each page, layer end and
 /// request end to callbacks, in the order they were sent, and reports per-request errors.
 ///
-/// Protocol (wire.h headers; `seq` numbers the messages of one request from 0):
+/// Protocol (wire.h headers; `seq` numbers the messages of one request from 0; a kv_page
+/// message carries one or more consecutive pages of one layer, see KvSenderOptions::message_bytes):
 ///   sender → receiver, AM id kKvDataAmId: (kv_page | kv_exact)* kv_layer_done ...
 ///                                         request_done (with an optional small payload),
 ///                                         or request_cancel at any point
@@ -12,7 +13,8 @@
 /// cancel, which then sends request_cancel so the receiver forgets it). A lost endpoint
 /// fails every request on it, on both sides. Errors of one request never touch another.
 ///
-/// Flow control: the receiver delivers a request's messages in order and holds at most
+/// Flow control (in messages, whatever pages they carry): the receiver delivers a request's
+/// messages in order, each page of a kv_page message to on_page in turn, and holds at most
 /// kKvMaxEarlyMessages that arrive ahead of one still being fetched (a rendezvous page), so
 /// the sender keeps a window per endpoint: at most max_in_flight_messages messages from
 /// the oldest one not yet send-completed to the newest handed to UCX, and at most
@@ -42,7 +44,8 @@ inline constexpr size_t kKvMaxEarlyMessages = 4096;
 
 /// All run on the worker's progress thread; they must not block.
 struct KvReceiverCallbacks {
-  /// page: one HACK page of `layer`, valid only during the call.
+  /// page: one HACK page of `layer`, valid only during the call (KvReceiver::retain_payload
+  /// keeps it longer). Called once per page, in the order sent.
   std::function<void(uint64_t request_id, uint32_t layer, std::span<const std::byte> page)> on_page;
   /// exact: one exact-tokens message of `layer` (kv/kv_stream.h), valid only during the call.
   std::function<void(uint64_t request_id, uint32_t layer, std::span<const std::byte> exact)> on_exact;
@@ -72,6 +75,13 @@ class KvReceiver {
   /// Requests that have started and not yet ended (done, failed-and-ended, cancelled).
   size_t open_requests() const;
 
+  /// From a callback: keeps the memory `bytes` (a page or exact message passed to it) lies in
+  /// valid after the callback returns, while the returned owner lives, so its consumer copies
+  /// it once, from UCX's receive buffer (UcxWorker::retain_received_payload; a message that
+  /// arrived ahead of its turn is held the same way). Null when it cannot (outside a callback,
+  /// UCX's memory budget spent): then the caller copies.
+  std::shared_ptr<const void> retain_payload(std::span<const std::byte> bytes);
+
  private:
   struct State;
   UcxWorker& worker_;
@@ -91,11 +101,31 @@ struct KvSenderCallbacks {
   std::function<void(EndpointId endpoint, const Status& error)> on_transport_failed;
 };
 
+/// How the pages of a multi-page kv_page message reach UCX (pages that lie back to back in
+/// memory always go as one span, copied by neither).
+enum class KvGather : uint8_t {
+  /// Copied into one buffer by the thread that ends the message (outside the sender's lock),
+  /// which UCX sends as one contiguous payload. UCX 1.13 moves a contiguous rendezvous
+  /// payload over tcp by put_zcopy straight into the receiver's buffer, but an iov one in
+  /// 64 KiB active-message fragments the receiver copies again: about half the speed
+  /// (bench/RESULTS.md, 2026-11-26), so the copy here is the cheaper one.
+  copy,
+  /// The pages in place, as a UCX iov (UCP_DATATYPE_IOV): no copy in this process.
+  iov,
+};
+
 struct KvSenderOptions {
   /// Window per endpoint (see the file comment). At most kKvMaxEarlyMessages messages; a
   /// single message larger than max_in_flight_bytes still goes out, alone.
   size_t max_in_flight_messages = 1024;
   size_t max_in_flight_bytes = size_t{64} << 20;
+  /// Pages of one request and layer queued one after another leave together, as one kv_page
+  /// message of at least this many payload bytes (or kWireMaxPagesPerMessage pages); tcp moves
+  /// 1 MiB messages ~2× faster per byte than 256 KiB ones. Fewer leave at layer_done, flush,
+  /// request_done, or when a page of another layer or any other message of the request
+  /// follows; cancel drops them. 0: every page is its own message.
+  size_t message_bytes = size_t{1} << 20;
+  KvGather gather = KvGather::copy;
   /// Seals every message (and checks replies) with the cluster secret when enabled (wire.h).
   WireAuth auth;
 };
@@ -103,6 +133,7 @@ struct KvSenderOptions {
 /// Counters (read from any thread).
 struct KvSenderStats {
   uint64_t messages_sent = 0;    ///< send-completed successfully
+  uint64_t pages_sent = 0;       ///< pages in those messages
   uint64_t bytes_sent = 0;       ///< their payload bytes
   uint64_t messages_waiting = 0; ///< now waiting for the window (not yet handed to UCX)
   uint64_t max_waiting = 0;      ///< the most ever waiting at once
@@ -121,13 +152,18 @@ class KvSender {
   KvSender(const KvSender&) = delete;
   KvSender& operator=(const KvSender&) = delete;
 
-  /// Queues one HACK page of `layer`. The first message of a request binds it to `peer`.
+  /// Queues one HACK page of `layer` (into the request's pending message, see
+  /// KvSenderOptions::message_bytes). The first message of a request binds it to `peer`.
   Status send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> page);
   /// Copies the page into the send queue.
   Status send_page(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page);
   /// Sends the page from the caller's memory, with no copy: it must stay valid and unchanged
   /// until the request has left the sender (wait_request_closed, or wait_request ok).
   Status send_page_borrowed(EndpointId peer, uint64_t request_id, uint32_t layer, std::span<const std::byte> page);
+  /// Sends the request's pending pages now, as a message of fewer than message_bytes (a
+  /// prefill chunk's pages of one layer, so they need not wait for the next chunk). Ok when
+  /// nothing is pending or the request is unknown; the error of a failed request.
+  Status flush(EndpointId peer, uint64_t request_id);
   /// Queues one exact-tokens message (kv/kv_stream.h) of `layer`.
   Status send_exact(EndpointId peer, uint64_t request_id, uint32_t layer, std::vector<std::byte> exact);
   /// Queues an exact message the receiver keeps beside its cache (KvMessageKind::exact_copy).
@@ -140,7 +176,8 @@ class KvSender {
   /// Abandons a request (the receiver reports it as cancelled unless it already failed).
   void cancel(EndpointId peer, uint64_t request_id, std::string reason);
 
-  /// Waits until every queued message has been handed to the transport or failed.
+  /// Waits until every queued message has been handed to the transport or failed (pages
+  /// pending in a partial message are not queued yet: flush or layer_done first).
   Status wait_idle(double timeout_s);
   /// Waits until every message of a request has send-completed: ok once it has ended
   /// (request_done) and all its messages are out, its error if it failed or was cancelled

@@ -60,12 +60,17 @@ struct UcxOptions {
   /// message, so replies reach it. Off by default: the nodes are reached only through their
   /// listener, and a message whose endpoint we do not know (one we closed) stays anonymous.
   bool accept_address_peers = false;
+  /// Most bytes of eager payloads kept in UCX's memory at once (retain_received_payload): a
+  /// bound on what a slow consumer pins in UCX's receive buffers; past it handlers copy.
+  size_t max_retained_eager_bytes = size_t{256} << 20;
 };
 
 /// Counters for tests and metrics (read from any thread).
 struct UcxStats {
   uint64_t messages_received = 0;
   uint64_t rndv_received = 0;      ///< of those, payloads that arrived by rendezvous
+  uint64_t eager_retained = 0;     ///< eager payloads a handler kept in UCX's memory (retain_received_payload)
+  uint64_t eager_held_bytes = 0;   ///< bytes of those not yet released
   uint64_t messages_sent = 0;      ///< sends that completed successfully
   uint64_t send_errors = 0;
 };
@@ -114,8 +119,11 @@ class UcxWorker {
   void close(EndpointId endpoint);
 
   /// Sets (or with an empty function clears) the handlers of active-message id `am_id`.
-  /// Returns once the progress thread has installed them.
-  void set_message_handler(uint16_t am_id, MessageHandler on_message, MessageErrorHandler on_error = {});
+  /// Returns once the progress thread has installed them. `retainable`: UCX keeps eager
+  /// payloads of this id alive past the handler on request (UCP_AM_FLAG_PERSISTENT_DATA), so
+  /// retain_received_payload works for them too.
+  void set_message_handler(uint16_t am_id, MessageHandler on_message, MessageErrorHandler on_error = {},
+                           bool retainable = false);
   /// Adds a disconnect handler; returns a token for remove_disconnect_handler. After
   /// remove returns, the handler is never called again.
   int add_disconnect_handler(DisconnectHandler handler);
@@ -131,11 +139,19 @@ class UcxWorker {
   void send_borrowed(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
                      std::span<const std::byte> payload, SendCallback done);
 
-  /// From a message handler: the buffer a rendezvous payload was received into, when
-  /// `payload` is exactly that payload, so the handler keeps the bytes without copying them
-  /// (the span stays valid, now owned by the caller). Empty for an eager payload (UCX's own
-  /// memory, valid only during the call), any other span, or outside a handler.
-  std::unique_ptr<std::byte[]> take_received_payload(std::span<const std::byte> payload);
+  /// Same, with the payload gathered from `segments` in order (UCP_DATATYPE_IOV): UCX reads
+  /// each from the caller's memory, which must stay valid and unchanged until `done` has run.
+  void send_gather(EndpointId endpoint, uint16_t am_id, std::vector<std::byte> header,
+                   std::vector<std::span<const std::byte>> segments, SendCallback done);
+
+  /// From a message handler: keeps the memory `bytes` lies in (all or part of the payload
+  /// being delivered) valid after the handler returns, for as long as the returned owner (or
+  /// a copy) lives, so the bytes are used without copying them. Works for rendezvous payloads
+  /// (our receive buffer, shared by every owner of the message) and, on a retainable handler,
+  /// for eager ones (UCX's memory, released on the progress thread once the last owner goes;
+  /// owners must go before the worker). Null for any other span, outside a handler, or when
+  /// eager payloads already hold max_retained_eager_bytes: then the caller copies.
+  std::shared_ptr<const void> retain_received_payload(std::span<const std::byte> bytes);
 
   /// Runs fn on the progress thread (now, if called from it) and waits for it.
   void run_on_worker(const std::function<void()>& fn);

@@ -21,6 +21,8 @@ struct PrefillServerConfig {
   std::string secret;              ///< shared secret of the internal endpoints ("" = none)
   int http_threads = 2;
   int64_t window_mb = 64;          ///< unacknowledged KV bytes in flight per decode node
+  int64_t kv_message_kb = 1024;    ///< KvSenderOptions::message_bytes, in KiB
+  std::string kv_gather = "copy";   ///< KvSenderOptions::gather: copy or iov
   float send_timeout_s = 60;
   int send_retries = 1;       ///< PrefillWorkerOptions::send_retries
   float send_retry_wait_s = 5; ///< PrefillWorkerOptions::retry_wait_s

@@ -201,6 +201,7 @@ TEST_CASE("remote KV imported between steps continues exactly where prefill stop
     Collector events;
     DecodeScheduler scheduler(decode.engine, *decode.kv, {});
     const std::vector<int> lengths{2, 70, 200};
+    uint64_t messages = 0;
     for (size_t i = 0; i < lengths.size(); ++i) {
       const uint64_t id = 100 + i;
       const std::vector<int> prompt = prompt_of(lengths[i], 50 + static_cast<int>(i));
@@ -216,7 +217,15 @@ TEST_CASE("remote KV imported between steps continues exactly where prefill stop
       std::vector<float> logits;
       prefill.engine.prefill(1, prompt, logits, false, [&](int layer, bool last_chunk) {
         export_layer(*prefill.kv, 1, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> p) {
-          scheduler.import_kv(id, static_cast<uint32_t>(layer), kind, p);
+          // Every other message comes with the memory it lies in (as a UCX receive buffer
+          // would): taken as is, not copied; the rest is copied first.
+          if (++messages % 2 == 0) {
+            auto held = std::make_shared<const std::vector<std::byte>>(p.begin(), p.end());
+            const std::span<const std::byte> in_place(*held);
+            scheduler.import_kv(id, static_cast<uint32_t>(layer), kind, in_place, std::move(held));
+          } else {
+            scheduler.import_kv(id, static_cast<uint32_t>(layer), kind, p);
+          }
         });
       });
       Sampler sampler(params, tiny_model().config.vocab_size);
@@ -232,6 +241,8 @@ TEST_CASE("remote KV imported between steps continues exactly where prefill stop
     REQUIRE(scheduler.wait_idle(5));
     CHECK(decode.kv->stats().bytes_used == 0);
     CHECK(prefill.kv->stats().bytes_used == 0);
+    CHECK(scheduler.stats().kv_messages_in_place == messages / 2);
+    CHECK(scheduler.stats().kv_messages_copied == messages - messages / 2);
   }
 }
 

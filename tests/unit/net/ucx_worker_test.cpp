@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "hack/net/ucx_worker.h"
 #include "net_test_util.h"
@@ -167,26 +168,32 @@ TEST_CASE("ucx worker: without accept_address_peers a peer connected by address 
   CHECK(inbox.from.front() == 0);
 }
 
-TEST_CASE("ucx worker: a handler takes a rendezvous payload's buffer instead of copying it", "[net][ucx]") {
+TEST_CASE("ucx worker: a handler retains a rendezvous payload's buffer instead of copying it", "[net][ucx]") {
   UcxWorker server(test::options_for("tcp"));
   UcxWorker client(test::options_for("tcp"));
-  struct Taken {
+  struct Retained {
     size_t bytes = 0;
-    bool same_memory = false, subspan_refused = false;
-    std::unique_ptr<std::byte[]> buffer;
+    bool same_memory = false, outside_refused = false;
+    const std::byte* data = nullptr;
+    std::shared_ptr<const void> first_half, second_half;
   };
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<Taken> taken;
+  std::vector<Retained> retained;
   server.set_message_handler(kTestAm, [&](EndpointId, auto, std::span<const std::byte> p) {
-    Taken t;
-    t.bytes = p.size();
-    // Only the whole payload can be taken (KvReceiver hands out whole payloads).
-    t.subspan_refused = p.size() < 2 || server.take_received_payload(p.subspan(1)) == nullptr;
-    t.buffer = server.take_received_payload(p);
-    t.same_memory = t.buffer && t.buffer.get() == p.data();
+    Retained r;
+    r.bytes = p.size();
+    r.data = p.data();
+    // Parts of the payload (the pages of one KV message) share the buffer; nothing outside it.
+    r.first_half = server.retain_received_payload(p.first(p.size() / 2));
+    r.second_half = server.retain_received_payload(p.subspan(p.size() / 2));
+    r.same_memory = r.first_half && r.first_half.get() == p.data() && r.second_half &&
+                    r.second_half.get() == p.data() + p.size() / 2;
+    std::byte outside{};
+    r.outside_refused = server.retain_received_payload(std::span(&outside, 1)) == nullptr &&
+                        server.retain_received_payload(std::span(p.data(), p.size() + 1)) == nullptr;
     std::lock_guard lock(mutex);
-    taken.push_back(std::move(t));
+    retained.push_back(std::move(r));
     changed.notify_all();
   });
   const EndpointId ep = client.connect("127.0.0.1", server.listen("127.0.0.1", 0));
@@ -197,15 +204,84 @@ TEST_CASE("ucx worker: a handler takes a rendezvous payload's buffer instead of 
   client.send(ep, kTestAm, test::random_bytes(24, 4), small, sent.callback());  // eager
   REQUIRE(sent.wait_count(2));
   std::unique_lock lock(mutex);
-  REQUIRE(changed.wait_for(lock, std::chrono::duration<double>(test::kWaitS), [&] { return taken.size() == 2; }));
-  if (taken[0].bytes != big.size()) std::swap(taken[0], taken[1]);  // handlers may run in either order
-  CHECK(taken[0].bytes == big.size());
-  CHECK(taken[0].subspan_refused);
-  REQUIRE(taken[0].same_memory);
-  CHECK(std::memcmp(taken[0].buffer.get(), big.data(), big.size()) == 0);  // still the message, after the handler
-  CHECK(taken[1].bytes == small.size());
-  CHECK(taken[1].buffer == nullptr);  // UCX's own memory: the handler copies
-  CHECK(server.take_received_payload(big) == nullptr);  // outside a handler
+  REQUIRE(changed.wait_for(lock, std::chrono::duration<double>(test::kWaitS), [&] { return retained.size() == 2; }));
+  if (retained[0].bytes != big.size()) std::swap(retained[0], retained[1]);  // handlers may run in either order
+  CHECK(retained[0].bytes == big.size());
+  CHECK(retained[0].outside_refused);
+  REQUIRE(retained[0].same_memory);
+  // Still the message after the handler, and after one of its owners let go.
+  retained[0].first_half.reset();
+  CHECK(std::memcmp(retained[0].data, big.data(), big.size()) == 0);
+  CHECK(retained[1].bytes == small.size());
+  CHECK(retained[1].first_half == nullptr);  // eager, and this handler is not retainable: the handler copies
+  CHECK(server.retain_received_payload(big) == nullptr);  // outside a handler
+  CHECK(server.stats().eager_retained == 0);
+}
+
+TEST_CASE("ucx worker: a retainable handler keeps eager payloads in UCX's memory until released", "[net][ucx]") {
+  const std::string tls = GENERATE(from_range(test::loopback_transports()));
+  INFO("UCX_TLS=" << tls);
+  UcxOptions options = test::options_for(tls);
+  options.max_retained_eager_bytes = 64 * 1024;
+  UcxWorker server(options);
+  UcxWorker client(test::options_for(tls));
+  struct Kept {
+    std::shared_ptr<const void> owner;
+    std::span<const std::byte> bytes;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Kept> kept;
+  server.set_message_handler(
+      kTestAm,
+      [&](EndpointId, auto, std::span<const std::byte> p) {
+        Kept k{server.retain_received_payload(p), p};
+        std::lock_guard lock(mutex);
+        kept.push_back(std::move(k));
+        changed.notify_all();
+      },
+      {}, /*retainable=*/true);
+  const EndpointId ep = client.connect("127.0.0.1", server.listen("127.0.0.1", 0));
+  // 20 eager payloads of 5000 bytes (multi-fragment on tcp), more than the 64 KiB the worker
+  // may hold: the first 13 are retained, the rest refused (their handler would copy).
+  constexpr int kMessages = 20;
+  constexpr size_t kBytes = 5000;
+  std::vector<std::vector<std::byte>> payloads;
+  SendResult sent;
+  for (int i = 0; i < kMessages; ++i) {
+    payloads.push_back(test::random_bytes(kBytes, 100 + i));
+    client.send(ep, kTestAm, test::random_bytes(24, i), payloads.back(), sent.callback());
+  }
+  REQUIRE(sent.wait_count(kMessages));
+  std::unique_lock lock(mutex);
+  REQUIRE(changed.wait_for(lock, std::chrono::duration<double>(test::kWaitS), [&] { return kept.size() == kMessages; }));
+  const size_t limit = options.max_retained_eager_bytes / kBytes;
+  size_t held = 0;
+  for (const Kept& k : kept) {
+    if (!k.owner) continue;
+    ++held;
+    CHECK(k.owner.get() == k.bytes.data());  // UCX's own buffer, not a copy
+    bool match = false;  // still a message that was sent, long after its handler returned
+    for (const auto& p : payloads) match = match || (p.size() == k.bytes.size() && std::memcmp(p.data(), k.bytes.data(), p.size()) == 0);
+    CHECK(match);
+  }
+  CHECK(held == limit);
+  CHECK(server.stats().eager_retained == limit);
+  CHECK(server.stats().eager_held_bytes == limit * kBytes);
+  // Dropping the owners (on this thread) hands the buffers back on the progress thread.
+  kept.clear();
+  lock.unlock();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(test::kWaitS);
+  while (server.stats().eager_held_bytes != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(server.stats().eager_held_bytes == 0);
+  // And the worker keeps receiving (its buffers were really returned).
+  client.send(ep, kTestAm, test::random_bytes(24, 999), payloads[0], sent.callback());
+  REQUIRE(sent.wait_count(kMessages + 1));  // `sent` outlives every completion
+  lock.lock();
+  REQUIRE(changed.wait_for(lock, std::chrono::duration<double>(test::kWaitS), [&] { return kept.size() == 1; }));
+  CHECK(kept[0].owner != nullptr);
+  kept.clear();
 }
 
 TEST_CASE("ucx worker: a malformed worker address is an error", "[net][ucx]") {

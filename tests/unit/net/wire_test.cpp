@@ -17,11 +17,7 @@ using namespace hack::net;
 
 namespace {
 
-std::array<std::byte, kWireHeaderBytes> encoded(const WireHeader& h) {
-  std::array<std::byte, kWireHeaderBytes> out{};
-  encode_wire_header(h, out);
-  return out;
-}
+std::vector<std::byte> encoded(const WireHeader& h) { return encode_wire_header(h); }
 
 }  // namespace
 
@@ -135,7 +131,8 @@ TEST_CASE("wire auth: a sealed message opens only with its secret, channel, head
   const std::vector<std::byte> payload = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
   const auto header = encode_wire_header(make_wire_header(WireType::kv_page, 42, 3, 7, payload));
   const auto sealed = auth.seal(header, payload, WireChannel::data);
-  REQUIRE(sealed.size() == kWireSealedHeaderBytes);
+  REQUIRE(header.size() == kWireHeaderBytes + 4);  // one page: a one-entry page table
+  REQUIRE(sealed.size() == header.size() + kWireTagBytes);
   std::span<const std::byte> plain;
   REQUIRE(auth.open(sealed, payload, WireChannel::data, plain).is_ok());
   CHECK(std::vector<std::byte>(plain.begin(), plain.end()) == header);
@@ -152,14 +149,19 @@ TEST_CASE("wire auth: a sealed message opens only with its secret, channel, head
   CHECK_FALSE(off.open(sealed, payload, WireChannel::data, plain).is_ok());
   CHECK(off.seal(header, payload, WireChannel::data) == header);
 
-  // Every single-bit change of header, tag or payload is caught.
+  // Every single-bit change of header, tag or payload is caught: by the MAC, except in the
+  // version (named as such) and the page count (which moves where the tag starts).
   for (size_t i = 0; i < sealed.size() * 8; ++i) {
     auto bad = sealed;
     bad[i / 8] ^= static_cast<std::byte>(1u << (i % 8));
     INFO("header bit " << i);
     const Status s = auth.open(bad, payload, WireChannel::data, plain);
     CHECK_FALSE(s.is_ok());
-    CHECK(s.message().find("bad MAC") != std::string::npos);
+    const size_t byte = i / 8;
+    const char* expected = byte == 4 || byte == 5     ? "wire version"
+                           : byte >= 40 && byte < 44 ? "unauthenticated"
+                                                     : "bad MAC";
+    CHECK(s.message().find(expected) != std::string::npos);
   }
   for (size_t i = 0; i < payload.size() * 8; ++i) {
     auto bad = payload;
@@ -187,9 +189,9 @@ TEST_CASE("wire auth: the tag is HMAC-SHA256 as Python's hmac module computes it
 }
 
 TEST_CASE("the wire fuzz seeds speak this wire version: header, checksum and seal all check", "[net][wire]") {
-  // tests/fixtures/fuzz/wire: byte 0 the fuzz mode (bit 0 sealed, bit 1 sealed-length header,
-  // bit 2 odd length), then the AM header and payload (tests/fuzz/fuzz_wire.cpp). A seed from an
-  // older version would stop at the version check and fuzz nothing behind it.
+  // tests/fixtures/fuzz/wire: byte 0 the fuzz mode (bit 0 sealed), a u16 LE AM header length,
+  // then the AM header and payload (tests/fuzz/fuzz_wire.cpp). A seed from an older version
+  // would stop at the version check and fuzz nothing behind it. bad_*: deliberately malformed.
   const WireAuth auth("fuzz-cluster-secret");
   int checked = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(HACK_SOURCE_DIR) / "tests" / "fixtures" / "fuzz" / "wire")) {
@@ -197,10 +199,11 @@ TEST_CASE("the wire fuzz seeds speak this wire version: header, checksum and sea
     const std::vector<char> raw{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     REQUIRE(!raw.empty());
     const auto mode = static_cast<uint8_t>(raw[0]);
-    if (mode & 4) continue;  // a deliberately malformed header length
+    if (entry.path().filename().string().starts_with("bad_")) continue;
     INFO(entry.path().filename().string());
-    const auto bytes = std::span(reinterpret_cast<const std::byte*>(raw.data()) + 1, raw.size() - 1);
-    const size_t header_len = (mode & 2) ? kWireSealedHeaderBytes : kWireHeaderBytes;
+    REQUIRE(raw.size() >= 3);
+    const size_t header_len = static_cast<uint8_t>(raw[1]) | size_t{static_cast<uint8_t>(raw[2])} << 8;
+    const auto bytes = std::span(reinterpret_cast<const std::byte*>(raw.data()) + 3, raw.size() - 3);
     REQUIRE(bytes.size() >= header_len);
     std::span<const std::byte> plain;
     REQUIRE(((mode & 1) ? auth : WireAuth()).open(bytes.first(header_len), bytes.subspan(header_len), WireChannel::data, plain).is_ok());
@@ -209,5 +212,110 @@ TEST_CASE("the wire fuzz seeds speak this wire version: header, checksum and sea
     CHECK(verify_wire_payload(header, bytes.subspan(header_len)).is_ok());
     ++checked;
   }
-  CHECK(checked >= 9);
+  CHECK(checked >= 10);
+}
+
+TEST_CASE("wire v3: a multi-page kv_page header round trips and its checksum covers every page", "[net][wire][pages]") {
+  const std::vector<std::vector<std::byte>> pages = {test::random_bytes(1, 1), test::random_bytes(4097, 2),
+                                                     test::random_bytes(65536, 3)};
+  std::vector<std::byte> payload;
+  std::vector<uint32_t> lengths;
+  std::vector<uint64_t> sums;
+  for (const auto& p : pages) {
+    payload.insert(payload.end(), p.begin(), p.end());
+    lengths.push_back(static_cast<uint32_t>(p.size()));
+    sums.push_back(wire_checksum(p));
+  }
+  const WireHeader h = make_pages_header(9, 4, 17, lengths, sums);
+  CHECK(h.payload_bytes == payload.size());
+  const auto bytes = encoded(h);
+  CHECK(bytes.size() == kWireHeaderBytes + 4 * pages.size());
+  WireHeader out;
+  REQUIRE(decode_wire_header(bytes, out).is_ok());
+  CHECK(out.page_bytes == lengths);
+  CHECK(out.layer == 4);
+  CHECK(out.seq == 17);
+  CHECK(encoded(out) == bytes);
+  CHECK(verify_wire_payload(out, payload).is_ok());
+  CHECK(wire_header_request(bytes) == std::optional<uint64_t>(9));
+  // A flipped byte in any page, or two pages swapped, fails the check.
+  for (size_t at : {size_t{0}, size_t{1}, size_t{3000}, payload.size() - 1}) {
+    auto bad = payload;
+    bad[at] ^= std::byte{0x01};
+    INFO("byte " << at);
+    CHECK_THAT(verify_wire_payload(out, bad).message(), Catch::Contains("3 pages"));
+  }
+  WireHeader swapped = make_pages_header(9, 4, 17, {lengths[1], lengths[0], lengths[2]}, std::vector<uint64_t>{sums[1], sums[0], sums[2]});
+  CHECK_FALSE(verify_wire_payload(swapped, payload).is_ok());
+}
+
+TEST_CASE("wire v3: page tables that are cut short, overlong, lying or misplaced are refused", "[net][wire][pages]") {
+  const std::vector<uint64_t> sums = {1, 2};
+  const auto good = encoded(make_pages_header(12, 0, 0, {100, 200}, sums));
+  WireHeader out;
+  REQUIRE(decode_wire_header(good, out).is_ok());
+  // Cut short / overlong: the length does not match the declared page count.
+  CHECK_THAT(decode_wire_header(std::span(good).first(good.size() - 4), out).message(),
+             Catch::Contains("truncated or overlong page table"));
+  auto longer = good;
+  longer.resize(good.size() + 4);
+  CHECK_THAT(decode_wire_header(longer, out).message(), Catch::Contains("truncated or overlong page table"));
+  // Lengths that do not sum to the payload.
+  auto lying = good;
+  lying[kWireHeaderBytes] = std::byte{101};
+  CHECK_THAT(decode_wire_header(lying, out).message(), Catch::Contains("sums to 301 bytes"));
+  // An empty page, zero pages, too many pages.
+  CHECK_THAT(decode_wire_header(encoded(make_pages_header(12, 0, 0, {0, 300}, sums)), out).message(),
+             Catch::Contains("page 0 of 2 is empty"));
+  auto none = good;
+  none[40] = std::byte{0};
+  none.resize(kWireHeaderBytes);
+  CHECK_THAT(decode_wire_header(none, out).message(), Catch::Contains("declares 0 pages"));
+  auto many = good;
+  many[41] = std::byte{1};  // 258 pages
+  CHECK_THAT(decode_wire_header(many, out).message(), Catch::Contains("1 to 256 allowed"));
+  // A table on a type that carries none; a reserved field that is not 0.
+  auto layer_done = encoded(make_wire_header(WireType::kv_layer_done, 12, 0, 0, {}));
+  layer_done[40] = std::byte{1};
+  layer_done.resize(layer_done.size() + 4);
+  CHECK_THAT(decode_wire_header(layer_done, out).message(), Catch::Contains("only kv_page carries pages"));
+  auto reserved = good;
+  reserved[44] = std::byte{1};
+  CHECK_THAT(decode_wire_header(reserved, out).message(), Catch::Contains("reserved"));
+  // Each names its request, so a receiver can fail it (wire_header_request).
+  CHECK(wire_header_request(lying) == std::optional<uint64_t>(12));
+  CHECK(wire_header_request(std::span(good).first(40)) == std::nullopt);
+  // Too many pages for one message is a sender bug, caught before anything is encoded.
+  CHECK_THROWS_AS(wire_pages_checksum(std::vector<uint64_t>(kWireMaxPagesPerMessage + 1)), Error);
+}
+
+TEST_CASE("wire v3: a header of another version is named as such, with auth on or off", "[net][wire][pages]") {
+  const auto payload = test::random_bytes(100, 4);
+  // A v2 header: 40 bytes, version 2 (v2 had no page table), sealed or not.
+  auto v2 = encoded(make_wire_header(WireType::kv_page, 3, 0, 0, payload));
+  v2[4] = std::byte{2};
+  v2.resize(40);
+  WireHeader out;
+  CHECK_THAT(decode_wire_header(v2, out).message(), Catch::Contains("wire version 2 is not supported (this build speaks 3)"));
+  CHECK(wire_header_request(v2) == std::nullopt);
+  std::span<const std::byte> plain;
+  const WireAuth on("s"), off;
+  auto v2_sealed = v2;
+  v2_sealed.resize(72);
+  for (const WireAuth* auth : {&on, &off}) {
+    const Status s = auth->open(v2_sealed, payload, WireChannel::data, plain);
+    CHECK_THAT(s.message(), Catch::Contains("wire version 2"));
+    CHECK(std::string(WireAuth::rejection_reason(s)) == "wire_version");
+  }
+}
+
+TEST_CASE("wire auth: a tag over a payload in several spans equals the tag over it in one", "[net][wire][auth]") {
+  const WireAuth auth("spans");
+  const auto header = encoded(make_pages_header(1, 0, 0, {3, 5}, std::vector<uint64_t>{0, 0}));
+  const auto payload = test::random_bytes(8, 5);
+  const std::span<const std::byte> whole(payload);
+  const std::vector<std::span<const std::byte>> parts = {whole.first(3), whole.subspan(3)};
+  CHECK(auth.tag(header, whole, WireChannel::data) == auth.tag(header, parts, WireChannel::data));
+  std::span<const std::byte> plain;
+  CHECK(auth.open(auth.seal(header, parts, WireChannel::data), payload, WireChannel::data, plain).is_ok());
 }
