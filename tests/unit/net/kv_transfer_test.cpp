@@ -580,6 +580,8 @@ TEST_CASE("kv transfer: a partial message leaves at layer_done and flush, so lay
   REQUIRE(link.sender->request_done(link.peer, 3).is_ok());
   REQUIRE(link.rx.wait([&] { return link.rx.is_done(3) || link.rx.has_error(3); }));
   CHECK(link.sender->flush(link.peer, 3).is_ok());  // a finished request: nothing to do
+  // The receiver can see request_done before the sender has counted its send completions.
+  REQUIRE(link.sender->wait_request_closed(3, test::kWaitS));
   const KvSenderStats stats = link.sender->stats();
   CHECK(stats.pages_sent == 10);
   // Messages: 5 pages + layer_done, 3 pages (flush), 1 page (layer change), 1 page + layer_done, request_done.
