@@ -172,8 +172,7 @@ std::optional<Args> parse(int argc, char** argv) {
   HACK_CHECK(perftest_bytes > 0, "--perftest-bytes must be positive");
   HACK_CHECK(message_kb >= 0 && message_kb <= (int64_t{1} << 20), "--message-kb must be in [0, 1048576]");
   a.message_bytes = static_cast<size_t>(message_kb) << 10;
-  HACK_CHECK(gather == "copy" || gather == "iov", "--gather takes copy or iov, not '{}'", gather);
-  a.gather = gather == "iov" ? net::KvGather::iov : net::KvGather::copy;
+  a.gather = net::parse_kv_gather(gather);
   a.perftest_bytes = static_cast<size_t>(perftest_bytes);
   a.perftest = !no_perftest;
   HACK_CHECK(connect == "address" || connect == "sockaddr", "--connect takes address or sockaddr, not '{}'", connect);
@@ -857,7 +856,7 @@ int main(int argc, char** argv) {
                                 {"pages", plan.messages},
                                 {"messages", page_messages},
                                 {"message_bytes", args.message_bytes},
-                                {"gather", args.gather == net::KvGather::iov ? "iov" : "copy"},
+                                {"gather", net::kv_gather_name(args.gather)},
                                 {"pages_kept_in_place", rounded(kept_share)},
                                 {"page_bytes", src.pages.page_bytes()},
                                 {"ms", rounded(best * 1e3)},

@@ -269,8 +269,7 @@ std::shared_ptr<const void> KvReceiver::retain_payload(std::span<const std::byte
   if (!worker_.on_worker_thread()) return nullptr;
   if (const State::Early* early = state_->delivering_early; early != nullptr) {
     const auto& held = early->payload;
-    if (early->owner && bytes.data() >= held.data() && bytes.size() <= held.size() &&
-        static_cast<size_t>(bytes.data() - held.data()) <= held.size() - bytes.size())
+    if (early->owner && lies_within(bytes, held))
       return std::shared_ptr<const void>(early->owner, bytes.data());
     return nullptr;
   }
@@ -336,12 +335,11 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   // Pages of one layer waiting to leave together as one kv_page message.
   struct Batch {
     uint32_t layer = 0;
-    std::vector<uint32_t> page_bytes;
     std::vector<uint64_t> page_checksums;              // wire_checksum of each page
     std::vector<std::span<const std::byte>> segments;  // the pages: the caller's, or in `owned`
     std::vector<std::vector<std::byte>> owned;         // pages copied into the queue (moves keep their buffers)
     size_t bytes = 0;
-    bool empty() const { return page_bytes.empty(); }
+    bool empty() const { return segments.empty(); }
   };
   struct Request {
     EndpointId peer = 0;
@@ -576,8 +574,11 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     if (request.batch.empty()) return;
     Batch batch = std::move(request.batch);
     request.batch = {};
+    std::vector<uint32_t> page_bytes;
+    page_bytes.reserve(batch.segments.size());
+    for (const auto& page : batch.segments) page_bytes.push_back(static_cast<uint32_t>(page.size()));
     const WireHeader header =
-        make_pages_header(id, batch.layer, request.next_seq++, std::move(batch.page_bytes), batch.page_checksums);
+        make_pages_header(id, batch.layer, request.next_seq++, std::move(page_bytes), batch.page_checksums);
     ++request.in_flight;
     // Pages that lie back to back in memory (a pool's consecutive pages) go as one segment.
     std::vector<std::span<const std::byte>> segments;
@@ -660,7 +661,6 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         owned[owned.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       }
       batch.layer = layer;
-      batch.page_bytes.push_back(static_cast<uint32_t>(page.size()));
       batch.page_checksums.push_back(checksum);
       if (owned.empty()) {
         batch.segments.push_back(borrowed);
@@ -669,7 +669,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
         batch.segments.push_back(batch.owned.back());
       }
       batch.bytes += page.size();
-      if (batch.bytes >= options.message_bytes || batch.page_bytes.size() >= kWireMaxPagesPerMessage)
+      if (batch.bytes >= options.message_bytes || batch.segments.size() >= kWireMaxPagesPerMessage)
         flush_batch(peer, id, *request, unsealed);
     }
     seal_and_drain(peer, unsealed);
@@ -769,6 +769,14 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     drain(endpoint);  // what still waits goes to UCX, which fails it at once
   }
 };
+
+KvGather parse_kv_gather(std::string_view name) {
+  if (name == "copy") return KvGather::copy;
+  if (name == "iov") return KvGather::iov;
+  fail("KV gather mode (--kv-gather) must be copy or iov, got '{}'", name);
+}
+
+const char* kv_gather_name(KvGather gather) { return gather == KvGather::iov ? "iov" : "copy"; }
 
 KvSender::KvSender(UcxWorker& worker, KvSenderCallbacks callbacks, KvSenderOptions options)
     : worker_(worker) {

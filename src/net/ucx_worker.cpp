@@ -723,7 +723,7 @@ void UcxWorker::set_message_handler(uint16_t am_id, MessageHandler on_message, M
     params.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                         UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
     params.id = am_id;
-    params.flags = UCP_AM_FLAG_WHOLE_MSG | (retainable ? UCP_AM_FLAG_PERSISTENT_DATA : 0u);
+    params.flags = UCP_AM_FLAG_WHOLE_MSG | (retainable ? static_cast<uint32_t>(UCP_AM_FLAG_PERSISTENT_DATA) : 0u);
     if (!on_message) {
       params.cb = nullptr;
       params.arg = nullptr;
@@ -776,18 +776,15 @@ void UcxWorker::send_gather(EndpointId endpoint, uint16_t am_id, std::vector<std
 
 std::shared_ptr<const void> UcxWorker::retain_received_payload(std::span<const std::byte> bytes) {
   if (!on_worker_thread()) return nullptr;
-  const auto within = [&](const std::byte* base, size_t size) {
-    return base != nullptr && bytes.data() >= base && bytes.size() <= size &&
-           static_cast<size_t>(bytes.data() - base) <= size - bytes.size();
-  };
   if (Impl::RecvOp* op = impl_->delivering; op != nullptr) {
     const std::byte* base = op->retained ? op->retained.get() : op->payload.get();
-    if (!within(base, op->payload_bytes)) return nullptr;
+    if (base == nullptr || !lies_within(bytes, std::span<const std::byte>(base, op->payload_bytes))) return nullptr;
     if (!op->retained) op->retained = std::shared_ptr<std::byte[]>(op->payload.release());
     return std::shared_ptr<const void>(op->retained, bytes.data());
   }
   Impl::EagerDelivery* eager = impl_->delivering_eager;
-  if (eager == nullptr || !eager->retainable || !within(static_cast<const std::byte*>(eager->data), eager->bytes))
+  if (eager == nullptr || !eager->retainable ||
+      !lies_within(bytes, std::span<const std::byte>(static_cast<const std::byte*>(eager->data), eager->bytes)))
     return nullptr;
   if (!eager->owner) {
     auto& releases = impl_->releases;

@@ -128,11 +128,15 @@ Status check_magic_version(std::span<const std::byte> bytes) {
   return Status::ok();
 }
 
+// Where the fixed part keeps page_count: after magic, version, type, request_id, layer, seq,
+// payload_bytes and payload_xxh3 (4 + 2 + 2 + 8 + 4 + 4 + 8 + 8 bytes).
+constexpr size_t kPageCountOffset = 40;
+
 // The encoded length the fixed part declares (kWireHeaderBytes + 4 × page_count); 0 when
 // the bytes are too short to say.
 size_t declared_header_bytes(std::span<const std::byte> bytes) {
   if (bytes.size() < kWireHeaderBytes) return 0;
-  size_t at = 40;
+  size_t at = kPageCountOffset;
   const auto pages = get_le<uint32_t>(bytes.data(), at);
   if (pages > kWireMaxPagesPerMessage) return 0;
   return kWireHeaderBytes + 4 * size_t{pages};

@@ -98,9 +98,7 @@ struct PrefillServer::Impl {
     HACK_CHECK(config.kv_message_kb >= 0 && config.kv_message_kb <= (int64_t{1} << 20),
                "--kv-message-kb must be in [0, 1048576], got {}", config.kv_message_kb);
     wo.sender.message_bytes = static_cast<size_t>(config.kv_message_kb) << 10;
-    HACK_CHECK(config.kv_gather == "copy" || config.kv_gather == "iov", "--kv-gather takes copy or iov, not '{}'",
-               config.kv_gather);
-    wo.sender.gather = config.kv_gather == "iov" ? net::KvGather::iov : net::KvGather::copy;
+    wo.sender.gather = net::parse_kv_gather(config.kv_gather);
     wo.sender.auth = net::WireAuth(config.secret);  // KV messages carry the cluster's MAC (none without a secret)
     wo.send_timeout_s = config.send_timeout_s;
     wo.send_retries = config.send_retries;

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,10 @@ enum class KvGather : uint8_t {
   /// The pages in place, as a UCX iov (UCP_DATATYPE_IOV): no copy in this process.
   iov,
 };
+
+/// "copy" | "iov" (the --kv-gather / --gather flags); hack::Error for anything else.
+KvGather parse_kv_gather(std::string_view name);
+const char* kv_gather_name(KvGather gather);
 
 struct KvSenderOptions {
   /// Window per endpoint (see the file comment). At most kKvMaxEarlyMessages messages; a

@@ -65,6 +65,12 @@ struct UcxOptions {
   size_t max_retained_eager_bytes = size_t{256} << 20;
 };
 
+/// Whether `part` lies wholly inside `whole` (what a retained payload's owner may alias).
+inline bool lies_within(std::span<const std::byte> part, std::span<const std::byte> whole) {
+  return part.data() >= whole.data() && part.size() <= whole.size() &&
+         static_cast<size_t>(part.data() - whole.data()) <= whole.size() - part.size();
+}
+
 /// Counters for tests and metrics (read from any thread).
 struct UcxStats {
   uint64_t messages_received = 0;

@@ -635,7 +635,7 @@ TEST_CASE("kv transfer: a truncated or lying page table fails its request with a
   payload.insert(payload.end(), pages[1].begin(), pages[1].end());
   const uint64_t sums[] = {wire_checksum(pages[0]), wire_checksum(pages[1])};
   // Sends a hand-made kv_page header (sealed like the sender would) with `payload` as seq 0 of `id`.
-  auto send_raw = [&](uint64_t id, std::vector<std::byte> header, std::span<const std::byte> body) {
+  auto send_raw = [&](uint64_t /*id: the header names it*/, std::vector<std::byte> header, std::span<const std::byte> body) {
     if (auth.enabled()) {
       const auto tag = auth.tag(header, body, WireChannel::data);
       header.insert(header.end(), tag.begin(), tag.end());
