@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One prepared pass on a lent GPU machine (the `device` tool of this workplace), from the
+# repository root: the gpu tests, compute-sanitizer, the GPU attention benchmarks against
+# PyTorch's SDPA, and hack-run on the synthetic 8B shape. That machine has CUDA, PyTorch
+# and compute-sanitizer but none of our Debian libraries, so the binaries and their
+# libraries come built from here in .devcarry/bundle.tar.xz (bench/cuda/pack_device.sh).
+# Logs go to $OUT; a short summary ends the output.
+#
+#   bench/cuda/device_check.sh [steps...]
+#   steps: tests memcheck racecheck attn sweep profile sdpa run (default: all but sweep and profile)
+set -u
+OUT=${OUT:-/tmp/hack-device-out}
+mkdir -p "$OUT"
+steps=${*:-tests attn sdpa memcheck racecheck run}
+here=$(pwd)
+# The tests find fixtures through the source path compiled in (/work/main).
+if [ "$here" != /work/main ] && [ ! -e /work/main ]; then mkdir -p /work && ln -s "$here" /work/main; fi
+hb=/tmp/hb
+mkdir -p $hb && tar -xJf .devcarry/bundle.tar.xz -C $hb || { echo "bundle missing"; exit 1; }
+cuda_libs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
+  [ -e "$d/libcublasLt.so.13" ] && cuda_libs="$cuda_libs:$d"
+done
+export LD_LIBRARY_PATH="$hb/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$PATH:/usr/local/cuda/bin"
+summary=()
+step() {  # step NAME TIMEOUT CMD...: runs, logs to $OUT/NAME.log, records rc
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name: $*"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  summary+=("$name rc=$rc $((SECONDS - t0))s")
+}
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  ldd $hb/bin/gpu_test | grep -i "not found"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+} 2>&1
+for s in $steps; do
+  case $s in
+    tests) step gpu_test 75 $hb/bin/gpu_test -r compact --durations yes ;;
+    attn) step attention 90 $hb/bin/cuda_attention_bench ;;
+    sweep) step sweep 90 bash -c "for v in '' '--min-pages-per-split 1' '--min-pages-per-split 4' '--warps-per-sm 64' \
+             '--warps-per-sm 16'; do echo \"## \$v\"; $hb/bin/cuda_attention_bench --modes hack2 --contexts 4096,32768,131072 \
+             --batch 1,8,32 \$v; done" ;;
+    profile) step profile 150 bash -c "for c in 'hack2 4096 1' 'hack2 32768 32'; do set -- \$c; \
+               echo \"#### \$c\"; ncu --clock-control none --kernel-name regex:'decode_(split|combine)_kernel|decode_attention' \
+               --launch-skip 6 --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
+               --section WarpStateStats --section SchedulerStats --section SourceCounters $hb/bin/cuda_attention_bench --modes \$1 \
+               --contexts \$2 --batch \$3 --trials 1; done" ;;
+    sass) step sass 30 bash -c "cuobjdump -sass -arch sm_90 $hb/bin/cuda_attention_bench | \
+            awk '/Function :/ {keep = (\$0 ~ /decode_split_kernelILi2ELi2E|decode_combine/)} keep' > $OUT/sass.txt; wc -l $OUT/sass.txt" ;;
+    sdpa) step sdpa 75 python3 bench/cuda/sdpa_bench.py ;;
+    memcheck) step memcheck 75 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+                $hb/bin/gpu_test -r compact "~[backend]" ;;
+    racecheck) step racecheck 45 compute-sanitizer --tool racecheck --error-exitcode 3 \
+                 $hb/bin/gpu_test -r compact "[hack],[attention],[page_selection]" ;;
+    run) step hack_run 50 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv fp --max-tokens 128 --ignore-eos \
+           --prompt-ids "$(seq -s, 100 611)" --log-level warn ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+echo "=== summary"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.log"
