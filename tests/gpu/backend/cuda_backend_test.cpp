@@ -3,14 +3,17 @@
 // biases, Qwen3 q/k norms) and models/hack-tiny.
 //
 // The reference is the CPU backend on the same weights rounded to bf16 (what the GPU
-// holds) with a bf16 paged KV cache (what the GPU pool holds), so the remaining difference
-// is that the GPU rounds GEMM inputs (normed activations, attention output, SwiGLU output)
-// to bf16 and sums in another order.
+// holds) with a bf16 paged KV cache (what the GPU pool holds) and, for the prompt's
+// many-row matmuls, bf16 GEMM inputs (--matmul-precision bf16: normed activations,
+// attention output, SwiGLU output rounded as the GPU rounds them). What remains is the
+// order of sums and, in decode, the CPU's f32 GEMV inputs.
 //
-// Logits tolerance: max |Δ| ≤ 2e-2 · max |logit| per row. Each bf16 rounding of a GEMM
-// input is ≤ 2^-9 relative per element, mostly cancelling over a dot product; through
-// 2–6 layers of 4 rounded GEMM inputs this moves logits by a few 1e-3 relative. A wrong
-// formula (RoPE, norm, bias, mask, page lookup) moves them by O(1) relative.
+// Logits tolerance: max |Δ| ≤ 2e-2 · max |logit| per row. Measured on the CPU alone, bf16
+// GEMM inputs against f32 ones move these random-weight models' prompt logits by up to
+// 2.3e-2 (tiny-llama-linear, 421-token prompt, position 160); the first H100 run
+// (2026-11-26), still against the f32 reference, failed there at 2.4e-2 for that reason,
+// so the prompt is compared against the bf16-input reference. A wrong formula (RoPE, norm,
+// bias, mask, page lookup) moves logits by O(1) relative.
 // Greedy: 32 tokens, each side feeding its own choice, must be identical; the one
 // exemption is a divergence where the reference's own top-2 are closer than that logits
 // tolerance (a near tie, which bf16 inputs may legitimately flip). It is reported as a
@@ -19,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -78,7 +82,7 @@ struct CpuRef {
         kv(make_paged_kv_cache(KvShape{this->model.config.num_layers, this->model.config.num_kv_heads,
                                        this->model.config.head_dim, this->model.config.group_size()},
                                options())),
-        backend(make_cpu_backend(this->model, pool, *kv)),
+        backend(make_cpu_backend(this->model, pool, *kv, cpu::MatmulPrecision::bf16)),
         engine(*backend, EngineOptions{chunk}) {}
   static KvCacheOptions options() {
     KvCacheOptions o;
@@ -156,6 +160,7 @@ TEST_CASE("cuda backend logits and greedy tokens match the cpu backend on every 
     GpuRun gpu(model);
     const auto prompts = prompts_for(dir, model.config.vocab_size);
     int seq = 0;
+    double worst_prompt = 0, worst_decode = 0;  // max |Δ| / max |logit|, printed for RESULTS
     for (const std::vector<int>& ids : prompts) {
       INFO("prompt of " << ids.size() << " tokens");
       // Prefill, logits of every position.
@@ -169,6 +174,7 @@ TEST_CASE("cuda backend logits and greedy tokens match the cpu backend on every 
         const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
         INFO("position " << r << " max|Δ| " << diff << " max|logit| " << mag);
         REQUIRE(diff <= kLogitsRelTol * mag);
+        if (mag > 0) worst_prompt = std::max(worst_prompt, static_cast<double>(diff / mag));
       }
 
       // Greedy decode, 32 tokens, each side on its own choices.
@@ -187,6 +193,7 @@ TEST_CASE("cuda backend logits and greedy tokens match the cpu backend on every 
         const auto [diff, mag] = row_diff(lb.data(), la.data(), vocab);
         INFO("step " << step << " max|Δ| " << diff << " max|logit| " << mag);
         REQUIRE(diff <= kLogitsRelTol * mag);
+        if (mag > 0) worst_decode = std::max(worst_decode, static_cast<double>(diff / mag));
         if (step + 1 == 32) break;
         cpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&ta, 1), la);
         gpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&tb, 1), lb);
@@ -195,6 +202,8 @@ TEST_CASE("cuda backend logits and greedy tokens match the cpu backend on every 
       gpu.engine.remove_sequence(seq);
       ++seq;
     }
+    std::printf("%s: worst max|Δ|/max|logit| %.4f over prompts, %.4f over greedy steps\n",
+                dir.filename().string().c_str(), worst_prompt, worst_decode);
   }
 }
 
