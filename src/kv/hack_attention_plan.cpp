@@ -53,14 +53,18 @@ std::vector<uint8_t> page_header_template(const HackPageLayout& layout, int laye
 }
 
 HackDecodePlan plan_hack_decode(const HackDecodePlanInput& in) {
-  HACK_CHECK(in.sm_count > 0 && in.ctas_per_sm > 0 && in.batch > 0 && in.kv_heads > 0 && in.max_pages >= 0 &&
-                 in.max_splits > 0,
-             "HACK decode plan: {} SMs × {} CTAs, batch {}, {} KV heads, {} pages, {} splits at most", in.sm_count,
-             in.ctas_per_sm, in.batch, in.kv_heads, in.max_pages, in.max_splits);
-  const int64_t slots = static_cast<int64_t>(in.sm_count) * in.ctas_per_sm;
-  const int64_t units = static_cast<int64_t>(in.batch) * in.kv_heads;  // CTAs without splitting
+  HACK_CHECK(in.sm_count > 0 && in.warps_per_sm > 0 && in.batch > 0 && in.kv_heads > 0 && in.max_pages >= 0 &&
+                 in.min_pages_per_split > 0 && in.max_splits > 0,
+             "HACK decode plan: {} SMs × {} warps, batch {}, {} KV heads, {} pages ({} per split at least), {} splits "
+             "at most",
+             in.sm_count, in.warps_per_sm, in.batch, in.kv_heads, in.max_pages, in.min_pages_per_split,
+             in.max_splits);
+  const int64_t slots = static_cast<int64_t>(in.sm_count) * in.warps_per_sm;
+  const int64_t units = static_cast<int64_t>(in.batch) * in.kv_heads;  // splits of one range each
   int64_t splits = (slots + units - 1) / units;
-  splits = std::clamp<int64_t>(splits, 1, std::max(1, std::min(in.max_pages, in.max_splits)));
+  const int64_t most = std::min<int64_t>((in.max_pages + in.min_pages_per_split - 1) / in.min_pages_per_split,
+                                         in.max_splits);
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, most));
   HackDecodePlan plan;
   plan.pages_per_split = std::max(1, static_cast<int>((in.max_pages + splits - 1) / splits));
   // Re-derive the count so no range is empty (e.g. 10 pages over 4 splits: 3 per split, 4 splits;

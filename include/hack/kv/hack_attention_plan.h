@@ -21,20 +21,22 @@ HackPageGeometry page_geometry(const HackPageLayout& layout);
 std::vector<uint8_t> page_header_template(const HackPageLayout& layout, int layer,
                                           Rounding rounding = Rounding::nearest);
 
-/// What the split plan depends on.
+/// What the split plan depends on. A split is one warp of the CUDA kernel.
 struct HackDecodePlanInput {
-  int sm_count = 1;     ///< multiprocessors of the device
-  int ctas_per_sm = 2;  ///< resident attention CTAs per SM to aim for
-  int batch = 1;        ///< sequences
+  int sm_count = 1;             ///< multiprocessors of the device
+  int warps_per_sm = 64;        ///< split warps per SM to aim for (memory parallelism)
+  int batch = 1;                ///< sequences
   int kv_heads = 1;
-  int max_pages = 0;    ///< most quantized pages of any sequence in the batch
-  int max_splits = 64;  ///< cap on partial states per (sequence, KV head)
+  int max_pages = 0;            ///< most quantized pages of any sequence in the batch
+  int min_pages_per_split = 2;  ///< a split's partial state (G·D floats) is worth this many pages
+  int max_splits = 256;         ///< cap on partial states per (sequence, KV head)
 };
 
-/// Enough CTAs to fill sm_count·ctas_per_sm slots: (batch·kv_heads) CTAs already fill them
-/// when the batch is large, so splits = 1; a small batch over a long context splits the
-/// pages evenly, never into empty ranges (splits·pages_per_split − max_pages <
-/// pages_per_split). Throws hack::Error on non-positive counts.
+/// Enough splits to fill sm_count·warps_per_sm slots: (batch·kv_heads) splits already fill
+/// them when the batch is large, so splits = 1; a small batch over a long context splits
+/// the pages evenly, at least min_pages_per_split each where there are that many, never
+/// into empty ranges (splits·pages_per_split − max_pages < pages_per_split). Throws
+/// hack::Error on non-positive counts.
 HackDecodePlan plan_hack_decode(const HackDecodePlanInput& input);
 
 }  // namespace hack

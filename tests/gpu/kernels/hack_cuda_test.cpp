@@ -197,8 +197,9 @@ void require_close(const std::vector<float>& gpu, const std::vector<float>& cpu,
 void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) {
   const int H = kHeads, T = kBlock, S = kSinks, G = group, D = dim;
   // Context lengths: a lone sink token, Π−1 / Π / Π+1 tokens past the sinks (open block
-  // only, one page and nothing open, one page and one open token), 3 pages and 7 open.
-  const std::vector<int> lengths = {1, S + T - 1, S + T, S + T + 1, S + 3 * T + 7};
+  // only, one page and nothing open, one page and one open token), 3 pages and 7 open,
+  // 9 pages and 5 open (several pages per split).
+  const std::vector<int> lengths = {1, S + T - 1, S + T, S + T + 1, S + 3 * T + 7, S + 9 * T + 5};
   const int B = static_cast<int>(lengths.size());
   KvShape shape;
   shape.num_layers = 1;
@@ -324,67 +325,73 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
   single.pages_per_split = std::max(1, max_pages);
   require_close(run_gpu(single), cpu_single, "one split vs PagedKvCache::attend");
 
-  // (b) The planned split: the CPU kernels over the same ranges, merged in split order.
+  // (b) The planned split, and (c) one page per split (sequences with fewer pages leave
+  //     empty splits, which the combine skips): the CPU kernels over the same ranges,
+  //     merged in split order.
   HackDecodePlanInput plan_in;
   plan_in.sm_count = sm_count;
   plan_in.batch = B;
   plan_in.kv_heads = H;
   plan_in.max_pages = max_pages;
-  const HackDecodePlan plan = plan_hack_decode(plan_in);
-  INFO("plan: " << plan.splits << " splits of " << plan.pages_per_split << " pages");
-  std::vector<float> cpu_split(q.size());
-  {
-    const cpu::HackAttentionKernels& kernels = cpu::hack_attention_kernels(cpu_isa());
-    const HackHeadLayout& hl = layout.head(0);
-    std::vector<float> work(
-        std::max(cpu::hack_block_work_floats(T, D, D, hl.k_group, hl.v_group), cpu::exact_block_work_floats(T)) + 64);
-    const size_t states = static_cast<size_t>(plan.splits);
-    std::vector<float> qs(static_cast<size_t>(G) * D), mx(states * G), sum(states * G), acc(states * G * D);
-    std::vector<int> visible(static_cast<size_t>(G), T);
-    for (int b = 0; b < B; ++b) {
-      const size_t pages_before = [&] {
-        size_t n = 0;
-        for (int i = 0; i < b; ++i) n += static_cast<size_t>(num_pages[static_cast<size_t>(i)]);
-        return n;
-      }();
-      for (int h = 0; h < H; ++h) {
-        const size_t at = (static_cast<size_t>(b) * rows_per_seq + static_cast<size_t>(h) * G) * D;
-        for (size_t i = 0; i < qs.size(); ++i) qs[i] = q[at + i] * scale;
-        auto rows_of = [&](int s) {
-          const size_t st = static_cast<size_t>(s);
-          return cpu::AttentionRows{
-              G, D, D, qs.data(), visible.data(), mx.data() + st * G, sum.data() + st * G, acc.data() + st * G * D};
-        };
-        auto exact = [&](const uint16_t* base, size_t capacity, int tokens, const cpu::AttentionRows& rows) {
-          cpu::ExactHeadView v;
-          v.bf16 = true;
-          v.tokens = tokens;
-          v.k_dim = v.v_dim = D;
-          v.k = base + static_cast<size_t>(h) * capacity * D;
-          v.v = base + static_cast<size_t>(H + h) * capacity * D;
-          v.k_stride = v.v_stride = static_cast<size_t>(D);
-          kernels.exact_block(v, rows, work.data());
-        };
-        for (int s = 0; s < plan.splits; ++s) {
-          const cpu::AttentionRows rows = rows_of(s);
-          cpu::attention_rows_reset(rows);
-          const HackSplitRange range = hack_split_range(plan, s, num_pages[static_cast<size_t>(b)]);
-          if (range.sinks && sink_tokens[static_cast<size_t>(b)] > 0)
-            exact(sinks.data() + static_cast<size_t>(b) * sink_elems, S, sink_tokens[static_cast<size_t>(b)], rows);
-          for (int p = range.page_begin; p < range.page_end; ++p) {
-            const auto* page = reinterpret_cast<const std::byte*>(page_bytes.data()) +
-                               (pages_before + static_cast<size_t>(p)) * layout.page_bytes();
-            kernels.hack_block(hack_head_view(layout, page, h), rows, work.data());
+  HackDecodePlan one_page;
+  one_page.splits = std::max(1, max_pages);
+  one_page.pages_per_split = 1;
+  for (const HackDecodePlan& plan : {plan_hack_decode(plan_in), one_page}) {
+    INFO("plan: " << plan.splits << " splits of " << plan.pages_per_split << " pages");
+    std::vector<float> cpu_split(q.size());
+    {
+      const cpu::HackAttentionKernels& kernels = cpu::hack_attention_kernels(cpu_isa());
+      const HackHeadLayout& hl = layout.head(0);
+      std::vector<float> work(
+          std::max(cpu::hack_block_work_floats(T, D, D, hl.k_group, hl.v_group), cpu::exact_block_work_floats(T)) + 64);
+      const size_t states = static_cast<size_t>(plan.splits);
+      std::vector<float> qs(static_cast<size_t>(G) * D), mx(states * G), sum(states * G), acc(states * G * D);
+      std::vector<int> visible(static_cast<size_t>(G), T);
+      for (int b = 0; b < B; ++b) {
+        const size_t pages_before = [&] {
+          size_t n = 0;
+          for (int i = 0; i < b; ++i) n += static_cast<size_t>(num_pages[static_cast<size_t>(i)]);
+          return n;
+        }();
+        for (int h = 0; h < H; ++h) {
+          const size_t at = (static_cast<size_t>(b) * rows_per_seq + static_cast<size_t>(h) * G) * D;
+          for (size_t i = 0; i < qs.size(); ++i) qs[i] = q[at + i] * scale;
+          auto rows_of = [&](int s) {
+            const size_t st = static_cast<size_t>(s);
+            return cpu::AttentionRows{
+                G, D, D, qs.data(), visible.data(), mx.data() + st * G, sum.data() + st * G, acc.data() + st * G * D};
+          };
+          auto exact = [&](const uint16_t* base, size_t capacity, int tokens, const cpu::AttentionRows& rows) {
+            cpu::ExactHeadView v;
+            v.bf16 = true;
+            v.tokens = tokens;
+            v.k_dim = v.v_dim = D;
+            v.k = base + static_cast<size_t>(h) * capacity * D;
+            v.v = base + static_cast<size_t>(H + h) * capacity * D;
+            v.k_stride = v.v_stride = static_cast<size_t>(D);
+            kernels.exact_block(v, rows, work.data());
+          };
+          for (int s = 0; s < plan.splits; ++s) {
+            const cpu::AttentionRows rows = rows_of(s);
+            cpu::attention_rows_reset(rows);
+            const HackSplitRange range = hack_split_range(plan, s, num_pages[static_cast<size_t>(b)]);
+            if (range.sinks && sink_tokens[static_cast<size_t>(b)] > 0)
+              exact(sinks.data() + static_cast<size_t>(b) * sink_elems, S, sink_tokens[static_cast<size_t>(b)], rows);
+            for (int p = range.page_begin; p < range.page_end; ++p) {
+              const auto* page = reinterpret_cast<const std::byte*>(page_bytes.data()) +
+                                 (pages_before + static_cast<size_t>(p)) * layout.page_bytes();
+              kernels.hack_block(hack_head_view(layout, page, h), rows, work.data());
+            }
+            if (range.open && open_tokens[static_cast<size_t>(b)] > 0)
+              exact(opens.data() + static_cast<size_t>(b) * open_elems, T, open_tokens[static_cast<size_t>(b)], rows);
           }
-          if (range.open && open_tokens[static_cast<size_t>(b)] > 0)
-            exact(opens.data() + static_cast<size_t>(b) * open_elems, T, open_tokens[static_cast<size_t>(b)], rows);
+          for (int s = 1; s < plan.splits; ++s) cpu::attention_rows_merge(rows_of(0), rows_of(s));
+          cpu::attention_rows_finish(rows_of(0), cpu_split.data() + at, D);
         }
-        for (int s = 1; s < plan.splits; ++s) cpu::attention_rows_merge(rows_of(0), rows_of(s));
-        cpu::attention_rows_finish(rows_of(0), cpu_split.data() + at, D);
       }
     }
+    require_close(run_gpu(plan), cpu_split, "split plan vs the CPU kernels over the same splits");
   }
-  require_close(run_gpu(plan), cpu_split, "planned splits vs the CPU kernels over the same splits");
 }
 
 }  // namespace

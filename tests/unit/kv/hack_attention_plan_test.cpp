@@ -65,7 +65,9 @@ TEST_CASE("page geometry rejects per-head dims", "[kv][hack_plan]") {
 TEST_CASE("decode plan splits small batches and leaves large ones whole", "[kv][hack_plan]") {
   HackDecodePlanInput in;
   in.sm_count = 132;
-  in.ctas_per_sm = 2;
+  in.warps_per_sm = 2;  // the sections' arithmetic below; the defaults have their own section
+  in.min_pages_per_split = 1;
+  in.max_splits = 64;
 
   SECTION("large batch fills the device without splitting") {
     in.batch = 64;
@@ -117,8 +119,30 @@ TEST_CASE("decode plan splits small batches and leaves large ones whole", "[kv][
             if (pages > 0) REQUIRE((p.splits - 1) * p.pages_per_split < pages);
           }
   }
+  SECTION("defaults: a warp per split, at least min_pages_per_split pages each") {
+    HackDecodePlanInput d;
+    d.sm_count = 132;
+    d.batch = 1;
+    d.kv_heads = 8;
+    d.max_pages = 511;  // 32K tokens at Π = 64
+    const HackDecodePlan p = plan_hack_decode(d);
+    CHECK(p.pages_per_split == 2);  // 8448 slots / 8 heads = 1056 splits, capped at 256
+    CHECK(p.splits == 256);
+    d.max_pages = 7;
+    const HackDecodePlan q = plan_hack_decode(d);
+    CHECK(q.pages_per_split == 2);  // never a split of one page while pairs remain
+    CHECK(q.splits == 4);
+    d.batch = 2048;  // 16384 units fill 8448 slots: no split
+    d.max_pages = 100;
+    const HackDecodePlan r = plan_hack_decode(d);
+    CHECK(r.splits == 1);
+    CHECK(r.pages_per_split == 100);
+  }
   SECTION("bad input") {
     in.batch = 0;
+    REQUIRE_THROWS_AS(plan_hack_decode(in), Error);
+    in.batch = 1;
+    in.min_pages_per_split = 0;
     REQUIRE_THROWS_AS(plan_hack_decode(in), Error);
   }
 }
