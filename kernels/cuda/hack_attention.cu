@@ -304,6 +304,33 @@ __device__ uint32_t code_lanes(uint32_t word, int bits, int sub) {
   return (word >> (bits * sub)) & mask;
 }
 
+// The u8 dots of two code columns a and b (K: two tokens; V: two channels) with a row group's
+// four interleaved operand words (Q' or P'), over code words [w0, w1): word wi of a column
+// sits at column + wi·64 and its 32/bits codes, four at a time (sub-group sub), meet operand
+// word wi·(32/bits)/4 + sub of each row.
+__device__ __forceinline__ void dot_code_words(const uint8_t* a, const uint8_t* b, int w0, int w1, int bits,
+                                               const uint4* operands, uint32_t (&da)[kRowGroup],
+                                               uint32_t (&db)[kRowGroup]) {
+  const int subs = 32 / bits / 4;
+  for (int wi = w0; wi < w1; ++wi) {
+    const uint32_t word_a = load_word(a + static_cast<size_t>(wi) * quant::kChunkBytes);
+    const uint32_t word_b = load_word(b + static_cast<size_t>(wi) * quant::kChunkBytes);
+#pragma unroll
+    for (int sub = 0; sub < subs; ++sub) {
+      const uint32_t codes_a = code_lanes(word_a, bits, sub), codes_b = code_lanes(word_b, bits, sub);
+      const uint4 o = operands[wi * subs + sub];
+      da[0] = __dp4a(codes_a, o.x, da[0]);
+      db[0] = __dp4a(codes_b, o.x, db[0]);
+      da[1] = __dp4a(codes_a, o.y, da[1]);
+      db[1] = __dp4a(codes_b, o.y, db[1]);
+      da[2] = __dp4a(codes_a, o.z, da[2]);
+      db[2] = __dp4a(codes_b, o.z, db[2]);
+      da[3] = __dp4a(codes_a, o.w, da[3]);
+      db[3] = __dp4a(codes_b, o.w, db[3]);
+    }
+  }
+}
+
 // One quantized page: `head` is the start of this KV head's section. CPU: hack_block_scalar.
 // The integer dots (Q'·K' per K partition, P'·V' per channel) are __dp4a over u8 lanes:
 // exact, so any order gives the CPU's integers; every float step is the CPU's, in order.
@@ -390,24 +417,8 @@ __device__ void hack_block(const Warp& w, const HackPageGeometry& g, int G, cons
       for (int j = 0; j < kRowGroup; ++j) sa[j] = sb[j] = 0.0f;
       for (int p = 0; p < kp; ++p) {
         uint32_t da[kRowGroup] = {}, db[kRowGroup] = {};
-        for (int wi = p * words_per_part; wi < (p + 1) * words_per_part; ++wi) {
-          const uint32_t word_a = load_word(ka + static_cast<size_t>(wi) * quant::kChunkBytes);
-          const uint32_t word_b = load_word(kb + static_cast<size_t>(wi) * quant::kChunkBytes);
-#pragma unroll
-          for (int sub = 0; sub < cpc / 4; ++sub) {
-            const uint32_t codes_a = code_lanes(word_a, k_bits, sub), codes_b = code_lanes(word_b, k_bits, sub);
-            const int qw = wi * (cpc / 4) + sub;  // channels wi·cpc + 4·sub .. + 3
-            const uint4 q4 = qwords[(r0 / kRowGroup) * (D / 4) + qw];
-            da[0] = __dp4a(codes_a, q4.x, da[0]);
-            db[0] = __dp4a(codes_b, q4.x, db[0]);
-            da[1] = __dp4a(codes_a, q4.y, da[1]);
-            db[1] = __dp4a(codes_b, q4.y, db[1]);
-            da[2] = __dp4a(codes_a, q4.z, da[2]);
-            db[2] = __dp4a(codes_b, q4.z, db[2]);
-            da[3] = __dp4a(codes_a, q4.w, da[3]);
-            db[3] = __dp4a(codes_b, q4.w, db[3]);
-          }
-        }
+        dot_code_words(ka, kb, p * words_per_part, (p + 1) * words_per_part, k_bits,
+                       qwords + (r0 / kRowGroup) * (D / 4), da, db);
         const float ksum_a = static_cast<float>(load_sum(k_sums, g.k_sum_bytes, static_cast<size_t>(p) * T + ta));
         const float ksum_b =
             static_cast<float>(load_sum(k_sums, g.k_sum_bytes, static_cast<size_t>(p) * T + (has_b ? tb : ta)));
@@ -487,24 +498,7 @@ __device__ void hack_block(const Warp& w, const HackPageGeometry& g, int G, cons
       const float vsum_b = static_cast<float>(load_sum(v_sums, g.v_sum_bytes, static_cast<size_t>(cbb)));
       for (int r0 = 0; r0 < G; r0 += kRowGroup) {
         uint32_t da[kRowGroup] = {}, db[kRowGroup] = {};
-        for (int wi = 0; wi < token_words; ++wi) {
-          const uint32_t word_a = load_word(va + static_cast<size_t>(wi) * quant::kChunkBytes);
-          const uint32_t word_b = load_word(vb + static_cast<size_t>(wi) * quant::kChunkBytes);
-#pragma unroll
-          for (int sub = 0; sub < tpc / 4; ++sub) {
-            const uint32_t codes_a = code_lanes(word_a, v_bits, sub), codes_b = code_lanes(word_b, v_bits, sub);
-            const int pw = wi * (tpc / 4) + sub;  // tokens wi·tpc + 4·sub .. + 3
-            const uint4 p4 = pwords[(r0 / kRowGroup) * (T / 4) + pw];
-            da[0] = __dp4a(codes_a, p4.x, da[0]);
-            db[0] = __dp4a(codes_b, p4.x, db[0]);
-            da[1] = __dp4a(codes_a, p4.y, da[1]);
-            db[1] = __dp4a(codes_b, p4.y, db[1]);
-            da[2] = __dp4a(codes_a, p4.z, da[2]);
-            db[2] = __dp4a(codes_b, p4.z, db[2]);
-            da[3] = __dp4a(codes_a, p4.w, da[3]);
-            db[3] = __dp4a(codes_b, p4.w, db[3]);
-          }
-        }
+        dot_code_words(va, vb, 0, token_words, v_bits, pwords + (r0 / kRowGroup) * (T / 4), da, db);
 #pragma unroll
         for (int j = 0; j < kRowGroup; ++j) {
           if (r0 + j >= G) continue;
