@@ -35,11 +35,11 @@ struct HackPageGeometry {
 };
 
 /// Split-K plan of decode attention: the quantized pages of every sequence are cut into
-/// ranges of `pages_per_split`; range s of (sequence, KV head) is one CTA writing a partial
+/// ranges of `pages_per_split`; range s of (sequence, KV head) is one warp writing a partial
 /// online-softmax state, and a combine kernel merges the states in range order. Sinks go
 /// with range 0 and the open block with the range of the last page.
 struct HackDecodePlan {
-  int splits = 1;           ///< partial states per (sequence, KV head) = grid.x
+  int splits = 1;           ///< partial states (warps) per (sequence, KV head)
   int pages_per_split = 1;  ///< ≥ 1
 };
 

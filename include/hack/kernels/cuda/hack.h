@@ -6,13 +6,15 @@
 ///     Bit-identical to cpu::hack_quantize_k / hack_quantize_v, round to nearest or
 ///     stochastic (the same counter-based stream), because both evaluate hack_quant_math.h.
 ///   - hack_decode_attention: one decode query per sequence over bf16 sinks, HACK pages and
-///     a bf16 open block; INT8 tensor cores (WMMA u8×u8→s32) for Q'·K' and P'·V', split-K
-///     over pages with a combine kernel. Every float operation follows the CPU scalar
+///     a bf16 open block; a warp per split of pages (pages streamed into shared memory by
+///     cp.async), __dp4a u8×u8 over the packed code words for Q'·K' and P'·V', and a
+///     combine kernel over the splits. Every float operation follows the CPU scalar
 ///     reference in order, so a split covering the same tokens as a CPU pass gives the
-///     same bits (see tests/gpu/hack_cuda_test.cpp).
+///     same bits (see tests/gpu/kernels/hack_cuda_test.cpp).
 /// Plans (geometry, split count) are made on the host: kv/hack_attention_plan.h.
 /// Everything is asynchronous on `stream`; nothing allocates. Launch errors throw
-/// hack::Error. Device limits: head_dim ≤ 256, Π ≤ 256, group size ≤ 16, sinks ≤ Π.
+/// hack::Error. Device limits: head_dim ≤ 128, Π ≤ 256, group size ≤ 16, sinks ≤ Π, K
+/// partitions a power of two channels.
 /// Only compiled with HACK_HAVE_CUDA.
 #pragma once
 
@@ -74,7 +76,8 @@ struct HackDecodeBatch {
 size_t hack_decode_workspace_bytes(const HackPageGeometry& geometry, int batch, int group_size,
                                    const HackDecodePlan& plan);
 
-/// Runs the split kernel (grid splits × num_heads × batch) and the combine kernel.
+/// Runs the split kernel (a warp per split; grid ⌈splits/4⌉ × num_heads × batch) and the
+/// combine kernel.
 /// Every sequence must hold at least one token; pages_per_split·splits must cover the
 /// longest page table.
 void hack_decode_attention(const HackPageGeometry& geometry, const HackDecodeBatch& batch, const HackDecodePlan& plan,
