@@ -3,8 +3,12 @@
 # repository root: the gpu tests, compute-sanitizer, the GPU attention benchmarks against
 # PyTorch's SDPA, and hack-run on the synthetic 8B shape. That machine has CUDA, PyTorch
 # and compute-sanitizer but none of our Debian libraries, so the binaries and their
-# libraries come built from here in .devcarry/bundle.tar.xz (bench/cuda/pack_device.sh).
-# Logs go to $OUT; a short summary ends the output.
+# libraries come built from here in .devcarry/bundle.tar.xz (bench/cuda/pack_device.sh;
+# git ignores it, so the call names it in `carry`). The tree that travels must stay under the
+# tool's 64 MiB: with the tokenizer fixtures it is ~70 MB, so untrack what the gpu tests do not
+# read for the call (git rm -r --cached -q tests/fixtures/shared tests/fixtures/tokenizers and
+# exclude both in .git/info/exclude; git reset afterwards). Logs go to $OUT; a short summary
+# ends the output.
 #
 #   bench/cuda/device_check.sh [steps...]
 #   steps: tests memcheck racecheck attn sweep profile sdpa run (default: all but sweep and profile)
