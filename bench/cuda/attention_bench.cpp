@@ -123,6 +123,19 @@ bool all_finite(const void* dev, size_t n, bool bf16) {
   return true;
 }
 
+// A device copy of a host vector (at least 1 byte, so empty tables still have an address).
+template <class T>
+Buffer upload(const std::vector<T>& host) {
+  const size_t bytes = host.size() * sizeof(T);
+  Buffer b = Buffer::allocate(MemoryKind::device, std::max<size_t>(bytes, 1));
+  if (bytes != 0) check(cudaMemcpy(b.data(), host.data(), bytes, cudaMemcpyHostToDevice), "upload");
+  return b;
+}
+
+// Page p of a sequence's `pages` goes to slot scattered_page(p) of its range, as a real
+// pool's pages scatter (7919 is prime, so this permutes the range).
+int scattered_page(int p, int pages) { return static_cast<int>((static_cast<long long>(p) * 7919) % pages); }
+
 int layers_for(double bytes_per_layer, const Device& dev, const Args& a) {
   const double want = a.l2_multiple * static_cast<double>(dev.l2_bytes);
   return std::clamp(static_cast<int>(std::ceil(want / bytes_per_layer)), 1, 64);
@@ -147,14 +160,10 @@ Result run_bf16(const Args& a, const Device& dev, int context, int batch) {
     offsets[s] = s * pages;
     rows[s] = s;
     for (int p = 0; p < pages; ++p)
-      table[static_cast<size_t>(s) * pages + p] = s * pages + static_cast<int>((static_cast<long long>(p) * 7919) % pages);
+      table[static_cast<size_t>(s) * pages + p] = s * pages + scattered_page(p, pages);
   }
-  auto up = [](const std::vector<int>& v) {
-    Buffer b = Buffer::allocate(MemoryKind::device, v.size() * 4);
-    check(cudaMemcpy(b.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload");
-    return b;
-  };
-  const Buffer table_d = up(table), offsets_d = up(offsets), lengths_d = up(lengths), rows_d = up(rows);
+  const Buffer table_d = upload(table), offsets_d = upload(offsets), lengths_d = upload(lengths),
+               rows_d = upload(rows);
   const size_t q_elems = static_cast<size_t>(batch) * QH * D;
   Buffer q = Buffer::allocate(MemoryKind::device, q_elems * 4), out = Buffer::allocate(MemoryKind::device, q_elems * 2);
   fill_f32(q.data(), q_elems, 7);
@@ -221,10 +230,7 @@ Result run_hack(const Args& a, const Device& dev, int context, int batch, int bi
   std::vector<int64_t> first(chunk);
   Buffer ks_d = Buffer::allocate(MemoryKind::device, chunk * 8), vs_d = Buffer::allocate(MemoryKind::device, chunk * 8),
          ps_d = Buffer::allocate(MemoryKind::device, chunk * 8), first_d = Buffer::allocate(MemoryKind::device, chunk * 8);
-  const std::vector<uint8_t> header = page_header_template(layout, 0);
-  Buffer header_d = Buffer::allocate(MemoryKind::device, header.size());
-  check(cudaMemcpy(header_d.data(), header.data(), header.size(), cudaMemcpyHostToDevice), "upload");
-  double quantize_us = 0;
+  const Buffer header_d = upload(page_header_template(layout, 0));
   for (int l = 0; l < r.layers; ++l) {
     pools.push_back(Buffer::allocate(MemoryKind::device, std::max<size_t>(64, layer_bytes)));
     sinks_d.push_back(Buffer::allocate(MemoryKind::device, sink_elems * batch * 2));
@@ -256,21 +262,11 @@ Result run_hack(const Args& a, const Device& dev, int context, int batch, int bi
       in.pages = static_cast<void* const*>(ps_d.data());
       in.first_tokens = static_cast<const int64_t*>(first_d.data());
       in.header = static_cast<const uint8_t*>(header_d.data());
-      cudaEvent_t e0, e1;
-      cudaEventCreate(&e0);
-      cudaEventCreate(&e1);
-      cudaEventRecord(e0);
+      // The next chunk's table uploads wait for this launch (both on the legacy stream).
       cuda::hack_quantize_blocks(g, in, nullptr);
-      cudaEventRecord(e1);
-      check(cudaEventSynchronize(e1), "quantize");
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      quantize_us += 1e3 * ms;
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
     }
   }
-  (void)quantize_us;
+  check(cudaDeviceSynchronize(), "quantize");
 
   // Per-layer pointer tables: pages of sequence s in a scattered order.
   const int mp = std::max(1, pages);
@@ -282,26 +278,17 @@ Result run_hack(const Args& a, const Device& dev, int context, int batch, int bi
       for (int p = 0; p < pages; ++p)
         table[static_cast<size_t>(s) * mp + p] =
             static_cast<const uint8_t*>(pools[l].data()) +
-            (static_cast<size_t>(s) * pages + static_cast<size_t>((static_cast<long long>(p) * 7919) % pages)) * page_bytes;
+            (static_cast<size_t>(s) * pages + static_cast<size_t>(scattered_page(p, pages))) * page_bytes;
       sp[s] = static_cast<const uint16_t*>(sinks_d[l].data()) + static_cast<size_t>(s) * sink_elems;
       op[s] = static_cast<const uint16_t*>(opens_d[l].data()) + static_cast<size_t>(s) * open_elems;
     }
-    auto up = [](const void* p, size_t n) {
-      Buffer b = Buffer::allocate(MemoryKind::device, n);
-      check(cudaMemcpy(b.data(), p, n, cudaMemcpyHostToDevice), "upload");
-      return b;
-    };
-    table_d.push_back(up(table.data(), table.size() * 8));
-    sink_ptr_d.push_back(up(sp.data(), sp.size() * 8));
-    open_ptr_d.push_back(up(op.data(), op.size() * 8));
+    table_d.push_back(upload(table));
+    sink_ptr_d.push_back(upload(sp));
+    open_ptr_d.push_back(upload(op));
   }
-  std::vector<int> np(batch, pages), st(batch, std::min(S, context)), ot(batch, open_tokens);
-  auto upi = [](const std::vector<int>& v) {
-    Buffer b = Buffer::allocate(MemoryKind::device, v.size() * 4);
-    check(cudaMemcpy(b.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload");
-    return b;
-  };
-  const Buffer np_d = upi(np), st_d = upi(st), ot_d = upi(ot);
+  const Buffer np_d = upload(std::vector<int>(batch, pages));
+  const Buffer st_d = upload(std::vector<int>(batch, std::min(S, context)));
+  const Buffer ot_d = upload(std::vector<int>(batch, open_tokens));
   const size_t q_elems = static_cast<size_t>(batch) * H * G * D;
   Buffer q = Buffer::allocate(MemoryKind::device, q_elems * 4), out = Buffer::allocate(MemoryKind::device, q_elems * 4);
   fill_f32(q.data(), q_elems, 7);

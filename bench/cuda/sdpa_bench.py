@@ -97,7 +97,6 @@ def main():
                 else:
                     gbs = nbytes / (us * 1e3)
                     print(f"{ctx:7d} {batch:5d} {name:>9} {us:9.1f} {gbs:7.0f} {100 * gbs / bw:5.0f}%")
-            del res
             torch.cuda.empty_cache()
 
 
