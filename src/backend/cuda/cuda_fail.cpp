@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "hack/core/error.h"
 #include "hack/kernels/cuda/ops.h"
@@ -15,24 +16,28 @@ void cuda_fail(cudaError_t status, const char* expr, const char* file, int line)
 
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what) {
   constexpr size_t kDefaultBytes = 48 * 1024;
+  if (bytes <= kDefaultBytes) return;
   int device = 0;
   HACK_CUDA_CU_CHECK(cudaGetDevice(&device));
+  // Kernels launch on every decode step: the device's opt-in limit is read once, and a
+  // kernel's attribute is raised only past what it already allows (never lowered).
   static std::mutex mutex;
   static std::map<int, int> optin_by_device;
-  int optin = 0;
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    auto it = optin_by_device.find(device);
-    if (it == optin_by_device.end()) {
-      HACK_CUDA_CU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      it = optin_by_device.emplace(device, optin).first;
-    }
-    optin = it->second;
+  static std::map<std::pair<int, const void*>, size_t> allowed;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = optin_by_device.find(device);
+  if (it == optin_by_device.end()) {
+    int optin = 0;
+    HACK_CUDA_CU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    it = optin_by_device.emplace(device, optin).first;
   }
-  if (bytes > static_cast<size_t>(optin))
-    fail("{}: needs {} bytes of shared memory, device {} allows {}", what, bytes, device, optin);
-  if (bytes > kDefaultBytes)
+  if (bytes > static_cast<size_t>(it->second))
+    fail("{}: needs {} bytes of shared memory, device {} allows {}", what, bytes, device, it->second);
+  size_t& now = allowed[{device, kernel}];
+  if (bytes > now) {
     HACK_CUDA_CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    now = bytes;
+  }
 }
 
 }  // namespace hack::cuda

@@ -26,8 +26,9 @@ using bf16 = __nv_bfloat16;
   } while (0)
 
 /// Lets `kernel` launch with `bytes` of dynamic shared memory: above the 48 KiB default it
-/// opts in (cudaFuncSetAttribute); beyond the current device's opt-in limit (queried once
-/// per device) it throws naming `what`. Call before each launch that may need it.
+/// opts in (cudaFuncSetAttribute, only when `bytes` exceeds what the kernel already allows on
+/// this device); beyond the device's opt-in limit (queried once per device) it throws naming
+/// `what`. Cheap enough to call before each launch that may need it.
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what);
 
 /// y[rows][out] = x[rows][in] · w^T with cuBLAS (cublasGemmEx, bf16 in, fp32 compute and
