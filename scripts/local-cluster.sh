@@ -14,7 +14,8 @@
 # KV (hack | fp), VAULT (1: start hack-vault on VAULT_PORT (8400, UCX on VAULT_PORT+1) and
 # point the prefill nodes at it; 0: none), VAULT_BYTES (1G), THREADS (1 per
 # node), BUILD_DIR (build), STATE_DIR (.cluster: pids and logs), SECRET (random),
-# UCX_TLS (tcp), EXTRA_ROUTER_FLAGS / EXTRA_NODE_FLAGS (appended to the command lines).
+# UCX_TLS (posix,sysv,cma,self,tcp: prefill reaches decode over shared memory; tcp for the vault
+# and other hosts), EXTRA_ROUTER_FLAGS / EXTRA_NODE_FLAGS (appended to the command lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +33,7 @@ THREADS=${THREADS:-1}
 BUILD_DIR=${BUILD_DIR:-build}
 STATE_DIR=${STATE_DIR:-.cluster}
 BIN=$BUILD_DIR/bin
-export UCX_TLS=${UCX_TLS:-tcp}
+export UCX_TLS=${UCX_TLS:-posix,sysv,cma,self,tcp}
 
 wait_http() {  # url, seconds
   local url=$1 deadline=$((SECONDS + $2))

@@ -57,6 +57,7 @@ struct DecodeServer::Impl {
   DecodeServerConfig config;
   std::unique_ptr<ModelRuntime> rt;
   std::unique_ptr<net::UcxWorker> worker;
+  std::string host_id;  // net::ucx_host_id(), published with the worker's address
   uint16_t ucx_port = 0;
   std::unique_ptr<net::VaultClient> vault;  // --vault: finished conversations' blocks go there
   BlockCodec vault_codec = BlockCodec::int8_head;
@@ -83,7 +84,10 @@ struct DecodeServer::Impl {
     HACK_CHECK(config.test_step_delay_ms == 0 || config.enable_test_hooks,
                "--test-step-delay-ms needs --enable-test-hooks");
     rt = load_model_runtime(config.model, RuntimeParts{.cpu_only = true});
-    worker = std::make_unique<net::UcxWorker>();
+    // A prefill node on this host connects by worker address (PrefillCall::decode_ucx_worker),
+    // so its endpoint appears here with its first message and must get an id for our replies.
+    worker = std::make_unique<net::UcxWorker>(net::UcxOptions{.accept_address_peers = true});
+    host_id = net::ucx_host_id();
     ucx_port = worker->listen(config.host, static_cast<uint16_t>(config.ucx_port));
     DecodeSchedulerOptions so{.max_batch = config.max_batch,
                               .reserve_ahead_tokens = config.reserve_ahead_tokens,
@@ -224,6 +228,8 @@ struct DecodeServer::Impl {
     h.role = "decode";
     h.model = rt->name;
     h.ucx_address = ucx_address();
+    h.ucx_worker = worker->address();
+    h.host_id = host_id;
     h.draining = draining;
     h.ready = ready;
     h.kv_format = kv_format(*rt);
@@ -319,6 +325,8 @@ struct DecodeServer::Impl {
         case DecodeEventKind::accepted:
           ne.kind = NodeEventKind::accepted;
           ne.ucx_address = ucx_address();
+          ne.ucx_worker = worker->address();
+          ne.host_id = host_id;
           break;
         case DecodeEventKind::token: {
           ne.kind = NodeEventKind::token;

@@ -15,10 +15,13 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -61,6 +64,32 @@ uint16_t port_of(const sockaddr_storage& address) {
   return 0;
 }
 
+// options.config plus what peer-failure detection needs where neither it nor the
+// environment says otherwise. UCX 1.13's shared-memory transports only advertise peer-failure
+// handling with MM_ERROR_HANDLING=y, and UCX then finds a dead peer on them by keepalive
+// (every KEEPALIVE_INTERVAL, 20 s by default): without the first, an endpoint in PEER mode
+// never uses shared memory; without a short interval, a decode node killed mid-transfer would
+// go unnoticed on it for 20 s.
+std::vector<std::pair<std::string, std::string>> with_defaults(const UcxOptions& options) {
+  auto config = options.config;
+  if (!options.detect_peer_failure) return config;
+  const auto set_default = [&](const std::string& name, const std::string& value) {
+    const bool given = std::any_of(config.begin(), config.end(), [&](const auto& kv) { return kv.first == name; });
+    if (!given && std::getenv(("UCX_" + name).c_str()) == nullptr) config.emplace_back(name, value);
+  };
+  // Only where a shared-memory transport may be enabled (UCX warns of an unused option else).
+  std::string tls = "all";
+  if (const char* env = std::getenv("UCX_TLS")) tls = env;
+  for (const auto& [name, value] : config)
+    if (name == "TLS") tls = value;
+  const bool shm = tls.starts_with('^') || std::ranges::any_of(std::array{"all", "shm", "mm", "posix", "sysv"}, [&](const char* t) {
+    return tls.find(t) != std::string::npos;
+  });
+  if (shm) set_default("MM_ERROR_HANDLING", "y");
+  set_default("KEEPALIVE_INTERVAL", "1s");
+  return config;
+}
+
 // RAII owners of the ucp handles.
 struct ContextHandle {
   ucp_context_h handle = nullptr;
@@ -68,7 +97,7 @@ struct ContextHandle {
     ucp_config_t* config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) fail("ucp_config_read: {}", ucs_status_string(status));
-    for (const auto& [name, value] : options.config) {
+    for (const auto& [name, value] : with_defaults(options)) {
       status = ucp_config_modify(config, name.c_str(), value.c_str());
       if (status != UCS_OK) {
         ucp_config_release(config);
@@ -120,6 +149,7 @@ struct EventFd {
 }  // namespace
 
 struct UcxWorker::Impl {
+  struct SendOp;
   struct Endpoint {
     Impl* impl = nullptr;
     EndpointId id = 0;
@@ -127,6 +157,10 @@ struct UcxWorker::Impl {
     // Created by UCX for a peer that connected by worker address (the reply endpoint of its
     // first message): UCX owns it, so it is forgotten, never closed, when we let go.
     bool adopted = false;
+    // Client-server (sockaddr) endpoints start on the connection manager's lane and switch to
+    // their final lanes when wireup completes; sends wait here until then (see gate_until_wired).
+    bool wired = true;
+    std::deque<std::pair<uint16_t, SendOp*>> held;
   };
   struct SendOp {
     Impl* impl = nullptr;
@@ -460,6 +494,9 @@ struct UcxWorker::Impl {
       endpoints.erase(it);
       return;
     }
+    for (const auto& [am_id, op] : it->second->held)
+      finish_send(op, Status::error(fmt::format("UCX endpoint {} closed before it was connected", id)));
+    it->second->held.clear();
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     params.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -470,6 +507,42 @@ struct UcxWorker::Impl {
     endpoints.erase(it);
   }
 
+  // UCX 1.13 replays sends queued during a client-server wireup on the final lanes as they were
+  // prepared for the first; when those lanes are shared memory (MM_ERROR_HANDLING lets PEER
+  // endpoints use it) that aborts the process (proto_am.inl "max_iov > 1") or fails the send
+  // ("Invalid am_short_iov length"). So a sockaddr endpoint holds its sends until a flush,
+  // which completes only once wireup has, and then starts them in order.
+  void gate_until_wired(EndpointId id) {
+    Endpoint* endpoint = endpoints.at(id).get();
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    params.cb.send = &Impl::on_wired;
+    params.user_data = endpoint;
+    void* request = ucp_ep_flush_nbx(endpoint->ep, &params);
+    if (request == nullptr || UCS_PTR_IS_ERR(request)) return;  // wired already, or failing (its error handler says)
+    endpoint->wired = false;
+  }
+
+  static void on_wired(void* request, ucs_status_t, void* user_data) {
+    auto* endpoint = static_cast<Endpoint*>(user_data);
+    ucp_request_free(request);
+    Impl* impl = endpoint->impl;
+    const EndpointId id = endpoint->id;
+    // A failed flush (peer gone) also releases the sends: they fail on the endpoint as any would.
+    impl->deferred.push_back([impl, id] { impl->release_held(id); });
+  }
+
+  void release_held(EndpointId id) {
+    auto it = endpoints.find(id);
+    if (it == endpoints.end() || it->second->wired) return;
+    it->second->wired = true;
+    auto held = std::move(it->second->held);
+    for (const auto& [am_id, op] : held) {
+      sends.erase(op);
+      start_send(id, am_id, op);
+    }
+  }
+
   static void on_connection_request(ucp_conn_request_h request, void* arg) {
     auto* impl = static_cast<Impl*>(arg);
     impl->deferred.push_back([impl, request] {
@@ -477,6 +550,7 @@ struct UcxWorker::Impl {
       params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
       params.conn_request = request;
       const EndpointId id = impl->add_endpoint(params);
+      impl->gate_until_wired(id);
       spdlog::debug("ucx: accepted endpoint {}", id);
     });
   }
@@ -566,6 +640,11 @@ struct UcxWorker::Impl {
     auto it = endpoints.find(id);
     if (it == endpoints.end()) {
       finish_send(op, Status::error(fmt::format("UCX endpoint {} is closed or unknown", id)));
+      return;
+    }
+    if (!it->second->wired) {
+      sends.insert(op);  // failed at shutdown like any outstanding send
+      it->second->held.emplace_back(am_id, op);
       return;
     }
     ucp_request_param_t params{};
@@ -692,11 +771,61 @@ EndpointId UcxWorker::connect(const std::string& host, uint16_t port) {
     params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
     params.sockaddr.addrlen = length;
     id = impl_->add_endpoint(params);
+    impl_->gate_until_wired(id);
   });
   return id;
 }
 
 const std::string& UcxWorker::address() const { return impl_->address_hex; }
+
+std::string ucx_host_id() {
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char line[64] = {};
+    if (std::fgets(line, sizeof line, f) != nullptr) boot = line;
+    std::fclose(f);
+  }
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  if (boot.empty()) return "";
+  std::string id = boot;
+  for (const char* ns : {"/proc/self/ns/ipc", "/proc/self/ns/pid"}) {
+    char target[128] = {};
+    const ssize_t n = readlink(ns, target, sizeof target - 1);
+    if (n <= 0) return "";
+    id += "|" + std::string(target, static_cast<size_t>(n));
+  }
+  return id;
+}
+
+std::string UcxWorker::transports(EndpointId endpoint) {
+  std::string text;
+  impl_->call([&] {
+    auto it = impl_->endpoints.find(endpoint);
+    if (it == impl_->endpoints.end()) return;
+    char* buffer = nullptr;
+    size_t bytes = 0;
+    FILE* stream = open_memstream(&buffer, &bytes);
+    if (stream == nullptr) return;
+    ucp_ep_print_info(it->second->ep, stream);
+    std::fclose(stream);
+    // Keep the lane lines ("lane[0]:  3:sysv/memory.0 md[2] -> ... am am_bw#0 keepalive"),
+    // without the comment marks and padding, one per "; ".
+    std::string_view all(buffer, bytes);
+    while (!all.empty()) {
+      const size_t end = std::min(all.find('\n'), all.size());
+      std::string_view line = all.substr(0, end);
+      all.remove_prefix(std::min(end + 1, all.size()));
+      if (line.find("lane[") == std::string_view::npos) continue;
+      line.remove_prefix(std::min(line.find("lane["), line.size()));
+      std::string compact;
+      for (char c : line)
+        if (c != ' ' || (!compact.empty() && compact.back() != ' ')) compact += c;
+      text += (text.empty() ? "" : "; ") + compact;
+    }
+    std::free(buffer);
+  });
+  return text;
+}
 
 EndpointId UcxWorker::connect_address(const std::string& hex_address) {
   if (hex_address.empty()) fail("UCX worker address: 0 hex digits (an even, non-zero number expected)");

@@ -130,6 +130,12 @@ struct Metrics::Impl {
                                                                  .Help("Prefill jobs sent again on a fresh endpoint to "
                                                                        "their decode node after a broken one.")
                                                                  .Register(registry);
+  prometheus::Family<prometheus::Counter>& kv_connects =
+      prometheus::BuildCounter()
+          .Name("hack:kv_connects_total")
+          .Help("KV endpoints a prefill node opened to decode nodes, by how: address (UCX worker address, a node "
+                "on this host: shared memory where enabled) or listener (host:port).")
+          .Register(registry);
 };
 
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
@@ -189,6 +195,10 @@ void Metrics::count_vault_message_rejected(std::string_view reason) {
 
 void Metrics::add_kv_send_retries(uint64_t n) {
   if (n > 0) impl_->kv_send_retries.Add({}).Increment(static_cast<double>(n));
+}
+
+void Metrics::add_kv_connects(std::string_view by, uint64_t n) {
+  impl_->kv_connects.Add({{"by", std::string(by)}}).Increment(static_cast<double>(n));
 }
 
 std::string Metrics::serialize() const { return prometheus::TextSerializer().Serialize(impl_->registry.Collect()); }

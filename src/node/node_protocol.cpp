@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hack/core/hex.h"
 #include "hack/node/node_address.h"
 
 namespace hack::server {
@@ -94,6 +95,13 @@ T field_or(const json& j, std::string_view what, const char* name, T fallback) {
   auto it = j.find(name);
   if (it == j.end() || it->is_null()) return fallback;
   return field<T>(j, what, name);
+}
+
+// A UCX worker address: hex digits, an even number of them ("" when absent).
+std::string ucx_worker_field(const json& j, std::string_view what, const char* name) {
+  std::string hex = field_or<std::string>(j, what, name, "");
+  if (!hex.empty()) (void)hex_decode(hex, fmt::format("{}: field '{}'", what, name));
+  return hex;
 }
 
 json sample_json(const SampleResult& s) {
@@ -214,6 +222,10 @@ std::string to_json(const PrefillCall& call) {
             {"prompt", call.prompt},
             {"sampling", sampling_json(call.params)},
             {"decode_ucx", call.decode_ucx}};
+  if (!call.decode_ucx_worker.empty()) {
+    j["decode_ucx_worker"] = call.decode_ucx_worker;
+    j["decode_host_id"] = call.decode_host_id;
+  }
   if (call.corrupt_page) j["test_corrupt_page"] = true;
   if (!call.kv_format.empty()) j["kv_format"] = call.kv_format;
   if (!call.generated.empty()) j["generated"] = call.generated;
@@ -238,9 +250,15 @@ std::string to_json(const PrefillReply& reply) {
 
 std::string to_json(const NodeEvent& e) {
   switch (e.kind) {
-    case NodeEventKind::accepted:
-      return e.ucx_address.empty() ? json{{"type", "accepted"}}.dump()
-                                   : json{{"type", "accepted"}, {"ucx_address", e.ucx_address}}.dump();
+    case NodeEventKind::accepted: {
+      json j = {{"type", "accepted"}};
+      if (!e.ucx_address.empty()) j["ucx_address"] = e.ucx_address;
+      if (!e.ucx_worker.empty()) {
+        j["ucx_worker"] = e.ucx_worker;
+        j["host_id"] = e.host_id;
+      }
+      return j.dump();
+    }
     case NodeEventKind::token: {
       json j = sample_json(e.sample);
       j["type"] = "token";
@@ -265,6 +283,8 @@ std::string to_json(const NodeHealth& h) {
               {"role", h.role},
               {"model", h.model},
               {"ucx_address", h.ucx_address},
+              {"ucx_worker", h.ucx_worker},
+              {"host_id", h.host_id},
               {"queue_tokens", h.queue_tokens},
               {"running", h.running},
               {"waiting", h.waiting},
@@ -308,6 +328,8 @@ PrefillCall parse_prefill_call(std::string_view text) {
   HACK_CHECK(j.contains("sampling"), "{}: missing field 'sampling'", what);
   call.params = sampling_from(j["sampling"], what);
   call.decode_ucx = field<std::string>(j, what, "decode_ucx");
+  call.decode_ucx_worker = ucx_worker_field(j, what, "decode_ucx_worker");
+  call.decode_host_id = field_or<std::string>(j, what, "decode_host_id", "");
   call.corrupt_page = field_or<bool>(j, what, "test_corrupt_page", false);
   call.kv_format = field_or<std::string>(j, what, "kv_format", "");
   call.generated = field_or<std::vector<int>>(j, what, "generated", {});
@@ -347,6 +369,8 @@ NodeEvent parse_node_event(std::string_view text) {
     e.kind = NodeEventKind::accepted;
     e.ucx_address = field_or<std::string>(j, what, "ucx_address", "");
     if (!e.ucx_address.empty()) (void)parse_node_address(e.ucx_address, "accepted event's ucx_address");
+    e.ucx_worker = ucx_worker_field(j, what, "ucx_worker");
+    e.host_id = field_or<std::string>(j, what, "host_id", "");
   } else if (type == "token") {
     e.kind = NodeEventKind::token;
     e.sample = parse_sample(j, what);
@@ -374,6 +398,8 @@ NodeHealth parse_node_health(std::string_view text) {
   h.role = field<std::string>(j, what, "role");
   h.model = field_or<std::string>(j, what, "model", "");
   h.ucx_address = field_or<std::string>(j, what, "ucx_address", "");
+  h.ucx_worker = ucx_worker_field(j, what, "ucx_worker");
+  h.host_id = field_or<std::string>(j, what, "host_id", "");
   h.queue_tokens = field_or<int64_t>(j, what, "queue_tokens", 0);
   h.running = field_or<int>(j, what, "running", 0);
   h.waiting = field_or<int>(j, what, "waiting", 0);

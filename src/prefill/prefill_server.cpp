@@ -34,6 +34,10 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
   flags.add_string("kv-gather", &c.kv_gather,
                    "how a KV message's pages reach UCX: copy (into one buffer, sent contiguous: faster over tcp with "
                    "UCX 1.13) or iov (in place, no copy)");
+  flags.add_string("kv-connect", &c.kv_connect,
+                   "how KV endpoints to decode nodes are opened: auto (by UCX worker address when the decode node runs "
+                   "on this host, so UCX may use shared memory; by its host:port listener otherwise) or listener "
+                   "(always host:port)");
   flags.add_float("send-timeout", &c.send_timeout_s, "seconds a job's KV may take to leave after its prefill");
   flags.add_int("send-retries", &c.send_retries,
                 "times a job whose KV send failed on a broken decode endpoint (reset, timeout, a restarted node) "
@@ -60,12 +64,15 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
 
 namespace {
 
-// "host:port" → DecodePeer.
-DecodePeer parse_peer(const std::string& address) {
-  const NodeAddress node = parse_node_address(address, "decode_ucx");
+// The call's decode node → DecodePeer: by worker address when that node runs on this host
+// (same boot and namespaces: UCX may move the KV over shared memory) and by_address allows,
+// else by its "host:port" listener.
+DecodePeer parse_peer(const PrefillCall& call, const std::string& host_id, bool by_address) {
+  const NodeAddress node = parse_node_address(call.decode_ucx, "decode_ucx");
   DecodePeer peer;
   peer.host = node.host;
   peer.port = node.port;
+  if (by_address && !host_id.empty() && call.decode_host_id == host_id) peer.worker_address = call.decode_ucx_worker;
   return peer;
 }
 
@@ -75,6 +82,8 @@ struct PrefillServer::Impl {
   PrefillServerConfig config;
   std::unique_ptr<ModelRuntime> rt;
   std::unique_ptr<net::UcxWorker> ucx;
+  bool kv_connect_by_address = true;  // --kv-connect auto
+  std::string host_id;                // net::ucx_host_id()
   std::unique_ptr<PrefillWorker> worker;
   bool worker_has_prefix_cache = false;
   std::atomic<bool> draining{false};
@@ -84,12 +93,17 @@ struct PrefillServer::Impl {
   std::thread ucx_hold;  // test hook: holds the UCX progress thread (POST /internal/test/hold-ucx)
   std::mutex retries_mutex;
   uint64_t retries_reported = 0;  // PrefillWorkerStats::send_retries already in metrics (retries_mutex)
+  uint64_t connects_reported[2] = {0, 0};  // connects_by_address, _by_listener already in metrics (retries_mutex)
   NodeEndpoints endpoints;
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const PrefillServerConfig& c) : config(c) {
     rt = load_model_runtime(config.model, RuntimeParts{.engine = false, .cpu_only = true});
     ucx = std::make_unique<net::UcxWorker>();
+    HACK_CHECK(config.kv_connect == "auto" || config.kv_connect == "listener",
+               "--kv-connect must be auto or listener, got '{}'", config.kv_connect);
+    kv_connect_by_address = config.kv_connect == "auto";
+    host_id = net::ucx_host_id();
     PrefillWorkerOptions wo;
     wo.kv = rt->kv_options;
     wo.engine = engine_options_from(config.model);
@@ -158,9 +172,13 @@ struct PrefillServer::Impl {
   std::string metrics_text() {
     {
       std::lock_guard lock(retries_mutex);
-      const uint64_t retries = worker->stats().send_retries;
-      metrics.add_kv_send_retries(retries - retries_reported);
-      retries_reported = retries;
+      const PrefillWorkerStats st = worker->stats();
+      metrics.add_kv_send_retries(st.send_retries - retries_reported);
+      retries_reported = st.send_retries;
+      metrics.add_kv_connects("address", st.connects_by_address - connects_reported[0]);
+      metrics.add_kv_connects("listener", st.connects_by_listener - connects_reported[1]);
+      connects_reported[0] = st.connects_by_address;
+      connects_reported[1] = st.connects_by_listener;
     }
     return metrics.serialize();
   }
@@ -249,7 +267,7 @@ struct PrefillServer::Impl {
       job.tokens.insert(job.tokens.end(), call.generated.begin(), call.generated.end());
       job.sampling = call.params;
       job.eos_ids = rt->eos_ids;
-      job.peer = parse_peer(call.decode_ucx);
+      job.peer = parse_peer(call, host_id, kv_connect_by_address);
       job.corrupt_page_for_test = call.corrupt_page;
     } catch (const Error& e) {
       res->send(400, "application/json", node_error_body(e.what(), "invalid_request_error"));

@@ -24,7 +24,9 @@ constexpr double kReleaseWaitS = 0.5;
 // How long shutdown waits for UCX to let go of such pages once their endpoints are closed.
 constexpr double kShutdownReleaseS = 5.0;
 
-std::string peer_key(const DecodePeer& peer) { return peer.host + ":" + std::to_string(peer.port); }
+std::string peer_key(const DecodePeer& peer) {
+  return peer.worker_address.empty() ? peer.host + ":" + std::to_string(peer.port) : "worker " + peer.worker_address;
+}
 
 void throw_if_failed(const Status& s) {
   if (!s) throw Error(s.message());
@@ -190,8 +192,23 @@ net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
     std::lock_guard lock(mutex_);
     if (auto it = peers_.find(key); it != peers_.end()) return it->second;
   }
-  const net::EndpointId endpoint = ucx_.connect(peer.host, peer.port);  // failure arrives as a disconnect
+  // Failure arrives as a disconnect. An address UCX cannot use (ucp_ep_create refused it)
+  // leaves the listener, which every decode node has.
+  std::optional<net::EndpointId> by_address;
+  if (!peer.worker_address.empty()) {
+    try {
+      by_address = ucx_.connect_address(peer.worker_address);
+    } catch (const Error& e) {
+      spdlog::warn("prefill: cannot connect to decode node {}:{} by its worker address ({}); using its listener",
+                   peer.host, peer.port, e.what());
+    }
+  }
+  if (by_address)
+    spdlog::info("prefill: KV endpoint {} to decode node {}:{} opened by worker address (same host): {}", *by_address,
+                 peer.host, peer.port, ucx_.transports(*by_address));
+  const net::EndpointId endpoint = by_address ? *by_address : ucx_.connect(peer.host, peer.port);
   std::lock_guard lock(mutex_);
+  ++(by_address ? stats_.connects_by_address : stats_.connects_by_listener);
   // A connect to a node that is restarting can fail before it is cached here; caching it then
   // would fail every later request to that node (seen under chaos: 720 in a row).
   if (std::find(lost_endpoints_.begin(), lost_endpoints_.end(), endpoint) == lost_endpoints_.end()) peers_[key] = endpoint;

@@ -42,8 +42,15 @@ DisaggregatedCall::~DisaggregatedCall() {
 }
 
 void DisaggregatedCall::start_prefill() {
-  PrefillCall call{job_.request_id, job_.prompt, job_.params, decode_.ucx_address, options_.corrupt_page,
-                   decode_.kv_format, job_.generated};
+  PrefillCall call{.request_id = job_.request_id,
+                   .prompt = job_.prompt,
+                   .params = job_.params,
+                   .decode_ucx = decode_.ucx_address,
+                   .decode_ucx_worker = decode_.ucx_worker,
+                   .decode_host_id = decode_.host_id,
+                   .corrupt_page = options_.corrupt_page,
+                   .kv_format = decode_.kv_format,
+                   .generated = job_.generated};
   prefill_thread_ = std::thread([this, body = to_json(call)]() mutable {
     std::string error;
     PrefillReply reply;
@@ -122,6 +129,10 @@ GenerateOutcome DisaggregatedCall::run(const std::function<bool(const NodeEvent&
             case NodeEventKind::accepted:
               // The admitting process's own listener; the health poll's copy may be older.
               if (!e.ucx_address.empty()) decode_.ucx_address = e.ucx_address;
+              if (!e.ucx_address.empty() || !e.ucx_worker.empty()) {
+                decode_.ucx_worker = e.ucx_worker;
+                decode_.host_id = e.host_id;
+              }
               if (!prefill_thread_.joinable()) start_prefill();
               on_event(e);
               return true;

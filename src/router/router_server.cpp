@@ -413,7 +413,10 @@ struct RouterServer::Impl {
   std::atomic<int> running{0}, waiting{0};
 
   std::mutex node_info_mutex;
-  std::map<std::string, std::string> ucx_of;  // decode node name → its UCX address
+  struct DecodeUcx {
+    std::string address, worker, host_id;  // NodeHealth's ucx_address, ucx_worker, host_id
+  };
+  std::map<std::string, DecodeUcx> ucx_of;  // decode node name → where its KV goes
   std::map<std::string, std::string> prefill_format_of, decode_format_of;  // node name → KV format (node_info_mutex)
   std::map<std::string, uint64_t> kv_bytes_seen;  // health thread only
 
@@ -518,7 +521,7 @@ struct RouterServer::Impl {
       HACK_CHECK(h.role == role, "node {} is a {} node, configured as {}", node.name, h.role, role);
       {
         std::lock_guard lock(node_info_mutex);
-        if (h.role == std::string("decode")) ucx_of[node.name] = h.ucx_address;
+        if (h.role == std::string("decode")) ucx_of[node.name] = {h.ucx_address, h.ucx_worker, h.host_id};
         (h.role == std::string("decode") ? decode_format_of : prefill_format_of)[node.name] = h.kv_format;
       }
       metrics.set_kv_cache_usage_ratio(node.name, h.kv_usage);
@@ -1114,7 +1117,10 @@ struct RouterServer::Impl {
     nodes.prefill_node = nodes.prefill.node();
     {
       std::lock_guard lock(node_info_mutex);
-      nodes.decode_node.ucx_address = ucx_of[nodes.decode_node.name];
+      const DecodeUcx& ucx = ucx_of[nodes.decode_node.name];
+      nodes.decode_node.ucx_address = ucx.address;
+      nodes.decode_node.ucx_worker = ucx.worker;
+      nodes.decode_node.host_id = ucx.host_id;
       nodes.decode_node.kv_format = decode_format_of[nodes.decode_node.name];
       nodes.prefill_node.kv_format = format;
     }

@@ -177,8 +177,11 @@ class DecodeRestartTest(unittest.TestCase):
     def test_decode_restarted_on_its_port_gets_the_next_requests(self):
         # The restarted node's listener binds the port the old connection still holds.
         os.environ.setdefault("UCX_TCP_CM_REUSEADDR", "y")
+        # --kv-connect listener: by host:port, as to a decode node on another host. On one host the
+        # prefill node connects by the decode node's worker address, which a restarted process
+        # changes, so it dials the new process and never meets a stale endpoint.
         c = cluster.Cluster(prefill=1, decode=1, kv="fp", router_flags=["--health-interval", "0.2"],
-                            prefill_flags=["--enable-test-hooks"])
+                            prefill_flags=["--enable-test-hooks", "--kv-connect", "listener"])
         self.addCleanup(c.stop)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{c.router.port}/v1", api_key="none", max_retries=0,
                                timeout=60)

@@ -239,7 +239,12 @@ struct CallEnd {
 // POST /internal/prefill of `job` towards `decode`, on a thread of its own.
 std::future<CallEnd> call_prefill(const NodeAddress& prefill, const NodeAddress& decode, const GenerateJob& job,
                                   HttpCancel* cancel = nullptr) {
-  const PrefillCall call{job.request_id, job.prompt, job.params, decode.ucx_address, false};
+  const PrefillCall call{.request_id = job.request_id,
+                         .prompt = job.prompt,
+                         .params = job.params,
+                         .decode_ucx = decode.ucx_address,
+                         .decode_ucx_worker = decode.ucx_worker,
+                         .decode_host_id = decode.host_id};
   return std::async(std::launch::async, [=] {
     CallEnd end;
     try {
@@ -419,6 +424,9 @@ void check_equal_to_hack_run(const std::string& kv) {
     // The comparison covered batched decoding, not one request after another.
     INFO("most requests decoding at once " << most_at_once);
     CHECK(most_at_once >= 2);
+    // Both nodes run on this host: prefill opened its KV endpoint by the decode node's UCX
+    // worker address (so with shared memory enabled, UCX carried the KV over it).
+    CHECK(metric(prefill.address, "hack:kv_connects_total{by=\"address\"}") >= 1);
     require_drained(decode);
     require_drained(prefill);
   }
@@ -488,6 +496,45 @@ TEST_CASE("decode node killed during the KV transfer: the prefill job fails and 
   INFO(prefill.process->log());
   REQUIRE(contains(prefill.process->log(), failed_line));
   Node decode2 = start_decode("hack", kTcp);
+  require_serves(prefill.address, decode2.address);
+  require_drained(prefill);
+  require_drained(decode2);
+}
+
+TEST_CASE("decode node killed during a KV transfer over shared memory: prefill notices and serves a new decode node",
+          "[e2e][disaggregation][fault]") {
+  // Both nodes on this host with shared memory enabled: prefill opens its endpoint by the
+  // decode node's worker address and UCX puts the KV on sysv/posix, where a dead peer is
+  // found by keepalive (the nodes set UCX_KEEPALIVE_INTERVAL=1s), not by a reset socket.
+  Node decode = start_decode("hack", kShm);
+  Node prefill = start_slow_prefill("hack", kShm, kLayerDelayMs);
+  const NodeHealth h = fetch_health(decode.address);
+  REQUIRE(!h.ucx_worker.empty());
+  REQUIRE(!h.host_id.empty());
+  decode.address.ucx_worker = h.ucx_worker;
+  decode.address.host_id = h.host_id;
+  const GenerateJob job = greedy_job(prompt_ids(kLongPrompt, 3), 16);
+  auto accepted = std::make_shared<std::promise<void>>();
+  auto stream = open_decode_stream(decode.address, job, accepted);
+  REQUIRE(ready_within(accepted->get_future(), kWaitS));
+  auto call = call_prefill(prefill.address, decode.address, job);
+  REQUIRE(wait_health(decode.address, holds_kv));  // the transfer is under way
+  const auto killed = Clock::now();
+  decode.process->kill_hard();
+  REQUIRE(ready_within(call, kWaitS));
+  const double noticed_s = std::chrono::duration<double>(Clock::now() - killed).count();
+  const CallEnd end = call.get();
+  INFO(end.status << " " << end.body << end.error << "\nprefill log:\n" << prefill.process->log());
+  CHECK(contains(prefill.process->log(), "opened by worker address (same host): lane[0]:"));
+  CHECK((contains(prefill.process->log(), "sysv/memory") || contains(prefill.process->log(), "posix/memory")));
+  REQUIRE(end.status == 502);
+  REQUIRE(contains(parse_node_error(end.body), "request " + std::to_string(job.request_id) + ": lost the receiver"));
+  INFO("prefill's call ended " << noticed_s << " s after the kill");
+  CHECK(noticed_s < 10);
+  (void)stream.get();
+  require_drained(prefill);
+  CHECK(metric(prefill.address, "hack:kv_connects_total{by=\"address\"}") >= 1);
+  Node decode2 = start_decode("hack", kShm);
   require_serves(prefill.address, decode2.address);
   require_drained(prefill);
   require_drained(decode2);

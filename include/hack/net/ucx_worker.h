@@ -15,7 +15,8 @@
 ///                                     the sockaddr connection manager needs it on the
 ///                                     device it resolved (UCX 1.13 refuses "lo is not
 ///                                     enabled" otherwise). Only connect_address() puts
-///                                     data on shared memory: a host:port (sockaddr)
+///                                     data on shared memory (hack-prefill uses it for a
+///                                     decode node on its host): a host:port (sockaddr)
 ///                                     connection keeps its lanes on tcp in UCX 1.13
 ///   UCX_TLS unset                     UCX's default: RDMA verbs (rc, ud, dc) where present
 ///   UCX_NET_DEVICES=eth0 | mlx5_0:1   which NIC(s) to use
@@ -52,9 +53,13 @@ struct UcxOptions {
   /// decides. Large KV pages then never pass through bounce buffers.
   size_t rndv_min_bytes = size_t{1} << 20;
   /// Endpoints fail when their peer goes (UCP_ERR_HANDLING_MODE_PEER), which every node needs.
-  /// UCX 1.13 then keeps their lanes off shared memory (posix/sysv/cma lack peer-failure
-  /// support there: ucx_perftest -e shows the same); false (mode NONE) lets shared memory
-  /// carry the data, for measurement only: a lost peer may then go unnoticed.
+  /// UCX 1.13 offers shared memory to such endpoints only when its mm transports are told to
+  /// advertise peer-failure handling (MM_ERROR_HANDLING=y; they then find a dead peer by
+  /// keepalive), so with this set the worker sets MM_ERROR_HANDLING=y and KEEPALIVE_INTERVAL=1s
+  /// unless `config` or the environment (UCX_...) says otherwise. Its rendezvous then runs
+  /// over sysv/posix active messages: cma is refused to PEER endpoints (no memory
+  /// invalidation). false (mode NONE) lets cma carry rendezvous data too, for measurement
+  /// only: a lost peer may then go unnoticed.
   bool detect_peer_failure = true;
   /// Gives a peer that connected by worker address (connect_address) an EndpointId on its first
   /// message, so replies reach it. Off by default: the nodes are reached only through their
@@ -64,6 +69,13 @@ struct UcxOptions {
   /// bound on what a slow consumer pins in UCX's receive buffers; past it handlers copy.
   size_t max_retained_eager_bytes = size_t{256} << 20;
 };
+
+/// Which processes can reach this one over shared memory: the kernel's boot id and this
+/// process's IPC and PID namespaces (sysv/posix segments need the first, cma the second),
+/// e.g. "3f1c…|ipc:[4026531839]|pid:[4026531836]". Two processes with equal ids are on one
+/// host and may connect by worker address to let UCX use shared memory; containers with
+/// their own namespaces differ and keep to host:port. "" where /proc cannot tell.
+std::string ucx_host_id();
 
 /// Whether `part` lies wholly inside `whole` (what a retained payload's owner may alias).
 inline bool lies_within(std::span<const std::byte> part, std::span<const std::byte> whole) {
@@ -121,6 +133,11 @@ class UcxWorker {
   /// work). It has no error handler, so the peer is not told when we go (its own timeouts
   /// cover that).
   EndpointId connect_address(const std::string& hex_address);
+  /// UCX's lanes of an endpoint, from ucp_ep_print_info, "; "-separated, each naming its
+  /// transport/device and uses, e.g. "lane[0]: 3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255]
+  /// am am_bw#0 keepalive"; empty for an unknown endpoint. An endpoint opened by worker
+  /// address has its lanes at once; one opened by host:port once it has carried a message.
+  std::string transports(EndpointId endpoint);
   /// Closes an endpoint without waiting (pending sends fail); no disconnect callback.
   void close(EndpointId endpoint);
 

@@ -14,7 +14,9 @@ struct NodeAddress {
   std::string name;  ///< unique in its pool; used in logs, metrics and exclude sets
   std::string host;
   uint16_t port = 0;
-  std::string ucx_address;  ///< decode nodes: the UCX worker address prefill connects to
+  std::string ucx_address;  ///< decode nodes: "host:port" of the UCX listener prefill connects to
+  std::string ucx_worker;   ///< decode nodes: UCX worker address, for a prefill node on the same host
+  std::string host_id;      ///< decode nodes: where ucx_worker is usable (ucx_host_id())
   std::string kv_format;    ///< as the node's /health last reported it ("" = unknown)
 };
 

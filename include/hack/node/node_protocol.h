@@ -45,6 +45,11 @@ struct PrefillCall {
   std::vector<int> prompt;
   SamplingParams params;
   std::string decode_ucx;     ///< "host:port" of the decode node's UCX listener
+  /// The decode node's UCX worker address (hex) and host identity (ucx_host_id()). Prefill
+  /// connects by the address instead of decode_ucx when it runs on the same host (so UCX may
+  /// carry the KV over shared memory); empty: by decode_ucx.
+  std::string decode_ucx_worker;
+  std::string decode_host_id;
   bool corrupt_page = false;  ///< test hook (honoured only with --enable-test-hooks)
   std::string kv_format;      ///< the decode node's KV format; "" = not checked
   std::vector<int> generated; ///< as GenerateJob::generated: KV of prompt + generated, sample step generated.size()
@@ -84,6 +89,8 @@ struct NodeEvent {
   /// the router starts prefill with the address of the process that admitted it, not one
   /// from a health poll that may predate a restart. Empty from nodes that do not send it.
   std::string ucx_address;
+  std::string ucx_worker;  ///< accepted: the node's UCX worker address (hex), as NodeHealth
+  std::string host_id;     ///< accepted: as NodeHealth
 };
 
 /// Reported by GET /health of either node.
@@ -91,6 +98,8 @@ struct NodeHealth {
   std::string role;           ///< "prefill" | "decode"
   std::string model;          ///< served model name
   std::string ucx_address;    ///< decode: "host:port" of its UCX listener
+  std::string ucx_worker;     ///< decode: its UCX worker address (hex), for prefill nodes on its host
+  std::string host_id;        ///< decode: ucx_host_id() of its process ("" = not said)
   int64_t queue_tokens = 0;   ///< the routing signal (see each node for its definition)
   int running = 0;
   int waiting = 0;

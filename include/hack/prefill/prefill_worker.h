@@ -61,11 +61,13 @@ struct PrefillWorkerOptions {
   const LogitsConstraintFactory* constraints = nullptr;
 };
 
-/// Where a job's KV goes: an endpoint of the worker's UcxWorker, or host:port, connected
-/// on first use and reused by later jobs (an endpoint that was lost or on which a send
-/// failed is closed and dropped; the next job to that host:port dials again).
+/// Where a job's KV goes: an endpoint of the worker's UcxWorker, or a decode node's UCX
+/// worker address (a node on this host: UCX may then use shared memory), or host:port;
+/// connected on first use and reused by later jobs (an endpoint that was lost or on which a
+/// send failed is closed and dropped; the next job to that node dials again).
 struct DecodePeer {
   std::optional<net::EndpointId> endpoint;
+  std::string worker_address;  ///< hex; when set, host:port is not used
   std::string host;
   uint16_t port = 0;
 };
@@ -110,6 +112,8 @@ struct PrefillWorkerStats {
   uint64_t jobs_failed = 0;        ///< cancelled ones included
   uint64_t send_retries = 0;       ///< jobs run again on a fresh endpoint after a broken transport
   uint64_t endpoints_dropped = 0;  ///< decode endpoints closed after a failed send or a loss
+  uint64_t connects_by_address = 0;   ///< decode endpoints opened by worker address (same host)
+  uint64_t connects_by_listener = 0;  ///< decode endpoints opened by host:port
   uint64_t kv_bytes_sent = 0;      ///< KV payload bytes of jobs that succeeded
   int64_t kv_sequences = 0;        ///< sequences in the prefill cache after the last job (0: all freed)
   size_t kv_bytes_used = 0;        ///< its bytes then

@@ -25,9 +25,11 @@ inline constexpr double kWaitS = 60.0;
 // tcp transport on the device the connection manager resolved (lo): with shared memory
 // only, UCX 1.13 fails the connect with "device lo is not enabled" (Destination is
 // unreachable). With tcp beside posix/sysv/cma, UCX 1.13 still puts the AM and rendezvous
-// lanes on tcp/lo in this mode (UCX_LOG_LEVEL=debug "lane[..]" lines), so the second
-// entry checks that a shared-memory-enabled configuration works, not that bytes move
-// through shared memory. HACK_PROBE_TLS=<list> runs the tests with one list instead.
+// lanes on tcp/lo in this mode (UCX_LOG_LEVEL=debug "lane[..]" lines), so for host:port
+// connections the second entry checks that a shared-memory-enabled configuration works, not
+// that bytes move through shared memory; connections by worker address do use it (the
+// address test checks UcxWorker::transports). HACK_PROBE_TLS=<list> runs the tests with one
+// list instead.
 inline const std::vector<std::string>& loopback_transports() {
   static const std::vector<std::string> tls = [] {
     if (const char* probe = std::getenv("HACK_PROBE_TLS")) return std::vector<std::string>{probe};

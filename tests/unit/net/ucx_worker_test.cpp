@@ -152,6 +152,16 @@ TEST_CASE("ucx worker: connected by worker address, borrowed payloads arrive int
     }
   }
   CHECK(server.stats().rndv_received >= 1);
+  // Peer-failure detection is on (the default, as on the nodes): with shared memory enabled on
+  // both sides, the lanes are on it all the same (MM_ERROR_HANDLING, which UcxWorker sets).
+  const std::string lanes = client.transports(ep);
+  INFO(lanes);
+  if (tls == "tcp") {
+    CHECK(lanes.find("tcp/") != std::string::npos);
+  } else if (tls.find("sysv") != std::string::npos) {
+    CHECK((lanes.find("sysv/") != std::string::npos || lanes.find("posix/") != std::string::npos));
+  }
+  CHECK(client.transports(ep + 1000).empty());
 }
 
 TEST_CASE("ucx worker: without accept_address_peers a peer connected by address stays anonymous", "[net][ucx]") {

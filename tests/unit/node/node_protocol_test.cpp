@@ -58,12 +58,28 @@ TEST_CASE("node protocol bodies round-trip", "[server][node_protocol]") {
   CHECK(j2.remote_kv == false);
   check_same(j2.params, p);
 
-  const PrefillCall call{42, {7, 8}, p, "10.0.0.2:8310", true};
+  const PrefillCall call{.request_id = 42, .prompt = {7, 8}, .params = p, .decode_ucx = "10.0.0.2:8310",
+                         .corrupt_page = true};
   const PrefillCall c2 = parse_prefill_call(to_json(call));
   CHECK(c2.request_id == 42);
   CHECK(c2.prompt == call.prompt);
   CHECK(c2.decode_ucx == "10.0.0.2:8310");
+  CHECK(c2.decode_ucx_worker.empty());
+  CHECK(c2.decode_host_id.empty());
   CHECK(c2.corrupt_page);
+  // A decode node on the prefill node's host is also named by its worker address.
+  PrefillCall same_host = call;
+  same_host.decode_ucx_worker = "00ff1a";
+  same_host.decode_host_id = "boot|ipc:[1]|pid:[2]";
+  const PrefillCall c3 = parse_prefill_call(to_json(same_host));
+  CHECK(c3.decode_ucx_worker == "00ff1a");
+  CHECK(c3.decode_host_id == "boot|ipc:[1]|pid:[2]");
+  CHECK_THROWS_WITH(parse_prefill_call(R"({"request_id": 1, "prompt": [1], "sampling": {}, "decode_ucx": "h:1",
+                                          "decode_ucx_worker": "xyz"})"),
+                    Catch::Contains("decode_ucx_worker"));
+  CHECK_THROWS_WITH(parse_prefill_call(R"({"request_id": 1, "prompt": [1], "sampling": {}, "decode_ucx": "h:1",
+                                          "decode_ucx_worker": "abc"})"),
+                    Catch::Contains("even number"));
   CHECK(c2.generated.empty());
   CHECK(j2.generated.empty());
 
@@ -115,6 +131,7 @@ TEST_CASE("node protocol bodies round-trip", "[server][node_protocol]") {
 
   for (const NodeEvent& e :
        {NodeEvent{.kind = NodeEventKind::accepted}, NodeEvent{.kind = NodeEventKind::accepted, .ucx_address = "10.0.0.7:13337"},
+        NodeEvent{.kind = NodeEventKind::accepted, .ucx_address = "10.0.0.7:13337", .ucx_worker = "beef", .host_id = "b|i|p"},
         NodeEvent{.kind = NodeEventKind::token, .sample = s, .index = 4},
         NodeEvent{.kind = NodeEventKind::finished, .finish_reason = FinishReason::stop, .prompt_tokens = 5,
                   .completion_tokens = 6},
@@ -128,12 +145,19 @@ TEST_CASE("node protocol bodies round-trip", "[server][node_protocol]") {
     CHECK(back.completion_tokens == e.completion_tokens);
     CHECK(back.message == e.message);
     CHECK(back.ucx_address == e.ucx_address);
+    CHECK(back.ucx_worker == e.ucx_worker);
+    CHECK(back.host_id == e.host_id);
   }
+  CHECK_THROWS_WITH(parse_node_event(R"({"type": "accepted", "ucx_worker": "0g"})"), Catch::Contains("hex digit"));
 
-  NodeHealth h{"decode", "hack-tiny", "127.0.0.1:9", 100, 2, 3, 0.5, 1234, 1, 4096};
+  NodeHealth h{.role = "decode", .model = "hack-tiny", .ucx_address = "127.0.0.1:9", .ucx_worker = "0a0b",
+               .host_id = "b|i|p", .queue_tokens = 100, .running = 2, .waiting = 3, .kv_usage = 0.5,
+               .kv_bytes_transferred = 1234, .kv_sequences = 1, .kv_bytes_used = 4096};
   const NodeHealth h2 = parse_node_health(to_json(h));
   CHECK(h2.role == "decode");
   CHECK(h2.ucx_address == "127.0.0.1:9");
+  CHECK(h2.ucx_worker == "0a0b");
+  CHECK(h2.host_id == "b|i|p");
   CHECK(h2.queue_tokens == 100);
   CHECK(h2.waiting == 3);
   CHECK(h2.kv_bytes_transferred == 1234);
