@@ -662,22 +662,29 @@ std::optional<double> parse_perftest_gbs(const std::string& output) {
   return std::nullopt;
 }
 
-PerftestResult run_perftest(const std::string& tls, size_t message_bytes, int iterations) {
+// peer_errors: both sides with -e (UCP_ERR_HANDLING_MODE_PEER, as our endpoints; the caller's
+// UCX_MM_ERROR_HANDLING=y lets shared memory serve such endpoints, as UcxWorker does).
+PerftestResult run_perftest(const std::string& tls, size_t message_bytes, int iterations, bool peer_errors) {
   const std::string size = std::to_string(message_bytes), iters = std::to_string(iterations);
   std::string last;
   for (int attempt = 0; attempt < 3; ++attempt) {
     const std::string port = std::to_string(free_tcp_port());
-    Child server({"ucx_perftest", "-p", port}, tls, -1);
+    std::vector<std::string> server_argv = {"ucx_perftest", "-p", port};
+    std::vector<std::string> client_argv = {"ucx_perftest", "127.0.0.1", "-p", port, "-t", "ucp_am_bw",
+                                            "-s", size, "-n", iters, "-w", "20"};
+    if (peer_errors) {
+      server_argv.push_back("-e");
+      client_argv.push_back("-e");
+    }
+    Child server(server_argv, tls, -1);
     if (!server.started()) return {std::nullopt, "ucx_perftest not found on PATH"};
-    const std::vector<std::string> client_argv = {"ucx_perftest", "127.0.0.1", "-p", port, "-t", "ucp_am_bw",
-                                                  "-s", size, "-n", iters, "-w", "20"};
     // The server needs a moment to listen; a refused client exits at once, so retry.
     for (int tries = 0; tries < 50; ++tries) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       auto [rc, output] = run_client(client_argv, tls, 60.0);
       if (auto gbs = parse_perftest_gbs(output); rc == 0 && gbs) {
         server.wait(5.0);
-        std::string cmd = "UCX_TLS=" + tls;
+        std::string cmd = (peer_errors ? "UCX_MM_ERROR_HANDLING=y UCX_TLS=" : "UCX_TLS=") + tls;
         for (const auto& a : client_argv) cmd += " " + a;
         return {gbs, cmd};
       }
@@ -716,6 +723,8 @@ int main(int argc, char** argv) {
   }
   if (!parsed) return 0;
   const Args& args = *parsed;
+  // ucx_perftest -e (the bounds with peer-failure detection) gets what UcxWorker sets for its own.
+  if (args.peer_errors) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
   try {
     setup_logging("warn");  // keep the workers' info lines (endpoint closed at teardown) off the output
     std::vector<NamedShape> shapes;
@@ -740,13 +749,14 @@ int main(int argc, char** argv) {
 
     const char* data_note =
         args.connect_by_address && !args.peer_errors
-            ? "connected by worker address without peer-failure detection, as ucx_perftest connects: with shared "
-              "memory in UCX_TLS, UCX puts the lanes on it (UCX_LOG_LEVEL=debug lane lines: sysv am, cma rma_bw), so "
-              "each list's own ucx_perftest number is its bound; nodes cannot run so (a lost peer goes unnoticed)"
+            ? "connected by worker address without peer-failure detection (ucx_perftest likewise, no -e): with shared "
+              "memory in UCX_TLS, UCX puts the lanes on it (sysv am, cma rma_bw), so each list's own ucx_perftest "
+              "number is its bound; nodes cannot run so (a lost peer goes unnoticed)"
         : args.connect_by_address
-            ? "connected by worker address with peer-failure detection (UCP_ERR_HANDLING_MODE_PEER, as the nodes): "
-              "UCX 1.13 then keeps every lane on tcp even with shared memory listed (ucx_perftest -e does the same), "
-              "so the tcp bound is the one to compare with"
+            ? "connected by worker address with peer-failure detection (UCP_ERR_HANDLING_MODE_PEER, as a prefill node "
+              "to a decode node on its host; ucx_perftest likewise, -e): UcxWorker sets UCX_MM_ERROR_HANDLING=y, so with "
+              "shared memory in UCX_TLS the lanes are sysv/posix, rendezvous included (as AM fragments: UCX 1.13 "
+              "refuses cma to PEER endpoints), and each list's own ucx_perftest number is its bound"
             : "UCX 1.13 host:port (sockaddr) connections put the AM and rendezvous lanes on tcp even when shared "
               "memory is enabled (UCX_LOG_LEVEL=debug: am and rma_bw on tcp/lo.0, a second rma_bw lane on tcp/eth0.0), "
               "so every row here moves its bytes over tcp; ucx_perftest connects by worker "
@@ -775,7 +785,7 @@ int main(int argc, char** argv) {
     auto opt_json = [&](const std::optional<double>& x) { return x ? nlohmann::json(rounded(*x)) : nlohmann::json(nullptr); };
     auto measure = [&](const std::string& tls, size_t bytes, int iterations) {
       PerftestResult r;
-      if (args.perftest) r = run_perftest(tls, bytes, iterations);
+      if (args.perftest) r = run_perftest(tls, bytes, iterations, args.peer_errors);
       else r.note = "ucx_perftest skipped (--no-perftest)";
       perftests.push_back({{"tls", tls}, {"message_bytes", bytes}, {"iterations", iterations}, {"gbs", opt_json(r.gbs)},
                            {"note", r.note}});
@@ -799,7 +809,7 @@ int main(int argc, char** argv) {
       }
       const bool vs_tcp = shm && tls != "tcp" && tcp_bound.has_value();
       // Where the bytes go: sockaddr connections keep tcp lanes (see data_note).
-      const bool data_on_shm = shm && args.connect_by_address && !args.peer_errors;
+      const bool data_on_shm = shm && args.connect_by_address;
       if (!args.json) {
         std::printf("\nUCX_TLS=%s: data over %s (%s connection), pages %s, %zu KiB per kv_page message (%s)\n",
                     tls.c_str(), data_on_shm ? "shared memory" : "tcp",
