@@ -194,13 +194,18 @@ struct HackSimd {
     {
       float* qt = w.tmp;  // [R][k_dim]
       F mterm[R];
+      const float* q[R];
       for (int i = 0; i < R; ++i) {
-        const float* q = rows.q + static_cast<size_t>(row_ids[i]) * ukd;
+        q[i] = rows.q + static_cast<size_t>(row_ids[i]) * ukd;
         mterm[i] = Isa::fzero();
-        for (int c = 0; c < b.k_dim; c += 16) {
-          const F qv = Isa::fload(q + c);
-          Isa::fstore(qt + static_cast<size_t>(i) * ukd + c, Isa::mul(qv, Isa::fload_bf16(b.k_scale + c)));
-          mterm[i] = Isa::fma(qv, Isa::fload_bf16(b.k_min + c), mterm[i]);
+      }
+      // The block's K scales and minima widened once for all R rows.
+      for (int c = 0; c < b.k_dim; c += 16) {
+        const F ks = Isa::fload_bf16(b.k_scale + c), km = Isa::fload_bf16(b.k_min + c);
+        for (int i = 0; i < R; ++i) {
+          const F qv = Isa::fload(q[i] + c);
+          Isa::fstore(qt + static_cast<size_t>(i) * ukd + c, Isa::mul(qv, ks));
+          mterm[i] = Isa::fma(qv, km, mterm[i]);
         }
       }
       quantize_rows<R>(qt, ukd, kp, b.k_group, w.q_codes, w.q_sigma, w.q_mu, kSumK8 ? w.q_sum : nullptr);
@@ -251,21 +256,24 @@ struct HackSimd {
       softmax_rows<R>(w.p, static_cast<size_t>(T), visible, T, mx, sm, alpha);
       const size_t ld = static_cast<size_t>(vp) * static_cast<size_t>(T);
       F pmin[R * 4];
-      for (int i = 0; i < R; ++i) {
-        w.row[i * 8 + 1] = alpha[i];
-        const float* p = w.p + static_cast<size_t>(i) * T;
-        for (int vpi = 0; vpi < vp; ++vpi) {
-          const uint16_t* vs = b.v_scale + static_cast<size_t>(vpi) * T;
-          const uint16_t* vm = b.v_min + static_cast<size_t>(vpi) * T;
-          float* dst = w.tmp + static_cast<size_t>(i) * ld + static_cast<size_t>(vpi) * T;
-          F acc = Isa::fzero();
-          for (int t = 0; t < T; t += 16) {
-            const F pv = Isa::fload(p + t);
-            Isa::fstore(dst + t, Isa::mul(pv, Isa::fload_bf16(vs + t)));
-            acc = Isa::fma(pv, Isa::fload_bf16(vm + t), acc);
+      for (int i = 0; i < R; ++i) w.row[i * 8 + 1] = alpha[i];
+      for (int vpi = 0; vpi < vp; ++vpi) {
+        const uint16_t* vs = b.v_scale + static_cast<size_t>(vpi) * T;
+        const uint16_t* vm = b.v_min + static_cast<size_t>(vpi) * T;
+        F acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = Isa::fzero();
+        for (int t = 0; t < T; t += 16) {
+          // The partition's V scales and minima widened once for all R rows.
+          const F vsv = Isa::fload_bf16(vs + t), vmv = Isa::fload_bf16(vm + t);
+          for (int i = 0; i < R; ++i) {
+            const F pv = Isa::fload(w.p + static_cast<size_t>(i) * T + t);
+            Isa::fstore(w.tmp + static_cast<size_t>(i) * ld + static_cast<size_t>(vpi) * T + t, Isa::mul(pv, vsv));
+            acc[i] = Isa::fma(pv, vmv, acc[i]);
           }
-          if (vp <= 4) pmin[i * vp + vpi] = acc;
-          else w.p_min[i * vp + vpi] = Isa::fold16(acc);
+        }
+        for (int i = 0; i < R; ++i) {
+          if (vp <= 4) pmin[i * vp + vpi] = acc[i];
+          else w.p_min[i * vp + vpi] = Isa::fold16(acc[i]);
         }
       }
       if (vp <= 4) reduce_rows<Reduce::add>(pmin, R * vp, w.p_min);
