@@ -512,24 +512,29 @@ struct UcxWorker::Impl {
   // endpoints use it) that aborts the process (proto_am.inl "max_iov > 1") or fails the send
   // ("Invalid am_short_iov length"). So a sockaddr endpoint holds its sends until a flush,
   // which completes only once wireup has, and then starts them in order.
+  struct WireGate {  // a pending flush's user data: the endpoint by id, which outlives a closed Endpoint
+    Impl* impl;
+    EndpointId id;
+  };
+
   void gate_until_wired(EndpointId id) {
     Endpoint* endpoint = endpoints.at(id).get();
+    auto gate = std::make_unique<WireGate>(WireGate{this, id});
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     params.cb.send = &Impl::on_wired;
-    params.user_data = endpoint;
+    params.user_data = gate.get();
     void* request = ucp_ep_flush_nbx(endpoint->ep, &params);
     if (request == nullptr || UCS_PTR_IS_ERR(request)) return;  // wired already, or failing (its error handler says)
+    (void)gate.release();  // on_wired frees it
     endpoint->wired = false;
   }
 
   static void on_wired(void* request, ucs_status_t, void* user_data) {
-    auto* endpoint = static_cast<Endpoint*>(user_data);
+    const std::unique_ptr<WireGate> gate(static_cast<WireGate*>(user_data));
     ucp_request_free(request);
-    Impl* impl = endpoint->impl;
-    const EndpointId id = endpoint->id;
     // A failed flush (peer gone) also releases the sends: they fail on the endpoint as any would.
-    impl->deferred.push_back([impl, id] { impl->release_held(id); });
+    gate->impl->deferred.push_back([impl = gate->impl, id = gate->id] { impl->release_held(id); });
   }
 
   void release_held(EndpointId id) {
