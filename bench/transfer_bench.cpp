@@ -118,7 +118,7 @@ struct Args {
   bool borrowed_pages = true;      // --send borrowed (else copy)
   bool peer_errors = true;         // endpoints in UCP_ERR_HANDLING_MODE_PEER, as the nodes' (--no-peer-errors: NONE)
   size_t message_bytes = size_t{1} << 20;  // --message-kb: KvSenderOptions::message_bytes
-  net::KvGather gather = net::KvGather::copy;  // --gather copy|iov
+  net::KvGather gather = net::KvGather::automatic;  // --gather copy|iov|auto
   bool scatter_pages = false;  // fp pages in separate allocations, not back to back (--scatter-pages)
 };
 
@@ -131,7 +131,7 @@ std::optional<Args> parse(int argc, char** argv) {
   int64_t perftest_bytes = int64_t{1} << 20;
   bool no_perftest = false;
   int64_t message_kb = 1024;
-  std::string connect = "address", send = "borrowed", gather = "copy";
+  std::string connect = "address", send = "borrowed", gather = "auto";
   FlagSet flags("transfer_bench", "One request's KV streamed layer by layer over UCX: bytes and time, fp vs HACK.",
                 "HACK_TRANSFER_BENCH");
   flags.add_string("tls", &tls, "':'-separated UCX_TLS lists, one run each");
@@ -160,7 +160,8 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_int64("message-kb", &message_kb,
                   "pages of one layer leave together in kv_page messages of about this many KiB (0: one page each)");
   flags.add_string("gather", &gather,
-                   "a multi-page message's pages: copy (into one buffer, sent contiguous) or iov (in place, UCP_DATATYPE_IOV)");
+                   "a multi-page message's pages: copy (into one buffer, sent contiguous), iov (in place, "
+                   "UCP_DATATYPE_IOV) or auto (iov where the endpoint's lanes are shared memory, as hack-prefill)");
   flags.add_bool("scatter-pages", &a.scatter_pages,
                  "fp pages each in their own allocation (before: back to back per layer, as a KV pool's slab holds them)");
   flags.add_bool("auth", &a.auth, "authenticate the data plane (HMAC-SHA256 tag per message, as with --secret-file)");
@@ -815,7 +816,9 @@ int main(int argc, char** argv) {
                     tls.c_str(), data_on_shm ? "shared memory" : "tcp",
                     args.connect_by_address ? "worker-address" : "sockaddr",
                     args.borrowed_pages ? "sent in place" : "copied into the send queue", args.message_bytes >> 10,
-                    args.gather == net::KvGather::iov ? "pages as a UCX iov" : "pages gathered into one buffer");
+                    args.gather == net::KvGather::iov         ? "pages as a UCX iov"
+                    : args.gather == net::KvGather::automatic ? (data_on_shm ? "auto: pages as a UCX iov" : "auto: pages gathered into one buffer")
+                                                              : "pages gathered into one buffer");
         if (bound.gbs)
           std::printf("bound: ucx_perftest ucp_am_bw, %zu-byte messages: %.3f GB/s%s\n  (%s)\n", args.perftest_bytes,
                       *bound.gbs, shm && !data_on_shm ? ", over shared memory, not this path's transport" : "",

@@ -400,10 +400,34 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   std::unordered_set<uint64_t> corrupt_next_page;  // test hook
   std::shared_ptr<StagingPool> staging = std::make_shared<StagingPool>();
   size_t in_flight = 0;                            // all messages queued or handed out
+  std::mutex gather_mutex;                           // guards gather_of only (never with `mutex` held)
+  std::unordered_map<EndpointId, KvGather> gather_of;  // KvGather::automatic's choice per endpoint
   KvSenderStats counters;
 
   Shared(UcxWorker& w, KvSenderCallbacks c, KvSenderOptions o)
       : worker(w), options(o), callbacks(std::move(c)) {}
+
+  // copy or iov for `peer` (options.gather, or for automatic the peer's lanes, asked of the
+  // worker once per endpoint). Called without the lock: the worker answers on its progress
+  // thread, whose send callbacks take the lock.
+  KvGather gather_for(EndpointId peer) {
+    if (options.gather != KvGather::automatic) return options.gather;
+    {
+      std::lock_guard lock(gather_mutex);
+      if (auto it = gather_of.find(peer); it != gather_of.end()) return it->second;
+    }
+    std::string lanes;
+    try {
+      lanes = worker.transports(peer);
+    } catch (const std::exception& e) {  // a worker shutting down: copy always works
+      spdlog::debug("kv sender: lanes of endpoint {} unknown ({}); gathering by copy", peer, e.what());
+    }
+    const bool shared_memory = lanes.find("sysv/") != std::string::npos || lanes.find("posix/") != std::string::npos;
+    const KvGather gather = shared_memory ? KvGather::iov : KvGather::copy;
+    std::lock_guard lock(gather_mutex);
+    gather_of.emplace(peer, gather);
+    return gather;
+  }
 
   // Under the lock: a request whose messages are all done leaves the table.
   void maybe_finish(std::unordered_map<uint64_t, Request>::iterator it) {
@@ -590,7 +614,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     }
     Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), {}, std::move(segments),
                                               std::move(batch.owned), nullptr, header.page_bytes.size()});
-    if (options.auth.enabled() || (options.gather == KvGather::copy && queued.segments.size() > 1)) {
+    if (options.auth.enabled() || (options.gather != KvGather::iov && queued.segments.size() > 1)) {
       queued.sealed = false;
       unsealed.push_back(&queued);
     }
@@ -618,8 +642,11 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   // and its header replaced without the lock; the flag flips under it), then hands what the
   // window allows to UCX.
   void seal_and_drain(EndpointId peer, const std::vector<Outgoing*>& unsealed) {
+    const KvGather gather = unsealed.empty() ? KvGather::iov : gather_for(peer);
+    uint64_t gathered = 0;
     for (Outgoing* message : unsealed) {
-      if (options.gather == KvGather::copy && message->segments.size() > 1) {
+      if (gather == KvGather::copy && message->segments.size() > 1) {
+        ++gathered;
         const size_t bytes = message->bytes();
         message->staged = staging->take(bytes);
         size_t at = 0;
@@ -636,6 +663,7 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     if (!unsealed.empty()) {
       std::lock_guard lock(mutex);
       for (Outgoing* message : unsealed) message->sealed = true;
+      counters.messages_gathered += gathered;
     }
     drain(peer);
   }
@@ -773,10 +801,13 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
 KvGather parse_kv_gather(std::string_view name) {
   if (name == "copy") return KvGather::copy;
   if (name == "iov") return KvGather::iov;
-  fail("KV gather mode (--kv-gather) must be copy or iov, got '{}'", name);
+  if (name == "auto") return KvGather::automatic;
+  fail("KV gather mode (--kv-gather) must be copy, iov or auto, got '{}'", name);
 }
 
-const char* kv_gather_name(KvGather gather) { return gather == KvGather::iov ? "iov" : "copy"; }
+const char* kv_gather_name(KvGather gather) {
+  return gather == KvGather::iov ? "iov" : gather == KvGather::automatic ? "auto" : "copy";
+}
 
 KvSender::KvSender(UcxWorker& worker, KvSenderCallbacks callbacks, KvSenderOptions options)
     : worker_(worker) {

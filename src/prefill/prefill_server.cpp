@@ -33,7 +33,8 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                   "message)");
   flags.add_string("kv-gather", &c.kv_gather,
                    "how a KV message's pages reach UCX: copy (into one buffer, sent contiguous: faster over tcp with "
-                   "UCX 1.13) or iov (in place, no copy)");
+                   "UCX 1.13), iov (in place, no copy: faster over shared memory) or auto (iov where UCX put the "
+                   "decode node's endpoint on shared memory, copy elsewhere)");
   flags.add_string("kv-connect", &c.kv_connect,
                    "how KV endpoints to decode nodes are opened: auto (by UCX worker address when the decode node runs "
                    "on this host, so UCX may use shared memory; by its host:port listener otherwise) or listener "

@@ -113,9 +113,13 @@ enum class KvGather : uint8_t {
   copy,
   /// The pages in place, as a UCX iov (UCP_DATATYPE_IOV): no copy in this process.
   iov,
+  /// Per endpoint, from the lanes UCX chose for it (UcxWorker::transports): iov over shared
+  /// memory (sysv/posix pack an iov straight into their FIFO: 42 KiB HACK pages moved 2-2.7x
+  /// faster than gathered by copy, bench/RESULTS.md), copy otherwise.
+  automatic,
 };
 
-/// "copy" | "iov" (the --kv-gather / --gather flags); hack::Error for anything else.
+/// "copy" | "iov" | "auto" (the --kv-gather / --gather flags); hack::Error for anything else.
 KvGather parse_kv_gather(std::string_view name);
 const char* kv_gather_name(KvGather gather);
 
@@ -140,6 +144,7 @@ struct KvSenderStats {
   uint64_t messages_sent = 0;    ///< send-completed successfully
   uint64_t pages_sent = 0;       ///< pages in those messages
   uint64_t bytes_sent = 0;       ///< their payload bytes
+  uint64_t messages_gathered = 0;  ///< multi-segment messages copied into one buffer (KvGather)
   uint64_t messages_waiting = 0; ///< now waiting for the window (not yet handed to UCX)
   uint64_t max_waiting = 0;      ///< the most ever waiting at once
   uint64_t max_window_messages = 0;  ///< the widest window any endpoint reached (messages)

@@ -35,7 +35,8 @@ struct Link {
   // by_address: the sender connects to the receiver's worker address (transfer_bench
   // --connect address; the receiver then accepts address peers); else to its host:port listener.
   explicit Link(const std::string& tls, const WireAuth& rx_auth = {}, const WireAuth& tx_auth = {},
-                bool by_address = false, size_t message_bytes = KvSenderOptions{}.message_bytes) {
+                bool by_address = false, size_t message_bytes = KvSenderOptions{}.message_bytes,
+                KvGather gather = KvSenderOptions{}.gather) {
     UcxOptions rx_options = test::options_for(tls);
     rx_options.accept_address_peers = by_address;
     receiver_worker = std::make_unique<UcxWorker>(rx_options);
@@ -64,6 +65,7 @@ struct Link {
     KvSenderOptions so;
     so.auth = tx_auth;
     so.message_bytes = message_bytes;
+    so.gather = gather;
     sender = std::make_unique<KvSender>(
         *sender_worker, KvSenderCallbacks{[this](uint64_t id, const Status& s) { tx.error(id, s); }}, so);
     if (by_address) {
@@ -497,10 +499,15 @@ TEST_CASE("kv transfer: sealed messages from concurrent senders arrive in order 
 TEST_CASE("kv transfer: pages coalesced into multi-page messages arrive as the same pages, in order", "[net][kv][pages]") {
   const std::string tls = GENERATE(from_range(test::loopback_transports()));
   const bool sealed = GENERATE(false, true);
-  INFO("UCX_TLS=" << tls << (sealed ? ", sealed" : ""));
+  // How a message's scattered pages reach UCX: gathered by copy, in place (iov), or chosen by
+  // the endpoint's lanes (auto: iov over shared memory, which a worker-address endpoint uses).
+  const KvGather gather = GENERATE(KvGather::copy, KvGather::iov, KvGather::automatic);
+  const bool by_address = GENERATE(false, true);
+  INFO("UCX_TLS=" << tls << (sealed ? ", sealed" : "") << ", gather " << kv_gather_name(gather)
+                  << (by_address ? ", by worker address" : ""));
   const WireAuth auth = sealed ? WireAuth("multi-page secret") : WireAuth();
   constexpr size_t kMessageBytes = 64 * 1024;
-  Link link(tls, auth, auth, /*by_address=*/false, kMessageBytes);
+  Link link(tls, auth, auth, by_address, kMessageBytes, gather);
   // Awkward sizes: 1 byte, odd lengths, pages just under, at and over the message size, one
   // large enough for rendezvous; borrowed and copied pages mixed within one message.
   auto size_of = [](uint64_t, uint32_t layer, int index) -> size_t {
@@ -537,6 +544,9 @@ TEST_CASE("kv transfer: pages coalesced into multi-page messages arrive as the s
   CHECK(stats.pages_sent == kLayers * kPages);
   CHECK(stats.messages_sent == expected_messages + kLayers + 1);  // + layer_done each, request_done
   CHECK(expected_messages < kLayers * kPages / 2);                // most messages carried several pages
+  const bool shared_memory = by_address && tls.find("sysv") != std::string::npos;
+  if (gather == KvGather::copy || (gather == KvGather::automatic && tls == "tcp")) CHECK(stats.messages_gathered > 0);
+  if (gather == KvGather::iov || (gather == KvGather::automatic && shared_memory)) CHECK(stats.messages_gathered == 0);
   std::lock_guard lock(link.rx.mutex);
   CHECK(link.rx.errors.empty());
   CHECK(link.rejected == 0);
