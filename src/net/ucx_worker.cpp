@@ -157,6 +157,7 @@ struct UcxWorker::Impl {
     // Created by UCX for a peer that connected by worker address (the reply endpoint of its
     // first message): UCX owns it, so it is forgotten, never closed, when we let go.
     bool adopted = false;
+    bool by_address = false;  // opened by connect_address (transports() reports only these)
     // Client-server (sockaddr) endpoints start on the connection manager's lane and switch to
     // their final lanes when wireup completes; sends wait here until then (see gate_until_wired).
     bool wired = true;
@@ -806,7 +807,9 @@ std::string UcxWorker::transports(EndpointId endpoint) {
   std::string text;
   impl_->call([&] {
     auto it = impl_->endpoints.find(endpoint);
-    if (it == impl_->endpoints.end()) return;
+    // Host:port endpoints are not printed: UCX 1.13's ucp_ep_print_info reads past a heap
+    // buffer for them (AddressSanitizer, in ucp_ep_config_lane_info_str).
+    if (it == impl_->endpoints.end() || !it->second->by_address) return;
     char* buffer = nullptr;
     size_t bytes = 0;
     FILE* stream = open_memstream(&buffer, &bytes);
@@ -841,6 +844,7 @@ EndpointId UcxWorker::connect_address(const std::string& hex_address) {
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     params.address = reinterpret_cast<const ucp_address_t*>(address.data());
     id = impl_->add_endpoint(params);
+    impl_->endpoints.at(id)->by_address = true;
   });
   return id;
 }

@@ -113,9 +113,10 @@ enum class KvGather : uint8_t {
   copy,
   /// The pages in place, as a UCX iov (UCP_DATATYPE_IOV): no copy in this process.
   iov,
-  /// Per endpoint, from the lanes UCX chose for it (UcxWorker::transports): iov over shared
-  /// memory (sysv/posix pack an iov straight into their FIFO: 42 KiB HACK pages moved 2-2.7x
-  /// faster than gathered by copy, bench/RESULTS.md), copy otherwise.
+  /// Per endpoint, from the lanes UCX chose for it (UcxWorker::transports, known for endpoints
+  /// opened by worker address): iov over shared memory (sysv/posix pack an iov straight into
+  /// their FIFO: 42 KiB HACK pages moved 2-2.7x faster than gathered by copy,
+  /// bench/RESULTS.md), copy otherwise.
   automatic,
 };
 

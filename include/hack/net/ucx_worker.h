@@ -135,8 +135,9 @@ class UcxWorker {
   EndpointId connect_address(const std::string& hex_address);
   /// UCX's lanes of an endpoint, from ucp_ep_print_info, "; "-separated, each naming its
   /// transport/device and uses, e.g. "lane[0]: 3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255]
-  /// am am_bw#0 keepalive"; empty for an unknown endpoint. An endpoint opened by worker
-  /// address has its lanes at once; one opened by host:port once it has carried a message.
+  /// am am_bw#0 keepalive"; empty for an unknown endpoint and for any endpoint not opened by
+  /// connect_address (UCX 1.13's ucp_ep_print_info reads past a buffer for host:port ones).
+  /// An endpoint opened by worker address has its lanes at once.
   std::string transports(EndpointId endpoint);
   /// Closes an endpoint without waiting (pending sends fail); no disconnect callback.
   void close(EndpointId endpoint);

@@ -74,6 +74,7 @@ TEST_CASE("ucx worker: messages small and large arrive intact both ways", "[net]
   const uint16_t port = server.listen("127.0.0.1", 0);
   REQUIRE(port != 0);
   const EndpointId ep = client.connect("127.0.0.1", port);
+  CHECK(client.transports(ep).empty());  // reported for worker-address endpoints only
 
   const std::vector<size_t> sizes = {0, 1, 4096, 65537, size_t{9} << 20};  // 9 MiB: rendezvous
   SendResult sent;
