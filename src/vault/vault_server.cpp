@@ -147,6 +147,9 @@ struct VaultServer::Impl {
   }
 
   ~Impl() {
+    // No call is delivered past this (it returns once the progress thread has dropped the
+    // handler, so none is running either): a handler replies through `ucx`, which goes below.
+    ucx->set_message_handler(net::kVaultRequestAmId, {});
     http.reset();
     {
       std::lock_guard lock(promote_mutex);
