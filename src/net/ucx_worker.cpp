@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <future>
 #include <map>
 #include <mutex>
@@ -32,6 +33,7 @@
 #include <unordered_set>
 
 #include "hack/core/hex.h"
+#include "hack/core/read_file.h"
 
 namespace hack::net {
 
@@ -74,7 +76,7 @@ std::vector<std::pair<std::string, std::string>> with_defaults(const UcxOptions&
   auto config = options.config;
   if (!options.detect_peer_failure) return config;
   const auto set_default = [&](const std::string& name, const std::string& value) {
-    const bool given = std::any_of(config.begin(), config.end(), [&](const auto& kv) { return kv.first == name; });
+    const bool given = std::ranges::any_of(config, [&](const auto& kv) { return kv.first == name; });
     if (!given && std::getenv(("UCX_" + name).c_str()) == nullptr) config.emplace_back(name, value);
   };
   // Only where a shared-memory transport may be enabled (UCX warns of an unused option else).
@@ -785,20 +787,19 @@ EndpointId UcxWorker::connect(const std::string& host, uint16_t port) {
 const std::string& UcxWorker::address() const { return impl_->address_hex; }
 
 std::string ucx_host_id() {
-  std::string boot;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char line[64] = {};
-    if (std::fgets(line, sizeof line, f) != nullptr) boot = line;
-    std::fclose(f);
+  std::string id;
+  try {
+    id = read_file("/proc/sys/kernel/random/boot_id", "kernel boot id");
+  } catch (const Error&) {
+    return "";
   }
-  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
-  if (boot.empty()) return "";
-  std::string id = boot;
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  if (id.empty()) return "";
   for (const char* ns : {"/proc/self/ns/ipc", "/proc/self/ns/pid"}) {
-    char target[128] = {};
-    const ssize_t n = readlink(ns, target, sizeof target - 1);
-    if (n <= 0) return "";
-    id += "|" + std::string(target, static_cast<size_t>(n));
+    std::error_code error;
+    const std::filesystem::path target = std::filesystem::read_symlink(ns, error);
+    if (error || target.empty()) return "";
+    id += "|" + target.string();
   }
   return id;
 }
