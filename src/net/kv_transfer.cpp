@@ -408,8 +408,9 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       : worker(w), options(o), callbacks(std::move(c)) {}
 
   // copy or iov for `peer` (options.gather, or for automatic the peer's lanes, asked of the
-  // worker once per endpoint; a host:port endpoint reports none, so it gathers by copy). Called without the lock: the worker answers on its progress
-  // thread, whose send callbacks take the lock.
+  // worker once per endpoint; a host:port endpoint reports none, so it gathers by copy).
+  // Called without the lock: the worker answers on its progress thread, whose send callbacks
+  // take the lock.
   KvGather gather_for(EndpointId peer) {
     if (options.gather != KvGather::automatic) return options.gather;
     {
