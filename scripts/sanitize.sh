@@ -119,7 +119,21 @@ if [ "${SAN_TSAN:-1}" != 0 ]; then
   run_ctest build-tsan tsan -R '^(unit_(core|decode|net|vault|http|router|prefill):.*|e2e_disaggregation_test:.*|e2e_migration)$'
   unset TSAN_OPTIONS
 fi
+# A CI log may be read from its tail only: each report's gist again, last — its headline
+# lines (what raced or overflowed, where the memory came from, which threads), each stack's
+# first frame and its first three frames in our own code, build ids and offsets cut.
+digest() {  # digest <report file>
+  echo "==== digest of $1"
+  awk '
+    /^(WARNING|ERROR|SUMMARY)|^ *(Read|Write|Previous|Atomic|Location|Mutex|Thread T|READ|WRITE|freed|previously|allocated)/ {
+      print; ours = 0; next }
+    /^ +#0 / { print; next }
+    /^ +#[0-9]+ .*\/(src|daemons|tests|kernels|include\/hack)\// { if (ours++ < 3) print }
+  ' "$1" | sed -E 's/ \(BuildId: [0-9a-f]+\)//; s/ \([^ ()]+\+0x[0-9a-f]+\)//' | cut -c1-220 | head -n 40
+}
+
 if [ ${#failed[@]} -ne 0 ]; then
+  for f in $(find "$REPORT_DIR" -type f -name "*.seen" | sort); do digest "$f"; done
   stamp "failed: ${failed[*]} (reports kept in $REPORT_DIR)"
   exit 1
 fi

@@ -305,13 +305,15 @@ struct UcxWorker::Impl {
     }
     auto* waiter = new CallWaiter;
     post([&fn, waiter] {
+      bool abandoned = false;
       {
         std::lock_guard lock(waiter->mutex);
-        if (waiter->phase == CallWaiter::Phase::abandoned) {
-          waiter->release();
-          return;
-        }
-        waiter->phase = CallWaiter::Phase::running;
+        abandoned = waiter->phase == CallWaiter::Phase::abandoned;
+        if (!abandoned) waiter->phase = CallWaiter::Phase::running;
+      }
+      if (abandoned) {  // released outside the lock: the last release frees the mutex
+        waiter->release();
+        return;
       }
       std::exception_ptr error;
       try {
@@ -321,7 +323,7 @@ struct UcxWorker::Impl {
       }
       {
         std::lock_guard lock(waiter->mutex);
-        waiter->error = error;
+        waiter->error = std::move(error);  // the caller alone lets go of it (see below)
         waiter->phase = CallWaiter::Phase::finished;
         waiter->changed.notify_all();
       }
@@ -337,7 +339,10 @@ struct UcxWorker::Impl {
       fail("UCX progress thread did not answer within {} s", options.call_timeout_s);
     }
     waiter->changed.wait(lock, [&] { return waiter->phase == CallWaiter::Phase::finished; });
-    const std::exception_ptr error = waiter->error;
+    // Moved out, so every reference to the exception ends on this thread: its reference count
+    // lives inside libstdc++, where ThreadSanitizer sees no ordering, and a last reference
+    // dropped on the progress thread (with the waiter) would free the message this thread read.
+    const std::exception_ptr error = std::move(waiter->error);
     lock.unlock();
     waiter->release();
     if (error) std::rethrow_exception(error);

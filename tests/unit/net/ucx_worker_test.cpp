@@ -304,6 +304,24 @@ TEST_CASE("ucx worker: a malformed worker address is an error", "[net][ucx]") {
   CHECK_THROWS(worker.connect_address("00"));
 }
 
+TEST_CASE("ucx worker: an error raised on the progress thread reaches the caller whole on every call",
+          "[net][ucx]") {
+  // ucp_ep_create refuses the address on the progress thread; the caller reads the message.
+  // Under ThreadSanitizer this raced when the progress thread kept a reference to the
+  // exception and dropped the last one after the caller had read it (seen as a prefill node
+  // retried a dead decode node's worker address).
+  UcxWorker worker(test::options_for("tcp"));
+  for (int i = 0; i < 300; ++i) {
+    std::string message;
+    try {
+      (void)worker.connect_address("00");
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    REQUIRE_THAT(message, Catch::Contains("ucp_ep_create"));
+  }
+}
+
 TEST_CASE("ucx worker: sending on an unknown endpoint completes with an error", "[net][ucx]") {
   UcxWorker worker(test::options_for("tcp"));
   SendResult sent;
