@@ -48,7 +48,7 @@
 //                  [--kv fp,hack] [--tokens 1024,...,32768] [--max-tokens 32768]
 //                  [--repeats 3] [--block 64] [--bits 2] [--sinks 4] [--source-tokens 1024]
 //                  [--window-layers 2] [--connect address|sockaddr] [--send borrowed|copy] [--message-kb 1024]
-//                  [--gather copy|iov] [--scatter-pages]
+//                  [--gather copy|iov|auto] [--checksum always|auto] [--scatter-pages]
 //                  [--model-dir models/hack-tiny] [--perftest-bytes 1048576]
 //                  [--perftest-iters 200] [--no-perftest] [--json]
 // (--tls takes ':'-separated UCX_TLS lists, since a list itself contains commas)
@@ -119,6 +119,7 @@ struct Args {
   bool peer_errors = true;         // endpoints in UCP_ERR_HANDLING_MODE_PEER, as the nodes' (--no-peer-errors: NONE)
   size_t message_bytes = size_t{1} << 20;  // --message-kb: KvSenderOptions::message_bytes
   net::KvGather gather = net::KvGather::automatic;  // --gather copy|iov|auto
+  net::KvChecksum checksum = net::KvChecksum::automatic;  // --checksum always|auto
   bool scatter_pages = false;  // fp pages in separate allocations, not back to back (--scatter-pages)
 };
 
@@ -131,7 +132,7 @@ std::optional<Args> parse(int argc, char** argv) {
   int64_t perftest_bytes = int64_t{1} << 20;
   bool no_perftest = false;
   int64_t message_kb = 1024;
-  std::string connect = "address", send = "borrowed", gather = "auto";
+  std::string connect = "address", send = "borrowed", gather = "auto", checksum = "auto";
   FlagSet flags("transfer_bench", "One request's KV streamed layer by layer over UCX: bytes and time, fp vs HACK.",
                 "HACK_TRANSFER_BENCH");
   flags.add_string("tls", &tls, "':'-separated UCX_TLS lists, one run each");
@@ -162,6 +163,9 @@ std::optional<Args> parse(int argc, char** argv) {
   flags.add_string("gather", &gather,
                    "a multi-page message's pages: copy (into one buffer, sent contiguous), iov (in place, "
                    "UCP_DATATYPE_IOV) or auto (iov where the endpoint's lanes are shared memory, as hack-prefill)");
+  flags.add_string("checksum", &checksum,
+                   "kv_page checksums: always, or auto (none where the endpoint's lanes are shared memory, as "
+                   "hack-prefill)");
   flags.add_bool("scatter-pages", &a.scatter_pages,
                  "fp pages each in their own allocation (before: back to back per layer, as a KV pool's slab holds them)");
   flags.add_bool("auth", &a.auth, "authenticate the data plane (HMAC-SHA256 tag per message, as with --secret-file)");
@@ -174,6 +178,7 @@ std::optional<Args> parse(int argc, char** argv) {
   HACK_CHECK(message_kb >= 0 && message_kb <= (int64_t{1} << 20), "--message-kb must be in [0, 1048576]");
   a.message_bytes = static_cast<size_t>(message_kb) << 10;
   a.gather = net::parse_kv_gather(gather);
+  a.checksum = net::parse_kv_checksum(checksum);
   a.perftest_bytes = static_cast<size_t>(perftest_bytes);
   a.perftest = !no_perftest;
   HACK_CHECK(connect == "address" || connect == "sockaddr", "--connect takes address or sockaddr, not '{}'", connect);
@@ -401,7 +406,7 @@ struct Arrivals {
 class Link {
  public:
   Link(const std::string& tls, bool auth, bool connect_by_address, bool borrowed_pages, bool peer_errors,
-       size_t message_bytes, net::KvGather gather)
+       size_t message_bytes, net::KvGather gather, net::KvChecksum checksum)
       : borrowed_pages_(borrowed_pages) {
     net::UcxOptions options;
     options.config = {{"TLS", tls}};
@@ -442,6 +447,7 @@ class Link {
     so.auth = wire_auth;
     so.message_bytes = message_bytes;
     so.gather = gather;
+    so.checksum = checksum;
     sender_ = std::make_unique<net::KvSender>(
         *sender_worker_, net::KvSenderCallbacks{[this](uint64_t id, const Status& error) {
           fail_with("sender, request " + std::to_string(id) + ": " + error.message());
@@ -812,13 +818,15 @@ int main(int argc, char** argv) {
       // Where the bytes go: sockaddr connections keep tcp lanes (see data_note).
       const bool data_on_shm = shm && args.connect_by_address;
       if (!args.json) {
-        std::printf("\nUCX_TLS=%s: data over %s (%s connection), pages %s, %zu KiB per kv_page message (%s)\n",
+        std::printf("\nUCX_TLS=%s: data over %s (%s connection), pages %s, %zu KiB per kv_page message (%s), "
+                    "checksums %s\n",
                     tls.c_str(), data_on_shm ? "shared memory" : "tcp",
                     args.connect_by_address ? "worker-address" : "sockaddr",
                     args.borrowed_pages ? "sent in place" : "copied into the send queue", args.message_bytes >> 10,
                     args.gather == net::KvGather::iov         ? "pages as a UCX iov"
                     : args.gather == net::KvGather::automatic ? (data_on_shm ? "auto: pages as a UCX iov" : "auto: pages gathered into one buffer")
-                                                              : "pages gathered into one buffer");
+                                                              : "pages gathered into one buffer",
+                    args.checksum == net::KvChecksum::always ? "always" : data_on_shm ? "auto: none" : "auto: on");
         if (bound.gbs)
           std::printf("bound: ucx_perftest ucp_am_bw, %zu-byte messages: %.3f GB/s%s\n  (%s)\n", args.perftest_bytes,
                       *bound.gbs, shm && !data_on_shm ? ", over shared memory, not this path's transport" : "",
@@ -833,7 +841,7 @@ int main(int argc, char** argv) {
                     "the rest twice)\n");
       }
       Link link(tls, args.auth, args.connect_by_address, args.borrowed_pages, args.peer_errors, args.message_bytes,
-                args.gather);
+                args.gather, args.checksum);
       // Warm-up: the connection is set up lazily, so the first request would pay for it.
       link.transfer(sources.front().plans.front(), args.window_layers);
       for (size_t s = 0; s < sources.size(); ++s) {
@@ -870,6 +878,7 @@ int main(int argc, char** argv) {
                                 {"messages", page_messages},
                                 {"message_bytes", args.message_bytes},
                                 {"gather", net::kv_gather_name(args.gather)},
+                                {"checksum", net::kv_checksum_name(args.checksum)},
                                 {"pages_kept_in_place", rounded(kept_share)},
                                 {"page_bytes", src.pages.page_bytes()},
                                 {"ms", rounded(best * 1e3)},

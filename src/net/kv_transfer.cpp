@@ -335,7 +335,8 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   // Pages of one layer waiting to leave together as one kv_page message.
   struct Batch {
     uint32_t layer = 0;
-    std::vector<uint64_t> page_checksums;              // wire_checksum of each page
+    bool unchecked = false;                            // its pages carry no checksum (KvChecksum)
+    std::vector<uint64_t> page_checksums;              // wire_checksum of each page (none when unchecked)
     std::vector<std::span<const std::byte>> segments;  // the pages: the caller's, or in `owned`
     std::vector<std::vector<std::byte>> owned;         // pages copied into the queue (moves keep their buffers)
     size_t bytes = 0;
@@ -398,36 +399,47 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   std::unordered_map<uint64_t, Status> outcomes;       // of requests that finished, for wait_request
   std::deque<uint64_t> outcome_order;
   std::unordered_set<uint64_t> corrupt_next_page;  // test hook
+  std::atomic<int> corrupt_pending{0};              // its size: a page to be corrupted is always checksummed
   std::shared_ptr<StagingPool> staging = std::make_shared<StagingPool>();
   size_t in_flight = 0;                            // all messages queued or handed out
-  std::mutex gather_mutex;                           // guards gather_of only (never with `mutex` held)
-  std::unordered_map<EndpointId, KvGather> gather_of;  // KvGather::automatic's choice per endpoint
+  std::mutex lanes_mutex;                              // guards shared_memory_of only (never with `mutex` held)
+  std::unordered_map<EndpointId, bool> shared_memory_of;  // whether an endpoint's lanes are shared memory
   KvSenderStats counters;
 
   Shared(UcxWorker& w, KvSenderCallbacks c, KvSenderOptions o)
       : worker(w), options(o), callbacks(std::move(c)) {}
 
-  // copy or iov for `peer` (options.gather, or for automatic the peer's lanes, asked of the
-  // worker once per endpoint; a host:port endpoint reports none, so it gathers by copy).
-  // Called without the lock: the worker answers on its progress thread, whose send callbacks
-  // take the lock.
-  KvGather gather_for(EndpointId peer) {
-    if (options.gather != KvGather::automatic) return options.gather;
+  // Whether UCX put `peer` on shared-memory lanes, asked of the worker once per endpoint (a
+  // host:port endpoint reports none). Called without the lock: the worker answers on its
+  // progress thread, whose send callbacks take the lock.
+  bool shared_memory(EndpointId peer) {
     {
-      std::lock_guard lock(gather_mutex);
-      if (auto it = gather_of.find(peer); it != gather_of.end()) return it->second;
+      std::lock_guard lock(lanes_mutex);
+      if (auto it = shared_memory_of.find(peer); it != shared_memory_of.end()) return it->second;
     }
     std::string lanes;
     try {
       lanes = worker.transports(peer);
-    } catch (const std::exception& e) {  // a worker shutting down: copy always works
-      spdlog::debug("kv sender: lanes of endpoint {} unknown ({}); gathering by copy", peer, e.what());
+    } catch (const std::exception& e) {  // a worker shutting down: as if over tcp
+      spdlog::debug("kv sender: lanes of endpoint {} unknown ({}); treated as not shared memory", peer, e.what());
     }
-    const bool shared_memory = lanes.find("sysv/") != std::string::npos || lanes.find("posix/") != std::string::npos;
-    const KvGather gather = shared_memory ? KvGather::iov : KvGather::copy;
-    std::lock_guard lock(gather_mutex);
-    gather_of.emplace(peer, gather);
-    return gather;
+    const bool shm = lanes.find("sysv/") != std::string::npos || lanes.find("posix/") != std::string::npos;
+    std::lock_guard lock(lanes_mutex);
+    shared_memory_of.emplace(peer, shm);
+    return shm;
+  }
+
+  // copy or iov for `peer` (options.gather; for automatic, iov over shared memory).
+  KvGather gather_for(EndpointId peer) {
+    if (options.gather != KvGather::automatic) return options.gather;
+    return shared_memory(peer) ? KvGather::iov : KvGather::copy;
+  }
+
+  // Whether pages to `peer` are checksummed (options.checksum; automatic: not over shared
+  // memory). A page the corruption test hook is about to flip always is, so it is caught.
+  bool checksummed_for(EndpointId peer) {
+    if (options.checksum == KvChecksum::always || corrupt_pending.load() > 0) return true;
+    return !shared_memory(peer);
   }
 
   // Under the lock: a request whose messages are all done leaves the table.
@@ -602,8 +614,9 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
     std::vector<uint32_t> page_bytes;
     page_bytes.reserve(batch.segments.size());
     for (const auto& page : batch.segments) page_bytes.push_back(static_cast<uint32_t>(page.size()));
-    const WireHeader header =
-        make_pages_header(id, batch.layer, request.next_seq++, std::move(page_bytes), batch.page_checksums);
+    const WireHeader header = make_pages_header(id, batch.layer, request.next_seq++, std::move(page_bytes),
+                                                batch.unchecked ? std::span<const uint64_t>() : batch.page_checksums);
+    if (batch.unchecked) ++counters.messages_unchecked;
     ++request.in_flight;
     // Pages that lie back to back in memory (a pool's consecutive pages) go as one segment.
     std::vector<std::span<const std::byte>> segments;
@@ -677,20 +690,24 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
                     std::span<const std::byte> borrowed) {
     const std::span<const std::byte> page = owned.empty() ? borrowed : std::span<const std::byte>(owned);
     if (page.empty()) return Status::error(fmt::format("request {}: an empty page (layer {})", id, layer));
-    const uint64_t checksum = wire_checksum(page);
+    const bool checksummed = checksummed_for(peer);
+    const uint64_t checksum = checksummed ? wire_checksum(page) : 0;
     std::vector<Outgoing*> unsealed;
     {
       std::lock_guard lock(mutex);
       Request* request = nullptr;
       if (Status s = open_request(peer, id, request); !s) return s;
       Batch& batch = request->batch;
-      if (!batch.empty() && batch.layer != layer) flush_batch(peer, id, *request, unsealed);
-      if (corrupt_next_page.erase(id) != 0) {
+      if (!batch.empty() && (batch.layer != layer || batch.unchecked == checksummed))
+        flush_batch(peer, id, *request, unsealed);
+      if (checksummed && corrupt_next_page.erase(id) != 0) {
+        --corrupt_pending;
         if (owned.empty()) owned.assign(borrowed.begin(), borrowed.end());  // the caller's page stays intact
         owned[owned.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       }
       batch.layer = layer;
-      batch.page_checksums.push_back(checksum);
+      batch.unchecked = !checksummed;
+      if (checksummed) batch.page_checksums.push_back(checksum);
       if (owned.empty()) {
         batch.segments.push_back(borrowed);
       } else {
@@ -734,8 +751,10 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       if (Status s = open_request(peer, id, request); !s) return s;
       flush_batch(peer, id, *request, unsealed);
       header.seq = request->next_seq++;
-      if (type == WireType::kv_exact && !payload.empty() && corrupt_next_page.erase(id) != 0)
+      if (type == WireType::kv_exact && !payload.empty() && corrupt_next_page.erase(id) != 0) {
+        --corrupt_pending;
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
+      }
       ++request->in_flight;
       request->ended = end;
       Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
@@ -809,6 +828,14 @@ KvGather parse_kv_gather(std::string_view name) {
 const char* kv_gather_name(KvGather gather) {
   return gather == KvGather::iov ? "iov" : gather == KvGather::automatic ? "auto" : "copy";
 }
+
+KvChecksum parse_kv_checksum(std::string_view name) {
+  if (name == "always") return KvChecksum::always;
+  if (name == "auto") return KvChecksum::automatic;
+  fail("KV checksum mode (--kv-checksum) must be always or auto, got '{}'", name);
+}
+
+const char* kv_checksum_name(KvChecksum checksum) { return checksum == KvChecksum::automatic ? "auto" : "always"; }
 
 KvSender::KvSender(UcxWorker& worker, KvSenderCallbacks callbacks, KvSenderOptions options)
     : worker_(worker) {
@@ -967,7 +994,7 @@ KvSenderStats KvSender::stats() const {
 
 void KvSender::corrupt_next_page_for_test(uint64_t request_id) {
   std::lock_guard lock(shared_->mutex);
-  shared_->corrupt_next_page.insert(request_id);
+  if (shared_->corrupt_next_page.insert(request_id).second) ++shared_->corrupt_pending;
 }
 
 }  // namespace hack::net

@@ -75,15 +75,16 @@ WireHeader make_wire_header(WireType type, uint64_t request_id, uint32_t layer, 
 
 WireHeader make_pages_header(uint64_t request_id, uint32_t layer, uint32_t seq, std::vector<uint32_t> page_bytes,
                              std::span<const uint64_t> page_checksums) {
-  HACK_CHECK(page_bytes.size() == page_checksums.size(), "wire: {} page lengths but {} checksums", page_bytes.size(),
-             page_checksums.size());
+  HACK_CHECK(page_checksums.empty() || page_bytes.size() == page_checksums.size(),
+             "wire: {} page lengths but {} checksums", page_bytes.size(), page_checksums.size());
   WireHeader h;
   h.type = WireType::kv_page;
   h.request_id = request_id;
   h.layer = layer;
   h.seq = seq;
   for (uint32_t n : page_bytes) h.payload_bytes += n;
-  h.payload_checksum = wire_pages_checksum(page_checksums);
+  h.unchecked = page_checksums.empty();
+  h.payload_checksum = h.unchecked ? 0 : wire_pages_checksum(page_checksums);
   h.page_bytes = std::move(page_bytes);
   return h;
 }
@@ -100,7 +101,7 @@ std::vector<std::byte> encode_wire_header(const WireHeader& header) {
   put_le(out.data(), at, header.payload_bytes);
   put_le(out.data(), at, header.payload_checksum);
   put_le(out.data(), at, static_cast<uint32_t>(header.page_bytes.size()));
-  put_le(out.data(), at, uint32_t{0});
+  put_le(out.data(), at, header.unchecked ? kWireFlagUnchecked : uint32_t{0});
   for (uint32_t n : header.page_bytes) put_le(out.data(), at, n);
   return out;
 }
@@ -123,7 +124,7 @@ Status check_magic_version(std::span<const std::byte> bytes) {
   if (magic != kWireMagic) return Status::error(fmt::format("wire header has bad magic {:#010x}", magic));
   if (version != kWireVersion)
     return Status::error(fmt::format("wire version {} is not supported (this build speaks {}): every node of the cluster "
-                                     "must run the same wire version (v3 carries several KV pages per message)",
+                                     "must run the same wire version (v4 may send KV pages unchecked over shared memory)",
                                      version, kWireVersion));
   return Status::ok();
 }
@@ -166,11 +167,17 @@ Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out) {
   h.payload_bytes = get_le<uint64_t>(bytes.data(), at);
   h.payload_checksum = get_le<uint64_t>(bytes.data(), at);
   const auto page_count = get_le<uint32_t>(bytes.data(), at);
-  const auto reserved = get_le<uint32_t>(bytes.data(), at);
+  const auto flags = get_le<uint32_t>(bytes.data(), at);
   const char* name = wire_type_name(h.type);
-  if (reserved != 0)
-    return Status::error(fmt::format("request {}: {} header has {:#x} in its reserved field (must be 0)", h.request_id,
-                                     name, reserved));
+  if ((flags & ~kWireFlagUnchecked) != 0)
+    return Status::error(fmt::format("request {}: {} header has unknown flags {:#x}", h.request_id, name,
+                                     flags & ~kWireFlagUnchecked));
+  h.unchecked = (flags & kWireFlagUnchecked) != 0;
+  if (h.unchecked && h.type != WireType::kv_page)
+    return Status::error(fmt::format("request {}: {} header is flagged unchecked (only kv_page may be)", h.request_id, name));
+  if (h.unchecked && h.payload_checksum != 0)
+    return Status::error(fmt::format("request {}: unchecked kv_page header carries checksum {:#018x} (must be 0)",
+                                     h.request_id, h.payload_checksum));
   uint64_t limit = 0;
   switch (h.type) {
     case WireType::kv_page:
@@ -236,9 +243,10 @@ Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> 
       if (header.page_bytes[i] > payload.size() - offset)
         return Status::error(fmt::format("request {}: kv_page page table overruns its {}-byte payload at page {}",
                                          header.request_id, payload.size(), i));
-      sums[i] = wire_checksum(payload.subspan(offset, header.page_bytes[i]));
+      if (!header.unchecked) sums[i] = wire_checksum(payload.subspan(offset, header.page_bytes[i]));
       offset += header.page_bytes[i];
     }
+    if (header.unchecked) return Status::ok();  // lengths only (kWireFlagUnchecked)
     sum = wire_pages_checksum(std::span(sums.data(), header.page_bytes.size()));
   } else {
     sum = wire_checksum(payload);

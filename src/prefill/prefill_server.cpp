@@ -35,6 +35,9 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                    "how a KV message's pages reach UCX: copy (into one buffer, sent contiguous: faster over tcp with "
                    "UCX 1.13), iov (in place, no copy: faster over shared memory) or auto (iov where UCX put the "
                    "decode node's endpoint on shared memory, copy elsewhere)");
+  flags.add_string("kv-checksum", &c.kv_checksum,
+                   "KV page checksums: always (hashed here and on arrival) or auto (none where UCX put the decode "
+                   "node's endpoint on shared memory, whose bytes never leave this host's memory; always elsewhere)");
   flags.add_string("kv-connect", &c.kv_connect,
                    "how KV endpoints to decode nodes are opened: auto (by UCX worker address when the decode node runs "
                    "on this host, so UCX may use shared memory; by its host:port listener otherwise) or listener "
@@ -114,6 +117,7 @@ struct PrefillServer::Impl {
                "--kv-message-kb must be in [0, 1048576], got {}", config.kv_message_kb);
     wo.sender.message_bytes = static_cast<size_t>(config.kv_message_kb) << 10;
     wo.sender.gather = net::parse_kv_gather(config.kv_gather);
+    wo.sender.checksum = net::parse_kv_checksum(config.kv_checksum);
     wo.sender.auth = net::WireAuth(config.secret);  // KV messages carry the cluster's MAC (none without a secret)
     wo.send_timeout_s = config.send_timeout_s;
     wo.send_retries = config.send_retries;

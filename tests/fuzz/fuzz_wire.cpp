@@ -5,7 +5,7 @@
 // exact-tokens header and its conversion to f32), for every page of a multi-page kv_page message.
 //
 // Input: byte 0 = mode (bit 0: authenticated), bytes 1-2 = the AM header's length (u16 LE, cut
-// to what follows), then the AM header (wire v3: fixed part, page table, tag), then the
+// to what follows), then the AM header (wire v4: fixed part, page table, tag), then the
 // payload. Oracle: a header that decodes must re-encode to the same bytes.
 #include <cstddef>
 #include <cstdint>

@@ -124,6 +124,20 @@ enum class KvGather : uint8_t {
 KvGather parse_kv_gather(std::string_view name);
 const char* kv_gather_name(KvGather gather);
 
+/// Whether kv_page messages carry their pages' checksums (wire.h, kWireFlagUnchecked).
+enum class KvChecksum : uint8_t {
+  /// Every page hashed as it is queued and again on arrival.
+  always,
+  /// Not where the endpoint's lanes are shared memory (as KvGather::automatic tells them),
+  /// where the bytes never leave the host's memory and hashing at both ends cost a third of
+  /// the transfer's memory traffic; always elsewhere. With auth the tag still covers them.
+  automatic,
+};
+
+/// "always" | "auto" (the --kv-checksum / --checksum flags); hack::Error for anything else.
+KvChecksum parse_kv_checksum(std::string_view name);
+const char* kv_checksum_name(KvChecksum checksum);
+
 struct KvSenderOptions {
   /// Window per endpoint (see the file comment). At most kKvMaxEarlyMessages messages; a
   /// single message larger than max_in_flight_bytes still goes out, alone.
@@ -136,6 +150,7 @@ struct KvSenderOptions {
   /// follows; cancel drops them. 0: every page is its own message.
   size_t message_bytes = size_t{1} << 20;
   KvGather gather = KvGather::copy;
+  KvChecksum checksum = KvChecksum::always;
   /// Seals every message (and checks replies) with the cluster secret when enabled (wire.h).
   WireAuth auth;
 };
@@ -146,6 +161,7 @@ struct KvSenderStats {
   uint64_t pages_sent = 0;       ///< pages in those messages
   uint64_t bytes_sent = 0;       ///< their payload bytes
   uint64_t messages_gathered = 0;  ///< multi-segment messages copied into one buffer (KvGather)
+  uint64_t messages_unchecked = 0; ///< kv_page messages sent without checksums (KvChecksum)
   uint64_t messages_waiting = 0; ///< now waiting for the window (not yet handed to UCX)
   uint64_t max_waiting = 0;      ///< the most ever waiting at once
   uint64_t max_window_messages = 0;  ///< the widest window any endpoint reached (messages)

@@ -5,10 +5,10 @@
 /// length and checksum it declares; any mismatch is an error for that message (and, when
 /// the header itself is sound, for its request) — never a crash.
 ///
-/// Header (version 3), little-endian: a fixed part of kWireHeaderBytes (48), then for kv_page
+/// Header (version 4), little-endian: a fixed part of kWireHeaderBytes (48), then for kv_page
 /// messages a page table:
 ///   u32 magic "HKWR" | u16 version | u16 type | u64 request_id | u32 layer | u32 seq |
-///   u64 payload_bytes | u64 payload_xxh3 | u32 page_count | u32 reserved (0) |
+///   u64 payload_bytes | u64 payload_xxh3 | u32 page_count | u32 flags |
 ///   page_count × u32 page_bytes                 (kv_page only; every other type has none)
 /// A kv_page message carries page_count ≥ 1 consecutive pages of one layer, back to back in
 /// the payload (the sender coalesces pages into messages of about 1 MiB, which tcp moves ~2×
@@ -17,8 +17,14 @@
 /// order), so a sender hashes each page once as it is queued. Other types: XXH3_64 of the
 /// payload. With WireAuth the 32-byte tag follows the page table (kWireTagBytes).
 ///
+/// flags: bit 0 (kWireFlagUnchecked), kv_page only: the pages carry no checksum (payload_xxh3
+/// is 0) and the receiver checks their lengths alone. A sender uses it where the bytes never
+/// leave the host's memory (UCX shared-memory lanes): there a checksum guards against nothing
+/// the memory itself does not, and hashing at both ends was a third of a transfer's memory
+/// traffic (bench/RESULTS.md). With WireAuth the tag still covers every byte. Other bits are 0.
+///
 /// History: v1 carried XXH64 of the payload (slower than XXH3, the largest single cost of a
-/// transfer); v2 (40 bytes) one page per message. A peer of another version is refused with
+/// transfer); v2 (40 bytes) one page per message; v3 had no flags (the field was reserved, 0). A peer of another version is refused with
 /// an error naming both versions: every node of a cluster must run the same wire version.
 #pragma once
 
@@ -37,7 +43,9 @@
 namespace hack::net {
 
 inline constexpr uint32_t kWireMagic = 0x52574B48;  // "HKWR"
-inline constexpr uint16_t kWireVersion = 3;
+inline constexpr uint16_t kWireVersion = 4;
+/// flags bit 0: a kv_page whose pages carry no checksum (see above).
+inline constexpr uint32_t kWireFlagUnchecked = 1;
 /// The fixed part of a header; a kv_page header adds 4 bytes per page (wire_header_bytes).
 inline constexpr size_t kWireHeaderBytes = 48;
 /// Most pages one kv_page message carries (bounds the AM header: 48 + 4 × 256 bytes).
@@ -83,7 +91,8 @@ struct WireHeader {
   uint32_t layer = 0;
   uint32_t seq = 0;               ///< message index within the request, from 0
   uint64_t payload_bytes = 0;
-  uint64_t payload_checksum = 0;  ///< XXH3-64 of the payload (kv_page: of its pages' XXH3-64s)
+  uint64_t payload_checksum = 0;  ///< XXH3-64 of the payload (kv_page: of its pages' XXH3-64s); 0 when unchecked
+  bool unchecked = false;         ///< kv_page only: sent without a checksum (kWireFlagUnchecked)
   std::vector<uint32_t> page_bytes;  ///< kv_page: each page's length, in payload order; else empty
 };
 
@@ -101,7 +110,8 @@ uint64_t wire_pages_checksum(std::span<const uint64_t> page_checksums);
 WireHeader make_wire_header(WireType type, uint64_t request_id, uint32_t layer, uint32_t seq,
                             std::span<const std::byte> payload);
 
-/// kv_page header for pages of the given lengths and checksums (wire_checksum of each page).
+/// kv_page header for pages of the given lengths and checksums (wire_checksum of each page);
+/// with no checksums at all, an unchecked one (kWireFlagUnchecked).
 WireHeader make_pages_header(uint64_t request_id, uint32_t layer, uint32_t seq, std::vector<uint32_t> page_bytes,
                              std::span<const uint64_t> page_checksums);
 
@@ -113,9 +123,9 @@ std::vector<std::byte> encode_wire_header(const WireHeader& header);
 std::vector<std::byte> wire_text(std::string_view text);
 
 /// Decodes and validates a header: size, magic, version, known type, payload length within
-/// the limit of its type, and a kv_page's page table (1..kWireMaxPagesPerMessage pages, as
-/// many entries as it declares, none empty, summing to payload_bytes; no table on any other
-/// type). On failure returns an error and leaves `out` untouched.
+/// the limit of its type, flags (kWireFlagUnchecked only, on a kv_page whose checksum is 0),
+/// and a kv_page's page table (1..kWireMaxPagesPerMessage pages, as many entries as it
+/// declares, none empty, summing to payload_bytes; no table on any other type). On failure returns an error and leaves `out` untouched.
 Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out);
 
 /// The request id of a header whose fixed part is sound (length, magic, version, known type)
@@ -123,7 +133,7 @@ Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out);
 /// rather than drop the message anonymously; nullopt otherwise.
 std::optional<uint64_t> wire_header_request(std::span<const std::byte> bytes);
 
-/// Checks a payload against a decoded header: its length and checksum.
+/// Checks a payload against a decoded header: its length, and its checksum unless unchecked.
 Status verify_wire_payload(const WireHeader& header, std::span<const std::byte> payload);
 
 /// Data-plane authentication (DESIGN.md §4: reaching the UCX port is not enough to inject

@@ -23,6 +23,7 @@ struct PrefillServerConfig {
   int64_t window_mb = 64;          ///< unacknowledged KV bytes in flight per decode node
   int64_t kv_message_kb = 1024;    ///< KvSenderOptions::message_bytes, in KiB
   std::string kv_gather = "auto";   ///< KvSenderOptions::gather: copy, iov or auto
+  std::string kv_checksum = "auto"; ///< KvSenderOptions::checksum: always or auto
   std::string kv_connect = "auto";  ///< auto: by worker address to decode nodes on this host; listener: host:port
   float send_timeout_s = 60;
   int send_retries = 1;       ///< PrefillWorkerOptions::send_retries

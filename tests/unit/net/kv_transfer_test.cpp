@@ -36,7 +36,7 @@ struct Link {
   // --connect address; the receiver then accepts address peers); else to its host:port listener.
   explicit Link(const std::string& tls, const WireAuth& rx_auth = {}, const WireAuth& tx_auth = {},
                 bool by_address = false, size_t message_bytes = KvSenderOptions{}.message_bytes,
-                KvGather gather = KvSenderOptions{}.gather) {
+                KvGather gather = KvSenderOptions{}.gather, KvChecksum checksum = KvSenderOptions{}.checksum) {
     UcxOptions rx_options = test::options_for(tls);
     rx_options.accept_address_peers = by_address;
     receiver_worker = std::make_unique<UcxWorker>(rx_options);
@@ -66,6 +66,7 @@ struct Link {
     so.auth = tx_auth;
     so.message_bytes = message_bytes;
     so.gather = gather;
+    so.checksum = checksum;
     sender = std::make_unique<KvSender>(
         *sender_worker, KvSenderCallbacks{[this](uint64_t id, const Status& s) { tx.error(id, s); }}, so);
     if (by_address) {
@@ -494,20 +495,22 @@ TEST_CASE("kv transfer: sealed messages from concurrent senders arrive in order 
   CHECK(link.receiver->open_requests() == 0);
 }
 
-// ---- several pages per message (wire v3) -------------------------------------------------
+// ---- several pages per message (wire v3, v4) ----------------------------------------------
 
 TEST_CASE("kv transfer: pages coalesced into multi-page messages arrive as the same pages, in order", "[net][kv][pages]") {
   const std::string tls = GENERATE(from_range(test::loopback_transports()));
   const bool sealed = GENERATE(false, true);
   // How a message's scattered pages reach UCX: gathered by copy, in place (iov), or chosen by
   // the endpoint's lanes (auto: iov over shared memory, which a worker-address endpoint uses).
+  // With auto, checksums are chosen by the lanes too (none over shared memory), as hack-prefill.
   const KvGather gather = GENERATE(KvGather::copy, KvGather::iov, KvGather::automatic);
+  const KvChecksum checksum = gather == KvGather::automatic ? KvChecksum::automatic : KvChecksum::always;
   const bool by_address = GENERATE(false, true);
   INFO("UCX_TLS=" << tls << (sealed ? ", sealed" : "") << ", gather " << kv_gather_name(gather)
                   << (by_address ? ", by worker address" : ""));
   const WireAuth auth = sealed ? WireAuth("multi-page secret") : WireAuth();
   constexpr size_t kMessageBytes = 64 * 1024;
-  Link link(tls, auth, auth, by_address, kMessageBytes, gather);
+  Link link(tls, auth, auth, by_address, kMessageBytes, gather, checksum);
   // Awkward sizes: 1 byte, odd lengths, pages just under, at and over the message size, one
   // large enough for rendezvous; borrowed and copied pages mixed within one message.
   auto size_of = [](uint64_t, uint32_t layer, int index) -> size_t {
@@ -547,6 +550,9 @@ TEST_CASE("kv transfer: pages coalesced into multi-page messages arrive as the s
   const bool shared_memory = by_address && tls.find("sysv") != std::string::npos;
   if (gather == KvGather::copy || (gather == KvGather::automatic && tls == "tcp")) CHECK(stats.messages_gathered > 0);
   if (gather == KvGather::iov || (gather == KvGather::automatic && shared_memory)) CHECK(stats.messages_gathered == 0);
+  // Unchecked (wire v4) exactly where auto saw shared memory: then every kv_page message.
+  if (checksum == KvChecksum::automatic && shared_memory) CHECK(stats.messages_unchecked == expected_messages);
+  else CHECK(stats.messages_unchecked == 0);
   std::lock_guard lock(link.rx.mutex);
   CHECK(link.rx.errors.empty());
   CHECK(link.rejected == 0);
@@ -635,6 +641,30 @@ TEST_CASE("kv transfer: a checksum mismatch in a multi-page message fails only i
   CHECK(link.rx.log[2].back() == "done");
 }
 
+TEST_CASE("kv transfer: over shared memory auto sends pages unchecked but a page the corruption hook flips is caught",
+          "[net][kv][pages]") {
+  // By worker address with sysv listed, UCX puts the endpoint on shared memory: KvChecksum::
+  // automatic then sends kv_page messages unchecked (wire v4), except the one holding a page
+  // the test hook corrupts, which is checksummed and so refused.
+  const std::string tls = "posix,sysv,cma,self,tcp";
+  Link link(tls, {}, {}, true, 16 * 1024, KvGather::automatic, KvChecksum::automatic);
+  for (int index = 0; index < 8; ++index)
+    REQUIRE(link.sender->send_page(link.peer, 1, 0, page_bytes(1, 0, index, 4096)).is_ok());
+  REQUIRE(link.sender->layer_done(link.peer, 1, 0).is_ok());
+  REQUIRE(link.sender->request_done(link.peer, 1).is_ok());
+  REQUIRE(link.rx.wait([&] { return link.rx.is_done(1) || link.rx.has_error(1); }));
+  REQUIRE(link.sender->wait_request_closed(1, test::kWaitS));
+  CHECK(link.sender->stats().messages_unchecked == 2);  // 8 pages of 4 KiB in 16 KiB messages
+  link.sender->corrupt_next_page_for_test(2);
+  REQUIRE(link.sender->send_page(link.peer, 2, 0, page_bytes(2, 0, 0, 4096)).is_ok());
+  REQUIRE(link.sender->layer_done(link.peer, 2, 0).is_ok());
+  REQUIRE(link.rx.wait([&] { return link.rx.has_error(2); }));
+  CHECK(link.sender->stats().messages_unchecked == 2);
+  std::lock_guard lock(link.rx.mutex);
+  CHECK(check_pages_in_order(link.rx, 1, [](uint64_t, uint32_t, int) { return size_t{4096}; }) == 8);
+  CHECK_THAT(link.rx.errors[2], Catch::Contains("checksum"));
+}
+
 TEST_CASE("kv transfer: a truncated or lying page table fails its request with a clear error", "[net][kv][pages]") {
   const bool sealed = GENERATE(false, true);
   INFO((sealed ? "sealed" : "plain"));
@@ -712,7 +742,7 @@ TEST_CASE("kv transfer: a peer of wire version 2 gets a clear error", "[net][kv]
   REQUIRE(link.rx.wait([&] { return link.rejected.load() == 1; }));
   std::lock_guard lock(link.rx.mutex);
   REQUIRE(link.rejections.size() == 1);
-  CHECK_THAT(link.rejections[0], Catch::Contains("wire version 2 is not supported (this build speaks 3)"));
+  CHECK_THAT(link.rejections[0], Catch::Contains("wire version 2 is not supported (this build speaks 4)"));
   CHECK(WireAuth::rejection_reason(Status::error(link.rejections[0])) == std::string("wire_version"));
   CHECK(link.rx.pages.empty());
   CHECK_FALSE(link.rx.has_error(50));

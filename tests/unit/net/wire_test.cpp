@@ -215,7 +215,7 @@ TEST_CASE("the wire fuzz seeds speak this wire version: header, checksum and sea
   CHECK(checked >= 10);
 }
 
-TEST_CASE("wire v3: a multi-page kv_page header round trips and its checksum covers every page", "[net][wire][pages]") {
+TEST_CASE("wire v4: a multi-page kv_page header round trips and its checksum covers every page", "[net][wire][pages]") {
   const std::vector<std::vector<std::byte>> pages = {test::random_bytes(1, 1), test::random_bytes(4097, 2),
                                                      test::random_bytes(65536, 3)};
   std::vector<std::byte> payload;
@@ -249,7 +249,37 @@ TEST_CASE("wire v3: a multi-page kv_page header round trips and its checksum cov
   CHECK_FALSE(verify_wire_payload(swapped, payload).is_ok());
 }
 
-TEST_CASE("wire v3: page tables that are cut short, overlong, lying or misplaced are refused", "[net][wire][pages]") {
+TEST_CASE("wire v4: an unchecked kv_page carries lengths only and the flag is refused on other types",
+          "[net][wire][pages]") {
+  const auto payload = test::random_bytes(300, 6);
+  const WireHeader h = make_pages_header(21, 2, 5, {100, 200}, {});
+  CHECK(h.unchecked);
+  CHECK(h.payload_checksum == 0);
+  const auto bytes = encoded(h);
+  CHECK(bytes[44] == std::byte{1});  // flags: kWireFlagUnchecked
+  WireHeader out;
+  REQUIRE(decode_wire_header(bytes, out).is_ok());
+  CHECK(out.unchecked);
+  CHECK(encoded(out) == bytes);
+  // Any bytes of the declared lengths pass; a wrong length does not.
+  auto flipped = payload;
+  flipped[150] ^= std::byte{0xFF};
+  CHECK(verify_wire_payload(out, flipped).is_ok());
+  CHECK_THAT(verify_wire_payload(out, std::span(payload).first(299)).message(), Catch::Contains("header says 300"));
+  // A checked header of the same pages is not unchecked, and verifies its bytes.
+  const std::vector<uint64_t> sums = {wire_checksum(std::span(payload).first(100)),
+                                      wire_checksum(std::span(payload).subspan(100))};
+  const WireHeader checked = make_pages_header(21, 2, 5, {100, 200}, sums);
+  CHECK_FALSE(checked.unchecked);
+  CHECK(encoded(checked)[44] == std::byte{0});
+  CHECK_FALSE(verify_wire_payload(checked, flipped).is_ok());
+  // Only kv_page may be unchecked.
+  auto done = encoded(make_wire_header(WireType::request_done, 21, 0, 0, {}));
+  done[44] = std::byte{1};
+  CHECK_THAT(decode_wire_header(done, out).message(), Catch::Contains("only kv_page may be"));
+}
+
+TEST_CASE("wire v4: page tables that are cut short, overlong, lying or misplaced are refused", "[net][wire][pages]") {
   const std::vector<uint64_t> sums = {1, 2};
   const auto good = encoded(make_pages_header(12, 0, 0, {100, 200}, sums));
   WireHeader out;
@@ -274,14 +304,17 @@ TEST_CASE("wire v3: page tables that are cut short, overlong, lying or misplaced
   auto many = good;
   many[41] = std::byte{1};  // 258 pages
   CHECK_THAT(decode_wire_header(many, out).message(), Catch::Contains("1 to 256 allowed"));
-  // A table on a type that carries none; a reserved field that is not 0.
+  // A table on a type that carries none; flags that are unknown, or unchecked with a checksum.
   auto layer_done = encoded(make_wire_header(WireType::kv_layer_done, 12, 0, 0, {}));
   layer_done[40] = std::byte{1};
   layer_done.resize(layer_done.size() + 4);
   CHECK_THAT(decode_wire_header(layer_done, out).message(), Catch::Contains("only kv_page carries pages"));
-  auto reserved = good;
-  reserved[44] = std::byte{1};
-  CHECK_THAT(decode_wire_header(reserved, out).message(), Catch::Contains("reserved"));
+  auto unknown_flags = good;
+  unknown_flags[44] = std::byte{2};
+  CHECK_THAT(decode_wire_header(unknown_flags, out).message(), Catch::Contains("unknown flags 0x2"));
+  auto unchecked_with_sum = good;
+  unchecked_with_sum[44] = std::byte{1};
+  CHECK_THAT(decode_wire_header(unchecked_with_sum, out).message(), Catch::Contains("must be 0"));
   // Each names its request, so a receiver can fail it (wire_header_request).
   CHECK(wire_header_request(lying) == std::optional<uint64_t>(12));
   CHECK(wire_header_request(std::span(good).first(40)) == std::nullopt);
@@ -289,15 +322,19 @@ TEST_CASE("wire v3: page tables that are cut short, overlong, lying or misplaced
   CHECK_THROWS_AS(wire_pages_checksum(std::vector<uint64_t>(kWireMaxPagesPerMessage + 1)), Error);
 }
 
-TEST_CASE("wire v3: a header of another version is named as such, with auth on or off", "[net][wire][pages]") {
+TEST_CASE("wire v4: a header of another version is named as such, with auth on or off", "[net][wire][pages]") {
   const auto payload = test::random_bytes(100, 4);
   // A v2 header: 40 bytes, version 2 (v2 had no page table), sealed or not.
   auto v2 = encoded(make_wire_header(WireType::kv_page, 3, 0, 0, payload));
   v2[4] = std::byte{2};
   v2.resize(40);
   WireHeader out;
-  CHECK_THAT(decode_wire_header(v2, out).message(), Catch::Contains("wire version 2 is not supported (this build speaks 3)"));
+  CHECK_THAT(decode_wire_header(v2, out).message(), Catch::Contains("wire version 2 is not supported (this build speaks 4)"));
   CHECK(wire_header_request(v2) == std::nullopt);
+  // A v3 header (same layout, no flags): refused by its version, before anything else is read.
+  auto v3 = encoded(make_wire_header(WireType::kv_page, 3, 0, 0, payload));
+  v3[4] = std::byte{3};
+  CHECK_THAT(decode_wire_header(v3, out).message(), Catch::Contains("wire version 3 is not supported (this build speaks 4)"));
   std::span<const std::byte> plain;
   const WireAuth on("s"), off;
   auto v2_sealed = v2;
