@@ -24,8 +24,9 @@
 /// traffic (bench/RESULTS.md). With WireAuth the tag still covers every byte. Other bits are 0.
 ///
 /// History: v1 carried XXH64 of the payload (slower than XXH3, the largest single cost of a
-/// transfer); v2 (40 bytes) one page per message; v3 had no flags (the field was reserved, 0). A peer of another version is refused with
-/// an error naming both versions: every node of a cluster must run the same wire version.
+/// transfer); v2 (40 bytes) one page per message; v3 had no flags (the field was reserved, 0).
+/// A peer of another version is refused with an error naming both versions: every node of a
+/// cluster must run the same wire version.
 #pragma once
 
 #include <array>
@@ -125,7 +126,8 @@ std::vector<std::byte> wire_text(std::string_view text);
 /// Decodes and validates a header: size, magic, version, known type, payload length within
 /// the limit of its type, flags (kWireFlagUnchecked only, on a kv_page whose checksum is 0),
 /// and a kv_page's page table (1..kWireMaxPagesPerMessage pages, as many entries as it
-/// declares, none empty, summing to payload_bytes; no table on any other type). On failure returns an error and leaves `out` untouched.
+/// declares, none empty, summing to payload_bytes; no table on any other type). On failure
+/// returns an error and leaves `out` untouched.
 Status decode_wire_header(std::span<const std::byte> bytes, WireHeader& out);
 
 /// The request id of a header whose fixed part is sound (length, magic, version, known type)
