@@ -35,9 +35,14 @@ struct Workers {
     std::lock_guard lock(mu);
     threads.emplace_back(std::move(fn));
   }
-  ~Workers() {
+  // Waits for every thread started so far (Catch's assertions are made on the test's thread
+  // only: threads record what they saw, the test checks it after this).
+  void join() {
+    std::lock_guard lock(mu);
     for (auto& t : threads) t.join();
+    threads.clear();
   }
+  ~Workers() { join(); }
 };
 
 }  // namespace hack::server::test
