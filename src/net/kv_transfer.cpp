@@ -399,7 +399,6 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   std::unordered_map<uint64_t, Status> outcomes;       // of requests that finished, for wait_request
   std::deque<uint64_t> outcome_order;
   std::unordered_set<uint64_t> corrupt_next_page;  // test hook
-  std::atomic<int> corrupt_pending{0};              // its size: a page to be corrupted is always checksummed
   std::shared_ptr<StagingPool> staging = std::make_shared<StagingPool>();
   size_t in_flight = 0;                            // all messages queued or handed out
   std::mutex lanes_mutex;                              // guards shared_memory_of only (never with `mutex` held)
@@ -436,10 +435,9 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
   }
 
   // Whether pages to `peer` are checksummed (options.checksum; automatic: not over shared
-  // memory). A page the corruption test hook is about to flip always is, so it is caught.
+  // memory).
   bool checksummed_for(EndpointId peer) {
-    if (options.checksum == KvChecksum::always || corrupt_pending.load() > 0) return true;
-    return !shared_memory(peer);
+    return options.checksum == KvChecksum::always || !shared_memory(peer);
   }
 
   // Under the lock: a request whose messages are all done leaves the table.
@@ -690,18 +688,22 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
                     std::span<const std::byte> borrowed) {
     const std::span<const std::byte> page = owned.empty() ? borrowed : std::span<const std::byte>(owned);
     if (page.empty()) return Status::error(fmt::format("request {}: an empty page (layer {})", id, layer));
-    const bool checksummed = checksummed_for(peer);
-    const uint64_t checksum = checksummed ? wire_checksum(page) : 0;
+    bool checksummed = checksummed_for(peer);
+    uint64_t checksum = checksummed ? wire_checksum(page) : 0;
     std::vector<Outgoing*> unsealed;
     {
       std::lock_guard lock(mutex);
       Request* request = nullptr;
       if (Status s = open_request(peer, id, request); !s) return s;
       Batch& batch = request->batch;
+      const bool corrupt = corrupt_next_page.erase(id) != 0;
+      if (corrupt && !checksummed) {  // the page the test hook flips is checksummed, so it is caught
+        checksummed = true;
+        checksum = wire_checksum(page);
+      }
       if (!batch.empty() && (batch.layer != layer || batch.unchecked == checksummed))
         flush_batch(peer, id, *request, unsealed);
-      if (checksummed && corrupt_next_page.erase(id) != 0) {
-        --corrupt_pending;
+      if (corrupt) {
         if (owned.empty()) owned.assign(borrowed.begin(), borrowed.end());  // the caller's page stays intact
         owned[owned.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
       }
@@ -751,10 +753,8 @@ struct KvSender::Shared : std::enable_shared_from_this<KvSender::Shared> {
       if (Status s = open_request(peer, id, request); !s) return s;
       flush_batch(peer, id, *request, unsealed);
       header.seq = request->next_seq++;
-      if (type == WireType::kv_exact && !payload.empty() && corrupt_next_page.erase(id) != 0) {
-        --corrupt_pending;
+      if (type == WireType::kv_exact && !payload.empty() && corrupt_next_page.erase(id) != 0)
         payload[payload.size() / 2] ^= std::byte{0x40};  // after the checksum was taken
-      }
       ++request->in_flight;
       request->ended = end;
       Outgoing& queued = enqueue(peer, Outgoing{id, true, encode_wire_header(header), std::move(payload)});
@@ -994,7 +994,7 @@ KvSenderStats KvSender::stats() const {
 
 void KvSender::corrupt_next_page_for_test(uint64_t request_id) {
   std::lock_guard lock(shared_->mutex);
-  if (shared_->corrupt_next_page.insert(request_id).second) ++shared_->corrupt_pending;
+  shared_->corrupt_next_page.insert(request_id);
 }
 
 }  // namespace hack::net
