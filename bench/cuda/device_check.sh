@@ -11,7 +11,8 @@
 # ends the output.
 #
 #   bench/cuda/device_check.sh [steps...]
-#   steps: tests memcheck racecheck attn sweep profile sdpa run (default: all but sweep and profile)
+#   steps: tests memcheck racecheck attn sweep profile sdpa run runs hackmem (default: tests attn sdpa memcheck
+#   racecheck run)
 set -u
 OUT=${OUT:-/tmp/hack-device-out}
 mkdir -p "$OUT"
@@ -62,6 +63,12 @@ for s in $steps; do
                 $hb/bin/gpu_test -r compact "~[backend]" ;;
     racecheck) step racecheck 45 compute-sanitizer --tool racecheck --error-exitcode 3 \
                  $hb/bin/gpu_test -r compact "[hack],[attention],[page_selection]" ;;
+    runs) for kv in fp hack; do for n in 512 8192; do
+            step hack_run_${kv}_$n 80 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv $kv --max-tokens 256 \
+              --ignore-eos --prompt-ids "$(seq -s, 100 $((n + 99)))" --log-level warn --max-model-len 16384
+          done; done ;;
+    hackmem) step hack_memcheck 90 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+               $hb/bin/gpu_test -r compact "[hack-batch]" ;;
     run) step hack_run 50 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv fp --max-tokens 128 --ignore-eos \
            --prompt-ids "$(seq -s, 100 611)" --log-level warn ;;
     *) echo "unknown step $s" ;;

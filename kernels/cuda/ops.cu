@@ -113,6 +113,23 @@ __global__ void swiglu_kernel(const float* gate, const float* up, bf16* out, lon
 }
 
 // One block per token; threads over (K|V, head, channel).
+// One block per row: dst[i] = src[rows[i]].
+__global__ void gather_rows_kernel(const float* src, const int* rows, int width, float* dst) {
+  const int i = static_cast<int>(blockIdx.x);
+  const float* from = src + static_cast<long long>(rows[i]) * width;
+  float* to = dst + static_cast<long long>(i) * width;
+  for (int c = static_cast<int>(threadIdx.x); c < width; c += static_cast<int>(blockDim.x)) to[c] = from[c];
+}
+
+// One block per row: dst[rows[i]] = bf16(src[i]).
+__global__ void scatter_rows_to_bf16_kernel(const float* src, const int* rows, int width, bf16* dst) {
+  const int i = static_cast<int>(blockIdx.x);
+  const float* from = src + static_cast<long long>(i) * width;
+  bf16* to = dst + static_cast<long long>(rows[i]) * width;
+  for (int c = static_cast<int>(threadIdx.x); c < width; c += static_cast<int>(blockDim.x))
+    to[c] = __float2bfloat16_rn(from[c]);
+}
+
 __global__ void kv_append_kernel(PagedKvLayer kv, const float* k, const float* v, const int* slots) {
   const int t = static_cast<int>(blockIdx.x);
   const int slot = slots[t];
@@ -195,6 +212,18 @@ void swiglu_to_bf16(const float* gate, const float* up, bf16* out, long long n, 
 void kv_append(PagedKvLayer kv, const float* k, const float* v, const int* slots, int n_tokens, cudaStream_t stream) {
   if (n_tokens == 0) return;
   kv_append_kernel<<<n_tokens, 128, 0, stream>>>(kv, k, v, slots);
+  HACK_CUDA_CU_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const float* src, const int* rows, int n, int width, float* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  gather_rows_kernel<<<n, kElemThreads, 0, stream>>>(src, rows, width, dst);
+  HACK_CUDA_CU_CHECK(cudaGetLastError());
+}
+
+void scatter_rows_to_bf16(const float* src, const int* rows, int n, int width, bf16* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  scatter_rows_to_bf16_kernel<<<n, kElemThreads, 0, stream>>>(src, rows, width, dst);
   HACK_CUDA_CU_CHECK(cudaGetLastError());
 }
 

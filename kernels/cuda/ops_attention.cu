@@ -200,9 +200,9 @@ __global__ void prefill_attention_kernel(PrefillAttentionArgs a) {
       const int j = e / hd, d = e % hd;
       float kv_k = 0.0f, kv_v = 0.0f;
       if (j < nk) {
-        const int tok = k0 + j;
-        const int page = table[tok / P];
-        const long long off = static_cast<long long>(tok % P) * hd + d;
+        const int row = kv_row(k0 + j, P, a.kv.sinks);
+        const int page = table[row / P];
+        const long long off = static_cast<long long>(row % P) * hd + d;
         kv_k = __bfloat162float(page_head(a.kv, page, 0, kv_head)[off]);
         kv_v = __bfloat162float(page_head(a.kv, page, 1, kv_head)[off]);
       }

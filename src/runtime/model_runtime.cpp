@@ -93,15 +93,16 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
 void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, ModelRuntime& rt) {
 #ifdef HACK_HAVE_CUDA
   HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
-  HACK_CHECK(rt.kv_options.mode == KvMode::fp,
-             "--device cuda --kv {}: not yet (the CUDA HACK kernels are not wired in); use --kv fp", c.kv.kv);
   CudaBackendOptions bo;
   bo.max_batch_tokens = c.prefill_chunk;
   bo.max_sequences = 1;
   CudaKvOptions ko;
   ko.page_tokens = c.kv.hack_block;
+  if (rt.kv_options.mode == KvMode::hack) ko.hack = rt.kv_options;  // CudaPagedKvCache refuses what it cannot run
+  // --kv hack puts the sinks in a page of their own: one page more.
   ko.num_pages = CudaPagedKvCache::pages_for(device_kv_tokens > 0 ? device_kv_tokens : rt.max_model_len,
-                                             c.kv.hack_block);
+                                             c.kv.hack_block) +
+                 (ko.hack ? 1 : 0);
   auto kv = make_cuda_kv_cache(rt.model.config, ko);
   rt.backend = make_cuda_backend(rt.model, *kv, bo);
   rt.kv = std::move(kv);

@@ -8,6 +8,9 @@
 //   xn(bf16) = rmsnorm(x)                 q, k, v = xn · Wq/Wk/Wv^T  (cuBLAS, fp32 out)
 //   (+ biases, q/k norm)  rope(q, k)      kv_append(k, v) -> bf16 pages
 //   attn(bf16) = decode_attention | prefill_attention
+//     (--kv hack: decode rows run hack_decode_attention over sinks + HACK pages + the
+//      open bf16 block, f32 out scattered to bf16 rows; blocks that closed before the
+//      step are quantized first, by CudaPagedKvCache::close_blocks)
 //   x += attn · Wo^T (+ bo)               xn = rmsnorm(x)
 //   act(bf16) = silu(xn·Wg^T) · (xn·Wu^T) x += act · Wd^T
 #include <cublas_v2.h>
@@ -23,7 +26,9 @@
 #include "hack/backend/cuda_check.h"
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/ops.h"
+#include "hack/kernels/cuda/hack.h"
 #include "hack/kernels/cuda/ops.h"
+#include "hack/kv/hack_attention_plan.h"
 
 namespace hack {
 
@@ -33,6 +38,8 @@ using cuda::bf16;
 
 // Decode attention splits a sequence's pages over at most this many blocks.
 constexpr int kMaxDecodeSplits = 32;
+// HACK decode attention: split warps per SM the plan aims for (bench/cuda/NOTES.md, call 9).
+constexpr int kHackWarpsPerSm = 64;
 
 class CudaStream {
  public:
@@ -216,7 +223,7 @@ class CudaBackend final : public Backend {
       cuda::kv_append(kv_layer, k, v, plan_d + off_.slots, Ti, s);
       for (const SequenceChunk& c : batch)
         kv->commit_append(l, c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()));
-      attention(kv_layer, q, attn, scale);
+      attention(l, kv_layer, q, attn, scale);
       if (on_layer_done) {
         // The layer's K/V (and attention) are enqueued, not finished: wait for them so the
         // callback sees the layer's final KV. Costs one sync per layer, only when set.
@@ -255,11 +262,12 @@ class CudaBackend final : public Backend {
     size_t tokens = 0, positions = 0, slots = 0, logit_rows = 0;
     size_t dec_rows = 0, dec_lengths = 0, dec_tables = 0;
     size_t pre_rows = 0, pre_tokens = 0, pre_start = 0, pre_tables = 0;
+    size_t hack_pages = 0, hack_sinks = 0, hack_open = 0;  // --kv hack decode: per decode row
     size_t page_tables = 0, total = 0;
   };
   // One decode query (a chunk of one token) or one prefill chunk, as the plan records it.
   struct DecodeEntry {
-    int row, length, table_offset;
+    int row, length, table_offset, seq_id;
   };
   struct PrefillEntry {
     int row, n_tokens, start_pos, table_offset;
@@ -329,12 +337,16 @@ class CudaBackend final : public Backend {
     act_ = alloc(T * I * sizeof(bf16));
     const size_t logit_rows = std::min(T, static_cast<size_t>(options_.max_logit_rows));
     logits_ = alloc(logit_rows * static_cast<size_t>(cfg_.vocab_size) * sizeof(float));
+    if (kv_.is_hack()) {
+      hack_q_ = alloc(static_cast<size_t>(options_.max_sequences) * qd * sizeof(float));
+      hack_out_ = alloc(static_cast<size_t>(options_.max_sequences) * qd * sizeof(float));
+    }
     partial_ = alloc(static_cast<size_t>(cuda::decode_attention_workspace_floats(
                          options_.max_sequences, cfg_.num_heads, kMaxDecodeSplits, cfg_.head_dim)) *
                      sizeof(float));
-    // The plan: tokens, positions, slots, logits rows (≤ T each), 7 ints per chunk, and
+    // The plan: tokens, positions, slots, logits rows (≤ T each), 10 ints per chunk, and
     // page tables, which grow with context (reserve_plan grows it when a batch needs more).
-    reserve_plan(4 * T + 7 * static_cast<size_t>(options_.max_sequences) + 4096);
+    reserve_plan(4 * T + 10 * static_cast<size_t>(options_.max_sequences) + 4096);
   }
 
   // Grows the pinned and device plan arrays to at least `ints` (only when a batch needs more
@@ -369,7 +381,14 @@ class CudaBackend final : public Backend {
                  kv.max_tokens(c.seq_id));
       T += static_cast<size_t>(n);
       L += c.all_logits ? static_cast<size_t>(n) : 1;
-      pages += static_cast<size_t>(CudaPagedKvCache::pages_for(c.start_pos + n, P));
+      pages += static_cast<size_t>(CudaPagedKvCache::pages_for(kv.rows_for(c.start_pos + n), P));
+      // The CPU cache would attend such a chunk to quantized blocks (multi-query homomorphic
+      // attention, not on the device yet): a past already closed, or full blocks outside a prefill.
+      if (kv.is_hack() && n > 1)
+        HACK_CHECK(kv.closed_blocks(c.seq_id) == 0 && (kv.prefilling(c.seq_id) || kv.full_blocks(c.start_pos) == 0),
+                   "CUDA backend --kv hack: sequence {} holds quantized blocks; a prompt chunk over a quantized past "
+                   "runs on --device cpu only",
+                   c.seq_id);
     }
     if (T == 0) return 0;
     HACK_CHECK(T <= static_cast<size_t>(options_.max_batch_tokens),
@@ -391,7 +410,10 @@ class CudaBackend final : public Backend {
     o.pre_tokens = o.pre_rows + n_chunks;
     o.pre_start = o.pre_tokens + n_chunks;
     o.pre_tables = o.pre_start + n_chunks;
-    o.page_tables = o.pre_tables + n_chunks;
+    o.hack_pages = o.pre_tables + n_chunks;
+    o.hack_sinks = o.hack_pages + n_chunks;
+    o.hack_open = o.hack_sinks + n_chunks;
+    o.page_tables = o.hack_open + n_chunks;
     o.total = o.page_tables + pages;
     reserve_plan(o.total);
     int* h = ptr<int>(plan_host_);
@@ -402,7 +424,7 @@ class CudaBackend final : public Backend {
     for (const SequenceChunk& c : batch) {
       const int n = static_cast<int>(c.tokens.size());
       const std::span<const int> table = kv.page_table(c.seq_id);
-      const int used_pages = CudaPagedKvCache::pages_for(c.start_pos + n, P);
+      const int used_pages = CudaPagedKvCache::pages_for(kv.rows_for(c.start_pos + n), P);
       std::copy(table.begin(), table.begin() + used_pages, h + o.page_tables + static_cast<size_t>(table_at));
       for (int i = 0; i < n; ++i) {
         const int token = c.tokens[static_cast<size_t>(i)];
@@ -412,15 +434,17 @@ class CudaBackend final : public Backend {
         const size_t r = static_cast<size_t>(row + i);
         h[o.tokens + r] = token;
         h[o.positions + r] = pos + c.rope_offset;  // RoPE only; KV slots and masks use pos
-        h[o.slots + r] = table[static_cast<size_t>(pos / P)] * P + pos % P;
+        const int kv_row = cuda::kv_row(pos, P, kv.sinks());
+        h[o.slots + r] = table[static_cast<size_t>(kv_row / P)] * P + kv_row % P;
       }
       if (c.all_logits) {
         for (int i = 0; i < n; ++i) h[o.logit_rows + static_cast<size_t>(n_logits++)] = row + i;
       } else {
         h[o.logit_rows + static_cast<size_t>(n_logits++)] = row + n - 1;
       }
-      if (n == 1) {
-        dec_.push_back({row, c.start_pos + 1, table_at});
+      // A prompt's one-token chunk inside a HACK prefill attends to its exact past, as a prefill.
+      if (n == 1 && !(kv.is_hack() && kv.prefilling(c.seq_id))) {
+        dec_.push_back({row, c.start_pos + 1, table_at, c.seq_id});
         max_decode_pages_ = std::max(max_decode_pages_, used_pages);
       } else {
         pre_.push_back({row, n, c.start_pos, table_at});
@@ -434,13 +458,14 @@ class CudaBackend final : public Backend {
       h[o.dec_lengths + i] = dec_[i].length;
       h[o.dec_tables + i] = dec_[i].table_offset;
     }
+    if (kv.is_hack()) plan_hack_decode_rows(o, h);
     for (size_t i = 0; i < pre_.size(); ++i) {
       h[o.pre_rows + i] = pre_[i].row;
       h[o.pre_tokens + i] = pre_[i].n_tokens;
       h[o.pre_start + i] = pre_[i].start_pos;
       h[o.pre_tables + i] = pre_[i].table_offset;
     }
-    if (!dec_.empty()) {
+    if (!dec_.empty() && !kv.is_hack()) {
       const size_t smem = cuda::decode_attention_smem_bytes(cfg_.group_size(), cfg_.head_dim, P);
       HACK_CHECK(smem <= max_smem_bytes_,
                  "CUDA backend: decode attention with {} tokens per page needs {} bytes of shared memory, the device "
@@ -454,9 +479,10 @@ class CudaBackend final : public Backend {
     return T;
   }
 
-  void attention(const cuda::PagedKvLayer& kv_layer, const float* q, bf16* out, float scale) {
+  void attention(int layer, const cuda::PagedKvLayer& kv_layer, const float* q, bf16* out, float scale) {
     const int* plan_d = ptr<int>(plan_dev_);
-    if (!dec_.empty()) {
+    if (!dec_.empty() && kv_.is_hack()) hack_decode(layer, q, out, scale);
+    if (!dec_.empty() && !kv_.is_hack()) {
       cuda::DecodeAttentionArgs a;
       a.kv = kv_layer;
       a.q = q;
@@ -498,6 +524,105 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // --kv hack, in plan(): closes the blocks each decode row's sequence filled before this
+  // step (the CPU cache quantizes them at this append), then writes the decode rows' counts
+  // (HACK pages, sink and open-block tokens) into the int plan and every layer's page, sink
+  // and open-block pointers into the pointer plan.
+  void plan_hack_decode_rows(const PlanOffsets& o, int* h) {
+    const int S = kv_.sinks(), P = kv_.page_tokens();
+    hack_max_pages_ = 0;
+    for (const DecodeEntry& d : dec_) {
+      kv_.close_blocks(d.seq_id, kv_.full_blocks(d.length - 1));
+      hack_max_pages_ = std::max(hack_max_pages_, kv_.closed_blocks(d.seq_id));
+    }
+    const size_t nd = dec_.size(), maxp = static_cast<size_t>(hack_max_pages_);
+    const size_t per_layer = nd * maxp + 2 * nd;
+    reserve_pointer_plan(per_layer * static_cast<size_t>(cfg_.num_layers));
+    auto* ptrs = ptr<uint64_t>(pointers_host_);
+    for (size_t i = 0; i < nd; ++i) {
+      const DecodeEntry& d = dec_[i];
+      const int closed = kv_.closed_blocks(d.seq_id);
+      const int open_first = S + closed * P;  // first token of the open block
+      h[o.hack_pages + i] = closed;
+      h[o.hack_sinks + i] = std::min(d.length, S);
+      h[o.hack_open + i] = std::max(0, d.length - open_first);
+      const std::span<const int> table = kv_.page_table(d.seq_id);
+      const std::span<const int> hack_table = kv_.hack_page_table(d.seq_id);
+      // The open block's bf16 page (page 1 + closed past the sink page), when it holds tokens.
+      const int open_page =
+          d.length > open_first ? table[static_cast<size_t>(cuda::kv_row(open_first, P, S) / P)] : -1;
+      for (int l = 0; l < cfg_.num_layers; ++l) {
+        uint64_t* lp = ptrs + static_cast<size_t>(l) * per_layer;
+        for (int p = 0; p < closed; ++p)
+          lp[i * maxp + static_cast<size_t>(p)] = reinterpret_cast<uint64_t>(kv_.hack_page(l, hack_table[static_cast<size_t>(p)]));
+        lp[nd * maxp + i] = S > 0 ? reinterpret_cast<uint64_t>(kv_.exact_page(l, table[0])) : 0;
+        lp[nd * maxp + nd + i] = open_page >= 0 ? reinterpret_cast<uint64_t>(kv_.exact_page(l, open_page)) : 0;
+      }
+    }
+    HACK_CUDA_CHECK(cudaMemcpyAsync(pointers_dev_.data(), pointers_host_.data(),
+                                    per_layer * static_cast<size_t>(cfg_.num_layers) * sizeof(uint64_t),
+                                    cudaMemcpyHostToDevice, stream_.get()));
+    const int G = cfg_.group_size();
+    HackDecodePlanInput in;
+    in.sm_count = sm_count_;
+    in.warps_per_sm = kHackWarpsPerSm;
+    in.batch = static_cast<int>(nd);
+    in.kv_heads = cfg_.num_kv_heads;
+    in.max_pages = hack_max_pages_;
+    hack_plan_ = plan_hack_decode(in);
+    size_t need = 0;
+    for (int l = 0; l < cfg_.num_layers; ++l)
+      need = std::max(need, cuda::hack_decode_workspace_bytes(kv_.hack_geometry(l), static_cast<int>(nd), G, hack_plan_));
+    if (hack_workspace_.bytes() < need) {
+      HACK_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+      hack_workspace_ = Buffer::allocate(MemoryKind::device, need, options_.device);
+    }
+  }
+
+  void reserve_pointer_plan(size_t n) {
+    if (n <= pointers_capacity_) return;
+    const size_t cap = std::max(n, pointers_capacity_ * 2);
+    HACK_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    pointers_host_ = Buffer::allocate(MemoryKind::pinned, cap * sizeof(uint64_t));
+    pointers_dev_ = Buffer::allocate(MemoryKind::device, cap * sizeof(uint64_t), options_.device);
+    pointers_capacity_ = cap;
+  }
+
+  // --kv hack: the decode rows of one layer. q rows are gathered into a dense block unless
+  // they are rows 0 .. n − 1 already; the f32 output goes to attn's rows as bf16.
+  void hack_decode(int layer, const float* q, bf16* out, float scale) {
+    const cudaStream_t s = stream_.get();
+    const int* plan_d = ptr<int>(plan_dev_);
+    const int nd = static_cast<int>(dec_.size()), qd = cfg_.q_dim();
+    bool dense = true;
+    for (int i = 0; i < nd; ++i) dense = dense && dec_[static_cast<size_t>(i)].row == i;
+    const float* qb = q;
+    if (!dense) {
+      cuda::gather_rows(q, plan_d + off_.dec_rows, nd, qd, ptr<float>(hack_q_), s);
+      qb = ptr<float>(hack_q_);
+    }
+    const size_t maxp = static_cast<size_t>(hack_max_pages_), n = static_cast<size_t>(nd);
+    const size_t per_layer = n * maxp + 2 * n;
+    const auto* lp = ptr<uint64_t>(pointers_dev_) + static_cast<size_t>(layer) * per_layer;
+    cuda::HackDecodeBatch b;
+    b.batch = nd;
+    b.group_size = cfg_.group_size();
+    b.scale = scale;
+    b.q = qb;
+    b.out = ptr<float>(hack_out_);
+    b.page_table = reinterpret_cast<const void* const*>(lp);
+    b.max_pages = hack_max_pages_;
+    b.num_pages = plan_d + off_.hack_pages;
+    b.sink_kv = reinterpret_cast<const uint16_t* const*>(lp + n * maxp);
+    b.sink_tokens = plan_d + off_.hack_sinks;
+    b.sink_capacity = kv_.page_tokens();  // sinks sit in a whole bf16 page: its row stride
+    b.open_kv = reinterpret_cast<const uint16_t* const*>(lp + n * maxp + n);
+    b.open_tokens = plan_d + off_.hack_open;
+    cuda::hack_decode_attention(kv_.hack_geometry(layer), b, hack_plan_, hack_workspace_.data(),
+                                hack_workspace_.bytes(), s);
+    cuda::scatter_rows_to_bf16(ptr<float>(hack_out_), plan_d + off_.dec_rows, nd, qd, out, s);
+  }
+
   // y[rows][w.out] = x[rows][w.in] · w^T
   void gemm(const DeviceMatrix& w, const bf16* x, int rows, float* y) {
     cuda::gemm_bf16(cublas_.get(), w.data, w.out, w.in, x, rows, y);
@@ -529,6 +654,13 @@ class CudaBackend final : public Backend {
   Buffer partial_;      // split-K partial softmax states of decode attention
   Buffer plan_host_, plan_dev_;  // [plan_capacity_] int: the forward's plan, pinned host and device
   size_t plan_capacity_ = 0;
+  // --kv hack decode:
+  Buffer pointers_host_, pointers_dev_;  // [pointers_capacity_] u64: per layer page, sink and open pointers
+  size_t pointers_capacity_ = 0;
+  Buffer hack_q_, hack_out_;             // [max_sequences][q_dim] f32: gathered q, attention out
+  Buffer hack_workspace_;                // split states of hack_decode_attention, grown on demand
+  HackDecodePlan hack_plan_;
+  int hack_max_pages_ = 0;
 
   // The current forward's plan.
   PlanOffsets off_;

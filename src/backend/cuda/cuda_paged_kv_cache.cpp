@@ -2,9 +2,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "hack/backend/cuda_check.h"
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
+#include "hack/kernels/cuda/hack.h"
+#include "hack/kv/hack_attention_plan.h"
 
 namespace hack {
 
@@ -22,9 +27,160 @@ CudaPagedKvCache::CudaPagedKvCache(const KvShape& shape, const CudaKvOptions& op
   HACK_CUDA_CHECK(cudaMemset(pool_.data(), 0, bytes));
   free_.reserve(static_cast<size_t>(options.num_pages));
   for (int p = options.num_pages - 1; p >= 0; --p) free_.push_back(p);
+  if (options.hack) init_hack(*options.hack);
 }
 
-std::string CudaPagedKvCache::name() const { return "bf16-paged-cuda"; }
+void CudaPagedKvCache::init_hack(const KvCacheOptions& o) {
+  const int P = options_.page_tokens;
+  HACK_CHECK(o.mode == KvMode::hack, "device KV cache: HACK options given for --kv {}", kv_mode_name(o.mode));
+  HACK_CHECK(o.block_tokens == P, "device KV cache: --hack-block {} must equal the page size {}", o.block_tokens, P);
+  HACK_CHECK(P % 16 == 0 && P <= 256, "--device cuda --kv hack: --hack-block must be a multiple of 16 up to 256, got {}",
+             P);
+  HACK_CHECK(o.sinks >= 0 && o.sinks <= P, "--device cuda --kv hack: --hack-sinks must be in [0, --hack-block {}], got {}",
+             P, o.sinks);
+  HACK_CHECK(o.recent_tokens == 0,
+             "--device cuda --kv hack: --hack-recent {} is not supported (decode attends to one bf16 block); use 0",
+             o.recent_tokens);
+  HACK_CHECK(o.exact_prefill, "--device cuda --kv hack: prefill must be exact (no quantized past inside a prompt)");
+  HACK_CHECK(o.attention == HackAttention::homomorphic,
+             "--device cuda --kv hack: only homomorphic attention runs on the GPU (the dequantized ablation is CPU-only)");
+  HACK_CHECK(!o.select.enabled(), "--device cuda --kv hack: --kv-select (MPCache page selection) runs on the CPU only");
+  HACK_CHECK(!shape_.compressed(), "--device cuda --kv hack: per-head FDC dims are CPU-only");
+  HACK_CHECK(o.layer_bits.empty() || static_cast<int>(o.layer_bits.size()) == shape_.num_layers,
+             "HACK bit allocation: {} layers given, the model has {}", o.layer_bits.size(), shape_.num_layers);
+  size_t pool_bytes = 0, header_bytes = 0;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const HackLayerBits bits =
+        o.layer_bits.empty() ? HackLayerBits{o.k_bits, o.v_bits} : o.layer_bits[static_cast<size_t>(l)];
+    HackPageParams params;
+    params.k_bits = bits.k_bits;
+    params.v_bits = bits.v_bits;
+    params.block_tokens = P;
+    params.k_group = o.k_group;
+    params.v_group = o.v_group;
+    params.heads.assign(static_cast<size_t>(shape_.num_kv_heads), HackHeadDims{shape_.head_dim, shape_.head_dim});
+    layouts_.emplace_back(params);
+    geometries_.push_back(page_geometry(layouts_.back()));
+    const size_t stride = (layouts_.back().page_bytes() + 63) / 64 * 64;
+    hack_stride_.push_back(stride);
+    hack_offset_.push_back(pool_bytes);
+    pool_bytes += stride * static_cast<size_t>(options_.num_pages);
+    header_offset_.push_back(header_bytes);
+    header_bytes += (layouts_.back().header_bytes() + 63) / 64 * 64;
+  }
+  hack_pool_ = Buffer::allocate(MemoryKind::device, pool_bytes, options_.device);
+  HACK_CUDA_CHECK(cudaMemset(hack_pool_.data(), 0, pool_bytes));
+  std::vector<uint8_t> headers(header_bytes, 0);
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const std::vector<uint8_t> t = page_header_template(layouts_[static_cast<size_t>(l)], l, o.rounding);
+    std::copy(t.begin(), t.end(), headers.begin() + static_cast<std::ptrdiff_t>(header_offset_[static_cast<size_t>(l)]));
+  }
+  headers_ = Buffer::allocate(MemoryKind::device, header_bytes, options_.device);
+  HACK_CUDA_CHECK(cudaMemcpy(headers_.data(), headers.data(), header_bytes, cudaMemcpyHostToDevice));
+  hack_free_.reserve(static_cast<size_t>(options_.num_pages));
+  for (int p = options_.num_pages - 1; p >= 0; --p) hack_free_.push_back(p);
+}
+
+std::string CudaPagedKvCache::name() const {
+  if (!is_hack()) return "bf16-paged-cuda";
+  if (!options_.hack->layer_bits.empty()) return "hack-per-layer-cuda";
+  return "hack-k" + std::to_string(options_.hack->k_bits) + "v" + std::to_string(options_.hack->v_bits) + "-cuda";
+}
+
+int CudaPagedKvCache::rows_for(int n_tokens) const {
+  return n_tokens <= 0 ? 0 : cuda::kv_row(n_tokens - 1, options_.page_tokens, sinks()) + 1;
+}
+
+int CudaPagedKvCache::full_blocks(int length) const {
+  return length <= sinks() ? 0 : (length - sinks()) / options_.page_tokens;
+}
+
+int CudaPagedKvCache::closed_blocks(int seq_id) const { return get(seq_id).closed; }
+
+bool CudaPagedKvCache::prefilling(int seq_id) const { return get(seq_id).prefilling; }
+
+std::span<const int> CudaPagedKvCache::hack_page_table(int seq_id) const {
+  HACK_CHECK(is_hack(), "device KV cache: HACK pages exist only with --kv hack");
+  return get(seq_id).hack_pages;
+}
+
+void* CudaPagedKvCache::hack_page(int layer, int page) const {
+  HACK_CHECK(is_hack() && layer >= 0 && layer < shape_.num_layers && page >= 0 && page < options_.num_pages,
+             "device KV cache: no HACK page {} in layer {}", page, layer);
+  const size_t l = static_cast<size_t>(layer);
+  return static_cast<char*>(hack_pool_.data()) + hack_offset_[l] + hack_stride_[l] * static_cast<size_t>(page);
+}
+
+const uint16_t* CudaPagedKvCache::exact_page(int layer, int page) const {
+  HACK_CHECK(page >= 0 && page < options_.num_pages, "device KV cache: no page {}", page);
+  return reinterpret_cast<const uint16_t*>(this->layer(layer).data) + page_bytes() / sizeof(uint16_t) *
+                                                                           static_cast<size_t>(page);
+}
+
+void CudaPagedKvCache::begin_prefill(int seq_id) {
+  Sequence& s = get(seq_id);
+  if (is_hack()) s.prefilling = true;
+}
+
+void CudaPagedKvCache::end_prefill(int seq_id) {
+  Sequence& s = get(seq_id);
+  if (!s.prefilling) return;
+  s.prefilling = false;
+  close_blocks(seq_id, full_blocks(s.lengths.front()));
+}
+
+void CudaPagedKvCache::close_blocks(int seq_id, int upto) {
+  Sequence& s = get(seq_id);
+  HACK_CHECK(is_hack(), "device KV cache: close_blocks needs --kv hack");
+  const int from = s.closed;
+  if (upto <= from) return;
+  for (int l = 0; l < shape_.num_layers; ++l)
+    HACK_CHECK(full_blocks(s.lengths[static_cast<size_t>(l)]) >= upto,
+               "device KV cache: sequence {} layer {}: block {} is not full ({} tokens)", seq_id, l, upto - 1,
+               s.lengths[static_cast<size_t>(l)]);
+  const int n = upto - from;
+  const size_t L = static_cast<size_t>(shape_.num_layers), N = static_cast<size_t>(n);
+  // One upload: per layer k_src[n], v_src[n], pages[n]; then first_tokens[n].
+  std::vector<uint64_t> args(L * 3 * N + N);
+  const size_t v_offset = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(options_.page_tokens) *
+                          static_cast<size_t>(shape_.head_dim);
+  const int S = sinks(), P = options_.page_tokens;
+  for (size_t l = 0; l < L; ++l) {
+    uint64_t* a = args.data() + l * 3 * N;
+    for (int i = 0; i < n; ++i) {
+      const int b = from + i;
+      const uint16_t* exact = exact_page(static_cast<int>(l), s.pages[static_cast<size_t>((S > 0 ? 1 : 0) + b)]);
+      a[i] = reinterpret_cast<uint64_t>(exact);
+      a[N + static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(exact + v_offset);
+      a[2 * N + static_cast<size_t>(i)] =
+          reinterpret_cast<uint64_t>(hack_page(static_cast<int>(l), s.hack_pages[static_cast<size_t>(b)]));
+    }
+  }
+  for (int i = 0; i < n; ++i) args[L * 3 * N + static_cast<size_t>(i)] = static_cast<uint64_t>(S + (from + i) * P);
+  const size_t bytes = args.size() * sizeof(uint64_t);
+  if (close_args_.bytes() < bytes) close_args_ = Buffer::allocate(MemoryKind::device, std::max(bytes, size_t{4096}), options_.device);
+  // Synchronous on the legacy stream: the previous close's kernels have read their arrays.
+  HACK_CUDA_CHECK(cudaMemcpy(close_args_.data(), args.data(), bytes, cudaMemcpyHostToDevice));
+  const auto* dev = static_cast<const uint64_t*>(close_args_.data());
+  const KvCacheOptions& o = *options_.hack;
+  for (size_t l = 0; l < L; ++l) {
+    cuda::HackQuantizeBlocks q;
+    q.blocks = n;
+    q.bf16 = true;
+    q.k_src = reinterpret_cast<const void* const*>(dev + l * 3 * N);
+    q.v_src = reinterpret_cast<const void* const*>(dev + l * 3 * N + N);
+    q.pages = reinterpret_cast<void* const*>(dev + l * 3 * N + 2 * N);
+    q.token_stride = static_cast<size_t>(shape_.head_dim);
+    q.head_stride = static_cast<size_t>(P) * static_cast<size_t>(shape_.head_dim);
+    q.first_tokens = reinterpret_cast<const int64_t*>(dev + L * 3 * N);
+    q.header = static_cast<const uint8_t*>(headers_.data()) + header_offset_[l];
+    q.stochastic = o.rounding == Rounding::stochastic;
+    q.seed = o.seed;
+    q.layer = static_cast<int>(l);
+    cuda::hack_quantize_blocks(geometries_[l], q, nullptr);
+  }
+  s.closed = upto;
+}
 
 size_t CudaPagedKvCache::page_bytes() const {
   return 2 * static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(options_.page_tokens) *
@@ -46,10 +202,14 @@ CudaPagedKvCache::Sequence& CudaPagedKvCache::get(int seq_id) {
 void CudaPagedKvCache::add_sequence(int seq_id, int max_tokens) {
   HACK_CHECK(!sequences_.contains(seq_id), "device KV cache: sequence {} already exists", seq_id);
   HACK_CHECK(max_tokens > 0, "device KV cache: sequence {} needs max_tokens > 0 (got {})", seq_id, max_tokens);
-  const int need = pages_for(max_tokens, options_.page_tokens);
+  const int need = pages_for(rows_for(max_tokens), options_.page_tokens);
   HACK_CHECK(need <= free_pages(),
              "device KV cache: sequence {} needs {} pages of {} tokens for {} tokens, {} of {} are free", seq_id, need,
              options_.page_tokens, max_tokens, free_pages(), options_.num_pages);
+  const int blocks = is_hack() ? full_blocks(max_tokens) : 0;
+  HACK_CHECK(blocks <= static_cast<int>(hack_free_.size()),
+             "device KV cache: sequence {} needs {} HACK pages for {} tokens, {} of {} are free", seq_id, blocks,
+             max_tokens, hack_free_.size(), options_.num_pages);
   Sequence s;
   s.max_tokens = max_tokens;
   s.lengths.assign(static_cast<size_t>(shape_.num_layers), 0);
@@ -58,6 +218,10 @@ void CudaPagedKvCache::add_sequence(int seq_id, int max_tokens) {
     s.pages.push_back(free_.back());
     free_.pop_back();
   }
+  for (int i = 0; i < blocks; ++i) {
+    s.hack_pages.push_back(hack_free_.back());
+    hack_free_.pop_back();
+  }
   sequences_.emplace(seq_id, std::move(s));
 }
 
@@ -65,6 +229,7 @@ void CudaPagedKvCache::remove_sequence(int seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return;
   for (int p : it->second.pages) free_.push_back(p);
+  for (int p : it->second.hack_pages) hack_free_.push_back(p);
   sequences_.erase(it);
 }
 
@@ -88,6 +253,7 @@ cuda::PagedKvLayer CudaPagedKvCache::layer(int layer) const {
   v.page_tokens = options_.page_tokens;
   v.kv_heads = shape_.num_kv_heads;
   v.head_dim = shape_.head_dim;
+  v.sinks = sinks();
   return v;
 }
 
@@ -104,6 +270,7 @@ void CudaPagedKvCache::commit_append(int layer, int seq_id, int start_pos, int n
 }
 
 void CudaPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
+  HACK_CHECK(!is_hack(), "device KV cache: host appends are for --kv fp; the HACK cache is written by the CUDA backend");
   const Sequence& s = get(seq_id);
   HACK_CHECK(start_pos == length(seq_id, layer), "device KV cache: sequence {} layer {}: append at {} but length is {}",
              seq_id, layer, start_pos, length(seq_id, layer));
@@ -138,8 +305,9 @@ KvCacheStats CudaPagedKvCache::stats() const {
   for (const auto& [id, s] : sequences_) {
     st.tokens += s.lengths.front();
     st.bytes_used += s.pages.size() * page_bytes() * static_cast<size_t>(shape_.num_layers);
+    for (size_t l = 0; l < hack_stride_.size(); ++l) st.bytes_used += s.hack_pages.size() * hack_stride_[l];
   }
-  st.bytes_capacity = pool_.bytes();
+  st.bytes_capacity = pool_.bytes() + hack_pool_.bytes();
   return st;
 }
 

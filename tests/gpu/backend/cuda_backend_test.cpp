@@ -26,6 +26,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+
+#include <cuda_runtime.h>
 
 #include "hack/backend/cuda_backend.h"
 #include "hack/backend/engine.h"
@@ -75,13 +78,24 @@ Model bf16_weights(const Model& m) {
   return r;
 }
 
+// --kv hack as the tests run it: Π = 16 (a page), 4 sinks, 2-bit K and V unless given.
+KvCacheOptions hack_options(int k_bits = 2, int v_bits = 2) {
+  KvCacheOptions o;
+  o.mode = KvMode::hack;
+  o.block_tokens = kPageTokens;
+  o.sinks = 4;
+  o.k_bits = k_bits;
+  o.v_bits = v_bits;
+  return o;
+}
+
 struct CpuRef {
-  explicit CpuRef(const Model& model, int chunk = 512)
+  explicit CpuRef(const Model& model, int chunk = 512, const KvCacheOptions& kv_options = options())
       : model(bf16_weights(model)),
         pool(2),
         kv(make_paged_kv_cache(KvShape{this->model.config.num_layers, this->model.config.num_kv_heads,
                                        this->model.config.head_dim, this->model.config.group_size()},
-                               options())),
+                               kv_options)),
         backend(make_cpu_backend(this->model, pool, *kv, cpu::MatmulPrecision::bf16)),
         engine(*backend, EngineOptions{chunk}) {}
   static KvCacheOptions options() {
@@ -99,8 +113,9 @@ struct CpuRef {
 };
 
 struct GpuRun {
-  explicit GpuRun(const Model& model, int chunk = 512, int pages = 256)
-      : kv(make_cuda_kv_cache(model.config, kv_options(pages))),
+  explicit GpuRun(const Model& model, int chunk = 512, int pages = 256,
+                  const std::optional<KvCacheOptions>& hack = std::nullopt)
+      : kv(make_cuda_kv_cache(model.config, kv_options(pages, hack))),
         backend(make_cuda_backend(model, *kv, backend_options(chunk))),
         engine(*backend, EngineOptions{chunk}) {}
   static CudaBackendOptions backend_options(int chunk) {
@@ -110,10 +125,11 @@ struct GpuRun {
     o.max_logit_rows = 24;  // smaller than a prompt: several lm_head passes
     return o;
   }
-  static CudaKvOptions kv_options(int pages) {
+  static CudaKvOptions kv_options(int pages, const std::optional<KvCacheOptions>& hack = std::nullopt) {
     CudaKvOptions o;
     o.page_tokens = kPageTokens;
     o.num_pages = pages;
+    o.hack = hack;
     return o;
   }
   std::unique_ptr<CudaPagedKvCache> kv;
@@ -284,4 +300,188 @@ TEST_CASE("cuda backend rejects a cache of another shape and malformed batches",
   REQUIRE_THROWS_AS(gpu.backend->forward(twice, logits), hack::Error);
   REQUIRE(gpu.backend->forward(std::span<const SequenceChunk>(&c, 1), logits) == 1);
   REQUIRE(logits.size() == static_cast<size_t>(model.config.vocab_size));
+}
+
+namespace {
+
+// What a sequence of the device cache holds exactly: tokens [0, n) of every layer as f32
+// [n][kv_heads][head_dim] K and V, read back from its bf16 pages through kv_row.
+void read_device_tokens(const CudaPagedKvCache& kv, int seq, int layer, int n, std::vector<float>& k,
+                        std::vector<float>& v) {
+  const KvShape& sh = kv.shape();
+  const size_t D = static_cast<size_t>(sh.head_dim), H = static_cast<size_t>(sh.num_kv_heads);
+  const size_t P = static_cast<size_t>(kv.page_tokens());
+  std::vector<uint16_t> page(kv.page_bytes() / sizeof(uint16_t));
+  k.assign(static_cast<size_t>(n) * H * D, 0.0f);
+  v.assign(k.size(), 0.0f);
+  const std::span<const int> table = kv.page_table(seq);
+  int loaded = -1;
+  for (int pos = 0; pos < n; ++pos) {
+    const int row = cuda::kv_row(pos, kv.page_tokens(), kv.sinks());
+    const int page_id = table[static_cast<size_t>(row) / P];
+    if (page_id != loaded) {
+      REQUIRE(cudaMemcpy(page.data(), kv.exact_page(layer, page_id), kv.page_bytes(), cudaMemcpyDeviceToHost) ==
+              cudaSuccess);
+      loaded = page_id;
+    }
+    const size_t r = static_cast<size_t>(row) % P;
+    for (size_t h = 0; h < H; ++h)
+      for (size_t d = 0; d < D; ++d) {
+        k[(static_cast<size_t>(pos) * H + h) * D + d] = bf16_to_f32(page[(h * P + r) * D + d]);
+        v[(static_cast<size_t>(pos) * H + h) * D + d] = bf16_to_f32(page[((H + h) * P + r) * D + d]);
+      }
+  }
+}
+
+// Every HACK page the device closed for `seq` equals, byte for byte, the page the CPU cache
+// writes for the same exact tokens (the device's own bf16 K/V, appended to a CPU cache with
+// the same options): sinks offset, block strides, first token, header and layer all agree.
+void require_device_pages_equal_cpu(const CudaPagedKvCache& kv, int seq, const KvCacheOptions& options) {
+  const KvShape& sh = kv.shape();
+  const int length = kv.length(seq, 0), closed = kv.closed_blocks(seq);
+  auto cpu = make_paged_kv_cache(sh, options);
+  cpu->add_sequence(0, length);
+  cpu->begin_prefill(0);
+  std::vector<float> k, v;
+  for (int l = 0; l < sh.num_layers; ++l) {
+    read_device_tokens(kv, seq, l, length, k, v);
+    cpu->append(l, 0, 0, length, k.data(), v.data());
+  }
+  cpu->end_prefill(0);
+  std::vector<std::byte> page;
+  for (int l = 0; l < sh.num_layers; ++l) {
+    REQUIRE(cpu->hack_page_count(0, l) >= closed);
+    for (int b = 0; b < closed; ++b) {
+      const std::span<const std::byte> want = cpu->hack_page(0, l, b);
+      page.resize(want.size());
+      REQUIRE(cudaMemcpy(page.data(), kv.hack_page(l, kv.hack_page_table(seq)[static_cast<size_t>(b)]), page.size(),
+                         cudaMemcpyDeviceToHost) == cudaSuccess);
+      INFO("layer " << l << " block " << b);
+      REQUIRE(std::equal(page.begin(), page.end(), want.begin()));
+    }
+  }
+}
+
+}  // namespace
+
+// --kv hack on the device against the CPU HACK cache. The prompt is exact on both sides
+// (nothing is quantized inside a prefill), so its logits keep the fp tolerance. In decode,
+// K/V/q differ by the bf16 rounding of the GEMMs, and a code or a Q'/P' quantization level
+// can flip where a value sits on a rounding boundary: greedy steps get 5e-2 · max|logit|
+// (2.5× the fp tolerance; a wrong page, offset or header moves logits by O(1)), and the
+// page bytes are compared exactly against the CPU quantizer on the device's own bf16 K/V.
+TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logits and greedy tokens match the cpu "
+          "hack cache",
+          "[gpu][backend][hack]") {
+  constexpr double kHackDecodeRelTol = 5e-2;
+  for (const auto& [k_bits, v_bits] : {std::pair{2, 2}, std::pair{4, 2}}) {
+    const KvCacheOptions options = hack_options(k_bits, v_bits);
+    for (const fs::path& dir : model_dirs()) {
+      INFO("model " << dir.string() << " k" << k_bits << "v" << v_bits);
+      const Model model = Model::load(dir);
+      const size_t vocab = static_cast<size_t>(model.config.vocab_size);
+      CpuRef cpu(model, 512, options);
+      GpuRun gpu(model, 512, 256, options);
+      REQUIRE(gpu.kv->name() == "hack-k" + std::to_string(k_bits) + "v" + std::to_string(v_bits) + "-cuda");
+      int seq = 0;
+      double worst_prompt = 0, worst_decode = 0;
+      for (const std::vector<int>& ids : prompts_for(dir, model.config.vocab_size)) {
+        INFO("prompt of " << ids.size() << " tokens");
+        std::vector<float> a, b;
+        cpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
+        gpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
+        cpu.engine.prefill(seq, ids, a, /*all_logits=*/true);
+        gpu.engine.prefill(seq, ids, b, /*all_logits=*/true);
+        REQUIRE(a.size() == b.size());
+        REQUIRE(gpu.kv->closed_blocks(seq) == gpu.kv->full_blocks(static_cast<int>(ids.size())));
+        for (size_t r = 0; r < ids.size(); ++r) {
+          const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
+          INFO("position " << r << " max|Δ| " << diff << " max|logit| " << mag);
+          REQUIRE(diff <= kLogitsRelTol * mag);
+          if (mag > 0) worst_prompt = std::max(worst_prompt, static_cast<double>(diff / mag));
+        }
+        std::vector<float> la(a.end() - static_cast<std::ptrdiff_t>(vocab), a.end());
+        std::vector<float> lb(b.end() - static_cast<std::ptrdiff_t>(vocab), b.end());
+        for (int step = 0; step < 32; ++step) {
+          const int ta = argmax(la.data(), vocab), tb = argmax(lb.data(), vocab);
+          const auto [diff, mag] = row_diff(lb.data(), la.data(), vocab);
+          if (ta != tb) {
+            const float margin = la[static_cast<size_t>(ta)] - la[static_cast<size_t>(tb)];
+            INFO("step " << step << ": cpu " << ta << ", gpu " << tb << ", cpu margin " << margin << ", max|Δ| "
+                         << diff);
+            REQUIRE(margin <= kHackDecodeRelTol * mag);
+            WARN("near tie at greedy step " << step << " (margin " << margin << "): comparison stops there");
+            break;
+          }
+          INFO("step " << step << " max|Δ| " << diff << " max|logit| " << mag);
+          REQUIRE(diff <= kHackDecodeRelTol * mag);
+          if (mag > 0) worst_decode = std::max(worst_decode, static_cast<double>(diff / mag));
+          if (step + 1 == 32) break;
+          cpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&ta, 1), la);
+          gpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&tb, 1), lb);
+        }
+        require_device_pages_equal_cpu(*gpu.kv, seq, options);
+        cpu.engine.remove_sequence(seq);
+        gpu.engine.remove_sequence(seq);
+        ++seq;
+      }
+      std::printf("hack k%dv%d %s: worst max|Δ|/max|logit| %.4f over prompts, %.4f over greedy steps\n", k_bits,
+                  v_bits, dir.filename().string().c_str(), worst_prompt, worst_decode);
+    }
+  }
+}
+
+TEST_CASE("cuda backend --kv hack: a mixed batch equals single runs; what the device cannot run is refused",
+          "[gpu][backend][hack][hack-batch]") {
+  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-qwen3");
+  const size_t vocab = static_cast<size_t>(model.config.vocab_size);
+  const KvCacheOptions options = hack_options();
+  GpuRun batched(model, 512, 256, options), single(model, 512, 256, options);
+  // Two prompts with the same number of closed blocks (2 of Π = 16 past 4 sinks), so the
+  // decode plan (pages per split) is the same alone and together.
+  std::vector<std::vector<int>> prompts(2);
+  for (int i = 0; i < 40; ++i) prompts[0].push_back((i * 31 + 7) % model.config.vocab_size);
+  for (int i = 0; i < 45; ++i) prompts[1].push_back((i * 53 + 3) % model.config.vocab_size);
+  std::vector<float> logits;
+  for (int s = 0; s < 2; ++s)
+    for (GpuRun* g : {&batched, &single}) {
+      g->engine.add_sequence(s, 96);
+      g->engine.prefill(s, prompts[static_cast<size_t>(s)], logits);
+    }
+  const std::vector<int> new_prompt{42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59};
+  for (GpuRun* g : {&batched, &single}) {
+    g->kv->add_sequence(2, 64);
+    g->kv->begin_prefill(2);
+  }
+  const int d0 = 9, d1 = 10;
+  // The prefill chunk first: decode rows 1 and 19 are not rows 0 .. n − 1 (the gather path).
+  const SequenceChunk mixed[] = {
+      {2, 0, new_prompt, true},
+      {0, static_cast<int>(prompts[0].size()), std::span<const int>(&d0, 1), false},
+      {1, static_cast<int>(prompts[1].size()), std::span<const int>(&d1, 1), false},
+  };
+  std::vector<float> got;
+  REQUIRE(batched.backend->forward(mixed, got) == 2 + new_prompt.size());
+  size_t row = 0;
+  for (const SequenceChunk& c : mixed) {
+    std::vector<float> ref;
+    const size_t rows = single.backend->forward(std::span<const SequenceChunk>(&c, 1), ref);
+    for (size_t r = 0; r < rows; ++r, ++row) {
+      const auto [diff, mag] = row_diff(&got[row * vocab], &ref[r * vocab], vocab);
+      INFO("sequence " << c.seq_id << " row " << r << " max|Δ| " << diff);
+      REQUIRE(diff <= 5e-3 * mag);
+    }
+  }
+  // A prompt chunk over a quantized past (sequence 0 has closed blocks) is refused, and so
+  // are the options the device has no kernel for.
+  const int more[] = {1, 2};
+  const SequenceChunk late{0, static_cast<int>(prompts[0].size()) + 1, more, false};
+  REQUIRE_THROWS_WITH(batched.backend->forward(std::span<const SequenceChunk>(&late, 1), logits),
+                      Catch::Contains("quantized past"));
+  KvCacheOptions recent = options;
+  recent.recent_tokens = 16;
+  REQUIRE_THROWS_WITH(make_cuda_kv_cache(model.config, GpuRun::kv_options(8, recent)), Catch::Contains("--hack-recent"));
+  KvCacheOptions select = options;
+  select.select.ratio = 0.5;
+  REQUIRE_THROWS_WITH(make_cuda_kv_cache(model.config, GpuRun::kv_options(8, select)), Catch::Contains("--kv-select"));
 }

@@ -67,17 +67,32 @@ void swiglu_to_bf16(const float* gate, const float* up, bf16* out, long long n, 
 
 /// One layer of the paged device KV pool:
 ///   layer [pages][2 (K, V)][kv_heads][page_tokens][head_dim] bf16.
-/// Token p of a sequence lives in page page_table[p / page_tokens], row p % page_tokens.
+/// Token p of a sequence lives at row r = kv_row(p) of the sequence's rows: page
+/// page_table[r / page_tokens], row r % page_tokens. Without sinks r = p. With S sinks (the
+/// HACK cache, --kv hack) page 0 holds the sinks in rows [0, S) and block b of Π tokens,
+/// [S + b·Π, S + (b + 1)·Π), fills page 1 + b whole, so a block is one page the quantizer
+/// reads with plain strides: r = p for p < S, else p + Π − S.
 struct PagedKvLayer {
   bf16* data = nullptr;
   int page_tokens = 0;
   int kv_heads = 0;
   int head_dim = 0;
+  int sinks = 0;  ///< S; 0 = tokens fill pages from row 0 (the fp cache)
 };
+
+/// The row of token `pos` (see PagedKvLayer).
+__host__ __device__ inline int kv_row(int pos, int page_tokens, int sinks) {
+  return sinks > 0 && pos >= sinks ? pos + page_tokens - sinks : pos;
+}
 
 /// Writes K and V of n_tokens tokens ([n_tokens][kv_heads][head_dim] fp32, K already
 /// rotated) as bf16 into their slots; slots[t] = page · page_tokens + row.
 void kv_append(PagedKvLayer kv, const float* k, const float* v, const int* slots, int n_tokens, cudaStream_t stream);
+
+/// dst[i] = src[rows[i]] for i < n: rows of `width` floats gathered into a dense block.
+void gather_rows(const float* src, const int* rows, int n, int width, float* dst, cudaStream_t stream);
+/// dst[rows[i]] = bf16(src[i]) for i < n: a dense block of f32 rows scattered as bf16 rows.
+void scatter_rows_to_bf16(const float* src, const int* rows, int n, int width, bf16* dst, cudaStream_t stream);
 
 /// Decode attention: one query token per sequence.
 struct DecodeAttentionArgs {
