@@ -11,7 +11,7 @@
 # ends the output.
 #
 #   bench/cuda/device_check.sh [steps...]
-#   steps: tests memcheck racecheck attn sweep profile sdpa run runs hackmem (default: tests attn sdpa memcheck
+#   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem (default: tests attn sdpa memcheck
 #   racecheck run)
 set -u
 OUT=${OUT:-/tmp/hack-device-out}
@@ -33,7 +33,7 @@ summary=()
 step() {  # step NAME TIMEOUT CMD...: runs, logs to $OUT/NAME.log, records rc
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  echo "=== $name: $*"
+  echo "=== $name: $(printf "%s " "$@" | cut -c1-160)"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   tail -n 25 "$OUT/$name.log"
@@ -67,6 +67,7 @@ for s in $steps; do
             step hack_run_${kv}_$n 80 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv $kv --max-tokens 256 \
               --ignore-eos --prompt-ids "$(seq -s, 100 $((n + 99)))" --log-level warn --max-model-len 16384
           done; done ;;
+    decode) step decode_bench 240 $hb/bin/cuda_decode_bench --batch 1,8,32 --contexts 4096,8192,32768,131072 ;;
     hackmem) step hack_memcheck 90 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
                $hb/bin/gpu_test -r compact "[hack-batch]" ;;
     run) step hack_run 50 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv fp --max-tokens 128 --ignore-eos \

@@ -3,14 +3,14 @@
 # Debian libraries: the gpu test binary, cuda_attention_bench and hack-run (stripped) and
 # the shared libraries they need beyond CUDA's own, as .devcarry/bundle.tar.xz (ignored by
 # git; the device tool carries it). Build first: cmake --build build --target gpu_test
-# cuda_attention_bench hack-run.
+# cuda_attention_bench cuda_decode_bench hack-run.
 set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$root/.devcarry"
-cp "$build/tests/gpu_test" "$build/bin/cuda_attention_bench" "$build/bin/hack-run" "$stage/bin/"
+cp "$build/tests/gpu_test" "$build/bin/cuda_attention_bench" "$build/bin/cuda_decode_bench" "$build/bin/hack-run" "$stage/bin/"
 strip "$stage"/bin/*
 # Every library ldd resolves outside glibc and CUDA's cuBLAS (too large to carry; the GPU
 # machine has its own), libcudart included so its version is the one we built against.

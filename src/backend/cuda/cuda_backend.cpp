@@ -458,7 +458,7 @@ class CudaBackend final : public Backend {
       h[o.dec_lengths + i] = dec_[i].length;
       h[o.dec_tables + i] = dec_[i].table_offset;
     }
-    if (kv.is_hack()) plan_hack_decode_rows(o, h);
+    if (kv.is_hack() && !dec_.empty()) plan_hack_decode_rows(o, h);
     for (size_t i = 0; i < pre_.size(); ++i) {
       h[o.pre_rows + i] = pre_[i].row;
       h[o.pre_tokens + i] = pre_[i].n_tokens;

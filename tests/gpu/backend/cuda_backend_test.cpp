@@ -364,26 +364,36 @@ void require_device_pages_equal_cpu(const CudaPagedKvCache& kv, int seq, const K
 
 }  // namespace
 
-// --kv hack on the device against the CPU HACK cache. The prompt is exact on both sides
-// (nothing is quantized inside a prefill), so its logits keep the fp tolerance. In decode,
-// K/V/q differ by the bf16 rounding of the GEMMs, and a code or a Q'/P' quantization level
-// can flip where a value sits on a rounding boundary: greedy steps get 5e-2 · max|logit|
-// (2.5× the fp tolerance; a wrong page, offset or header moves logits by O(1)), and the
-// page bytes are compared exactly against the CPU quantizer on the device's own bf16 K/V.
+// --kv hack on the device against the CPU HACK cache (bf16 weights, bf16 GEMM inputs, as
+// above). Three checks:
+// - Page bytes, exactly: after the prompt and after every step that closes a block, each
+//   HACK page on the device equals the page the CPU quantizer writes from the device's own
+//   bf16 K/V (sinks offset, block strides, first token, header, layer).
+// - The prompt's logits keep the fp tolerance: nothing is quantized inside a prefill.
+// - Greedy decode over the pages: K/V/q differ by the GEMMs' rounding, and where a value
+//   sits on a code boundary its code flips, which moves a score by a whole code step. How
+//   far that goes was measured on the CPU alone (2026-11-26), with f32 against bf16-rounded
+//   weights of the same fixture models, greedy to the first divergence: worst max|Δ| /
+//   max|logit| 0.029 with fp KV, 0.045 with k8v8, 0.155 with k4v4, 0.258 with k2v2. So k8v8
+//   gets 5e-2 (it checks the decode wiring: a wrong page, count or offset moves logits by
+//   O(1)) and k2v2 3e-1 (the measured drift plus a margin; its pages are checked exactly).
 TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logits and greedy tokens match the cpu "
           "hack cache",
           "[gpu][backend][hack]") {
-  constexpr double kHackDecodeRelTol = 5e-2;
-  for (const auto& [k_bits, v_bits] : {std::pair{2, 2}, std::pair{4, 2}}) {
-    const KvCacheOptions options = hack_options(k_bits, v_bits);
+  struct Config {
+    int k_bits, v_bits;
+    double decode_tol;
+  };
+  for (const Config& config : {Config{8, 8, 5e-2}, Config{2, 2, 3e-1}}) {
+    const KvCacheOptions options = hack_options(config.k_bits, config.v_bits);
     for (const fs::path& dir : model_dirs()) {
-      INFO("model " << dir.string() << " k" << k_bits << "v" << v_bits);
+      INFO("model " << dir.string() << " k" << config.k_bits << "v" << config.v_bits);
       const Model model = Model::load(dir);
       const size_t vocab = static_cast<size_t>(model.config.vocab_size);
       CpuRef cpu(model, 512, options);
       GpuRun gpu(model, 512, 256, options);
-      REQUIRE(gpu.kv->name() == "hack-k" + std::to_string(k_bits) + "v" + std::to_string(v_bits) + "-cuda");
-      int seq = 0;
+      REQUIRE(gpu.kv->name() == "hack-k" + std::to_string(config.k_bits) + "v" + std::to_string(config.v_bits) + "-cuda");
+      int seq = 0, pages_checked = 0;
       double worst_prompt = 0, worst_decode = 0;
       for (const std::vector<int>& ids : prompts_for(dir, model.config.vocab_size)) {
         INFO("prompt of " << ids.size() << " tokens");
@@ -393,7 +403,10 @@ TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logit
         cpu.engine.prefill(seq, ids, a, /*all_logits=*/true);
         gpu.engine.prefill(seq, ids, b, /*all_logits=*/true);
         REQUIRE(a.size() == b.size());
-        REQUIRE(gpu.kv->closed_blocks(seq) == gpu.kv->full_blocks(static_cast<int>(ids.size())));
+        int closed = gpu.kv->closed_blocks(seq);
+        REQUIRE(closed == gpu.kv->full_blocks(static_cast<int>(ids.size())));
+        require_device_pages_equal_cpu(*gpu.kv, seq, options);
+        pages_checked += closed;
         for (size_t r = 0; r < ids.size(); ++r) {
           const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
           INFO("position " << r << " max|Δ| " << diff << " max|logit| " << mag);
@@ -409,24 +422,30 @@ TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logit
             const float margin = la[static_cast<size_t>(ta)] - la[static_cast<size_t>(tb)];
             INFO("step " << step << ": cpu " << ta << ", gpu " << tb << ", cpu margin " << margin << ", max|Δ| "
                          << diff);
-            REQUIRE(margin <= kHackDecodeRelTol * mag);
+            REQUIRE(margin <= config.decode_tol * mag);
             WARN("near tie at greedy step " << step << " (margin " << margin << "): comparison stops there");
             break;
           }
           INFO("step " << step << " max|Δ| " << diff << " max|logit| " << mag);
-          REQUIRE(diff <= kHackDecodeRelTol * mag);
+          REQUIRE(diff <= config.decode_tol * mag);
           if (mag > 0) worst_decode = std::max(worst_decode, static_cast<double>(diff / mag));
           if (step + 1 == 32) break;
           cpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&ta, 1), la);
           gpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&tb, 1), lb);
+          if (gpu.kv->closed_blocks(seq) != closed) {
+            closed = gpu.kv->closed_blocks(seq);
+            INFO("after greedy step " << step);
+            require_device_pages_equal_cpu(*gpu.kv, seq, options);
+            ++pages_checked;
+          }
         }
-        require_device_pages_equal_cpu(*gpu.kv, seq, options);
         cpu.engine.remove_sequence(seq);
         gpu.engine.remove_sequence(seq);
         ++seq;
       }
-      std::printf("hack k%dv%d %s: worst max|Δ|/max|logit| %.4f over prompts, %.4f over greedy steps\n", k_bits,
-                  v_bits, dir.filename().string().c_str(), worst_prompt, worst_decode);
+      CHECK(pages_checked > 0);
+      std::printf("hack k%dv%d %s: worst max|Δ|/max|logit| %.4f over prompts, %.4f over greedy steps\n", config.k_bits,
+                  config.v_bits, dir.filename().string().c_str(), worst_prompt, worst_decode);
     }
   }
 }
