@@ -167,8 +167,7 @@ Result run_bf16(const Args& a, const Device& dev, int context, int batch) {
   const size_t q_elems = static_cast<size_t>(batch) * QH * D;
   Buffer q = Buffer::allocate(MemoryKind::device, q_elems * 4), out = Buffer::allocate(MemoryKind::device, q_elems * 2);
   fill_f32(q.data(), q_elems, 7);
-  const int per_split = batch * H;
-  const int splits = std::clamp((2 * dev.sm_count + per_split - 1) / per_split, 1, std::min(32, pages));
+  const int splits = cuda::decode_attention_splits(dev.sm_count, batch, H, pages, 64);  // the backend's plan
   cuda::DecodeAttentionArgs args;
   args.q = static_cast<const float*>(q.data());
   args.out = static_cast<cuda::bf16*>(out.data());

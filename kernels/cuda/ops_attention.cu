@@ -124,6 +124,201 @@ __global__ void decode_attention_kernel(DecodeAttentionArgs a) {
   }
 }
 
+// The fast decode kernel, for group ≤ 16 and head_dim a multiple of 32 up to 128 (the
+// kernel above serves the rest). Block (split, kv_head, seq) of kDecodeWarps warps; warp w
+// takes pages p0 + w, p0 + w + kDecodeWarps, … of the split, 32 tokens at a time, with its
+// own online softmax:
+//   scores: lane j computes the G dot products of token t0 + j (its K row read with 16-byte
+//           loads, q broadcast from shared memory);
+//   softmax: per row a warp max and a warp sum over the 32 scores;
+//   P·V:    lane l owns channels [l·C, l·C + C), C = head_dim / 32, and adds p[g][j]
+//           (shuffled from lane j) · V[t0 + j] for each token, V rows read coalesced.
+// The warps' states are then merged in warp order through shared memory into the split's
+// partial state, the same one decode_merge_kernel reads.
+constexpr int kDecodeWarps = 4;
+
+template <int C>
+__device__ void load_bf16(const bf16* p, float (&out)[C]) {
+  const auto* u = reinterpret_cast<const uint16_t*>(p);
+  if constexpr (C == 4) {
+    const uint2 w = *reinterpret_cast<const uint2*>(u);
+    out[0] = __uint_as_float(w.x << 16);
+    out[1] = __uint_as_float(w.x & 0xffff0000u);
+    out[2] = __uint_as_float(w.y << 16);
+    out[3] = __uint_as_float(w.y & 0xffff0000u);
+  } else if constexpr (C == 2) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(u);
+    out[0] = __uint_as_float(w << 16);
+    out[1] = __uint_as_float(w & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int c = 0; c < C; ++c) out[c] = __uint_as_float(static_cast<uint32_t>(u[c]) << 16);
+  }
+}
+
+template <int GMAX, int C>
+__global__ void __launch_bounds__(kDecodeWarps * 32) decode_attention_warps_kernel(DecodeAttentionArgs a) {
+  constexpr int D = 32 * C;
+  extern __shared__ __align__(16) float smem[];
+  const int G = a.group_size, P = a.kv.page_tokens;
+  float* q_s = smem;                                  // [G][D]
+  float* acc_s = q_s + GMAX * D;                      // [warps][G][D]
+  float* m_s = acc_s + kDecodeWarps * GMAX * D;       // [warps][G]
+  float* l_s = m_s + kDecodeWarps * GMAX;             // [warps][G]
+
+  const int split = static_cast<int>(blockIdx.x), kv_head = static_cast<int>(blockIdx.y);
+  const int seq = static_cast<int>(blockIdx.z);
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int len = a.kv_lengths[seq];
+  const int n_pages = (len + P - 1) / P;
+  const int p0 = split * a.pages_per_split;
+  const int p1 = min(n_pages, p0 + a.pages_per_split);
+  const int q_heads = a.kv.kv_heads * G;
+  const float* q = a.q + static_cast<long long>(a.rows[seq]) * a.q_row_stride + kv_head * G * D;
+  for (int e = tid; e < G * D; e += blockDim.x) q_s[e] = q[e];
+  __syncthreads();
+
+  float m[GMAX], l[GMAX], acc[GMAX][C];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[g][c] = 0.0f;
+  }
+  const int* table = a.page_tables + a.page_table_offsets[seq];
+  for (int p = p0 + warp; p < p1; p += kDecodeWarps) {
+    const int page = table[p];
+    const int n_tok = min(P, len - p * P);
+    const bf16* k = page_head(a.kv, page, 0, kv_head);
+    const bf16* v = page_head(a.kv, page, 1, kv_head);
+    for (int t0 = 0; t0 < n_tok; t0 += 32) {
+      const int t = t0 + lane;
+      const bool valid = t < n_tok;
+      float s[GMAX];
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) s[g] = 0.0f;
+      if (valid) {
+        const uint4* row = reinterpret_cast<const uint4*>(k + static_cast<long long>(t) * D);
+#pragma unroll
+        for (int w = 0; w < D / 8; ++w) {
+          const uint4 kw = row[w];
+          const float kf[8] = {__uint_as_float(kw.x << 16), __uint_as_float(kw.x & 0xffff0000u),
+                               __uint_as_float(kw.y << 16), __uint_as_float(kw.y & 0xffff0000u),
+                               __uint_as_float(kw.z << 16), __uint_as_float(kw.z & 0xffff0000u),
+                               __uint_as_float(kw.w << 16), __uint_as_float(kw.w & 0xffff0000u)};
+#pragma unroll
+          for (int g = 0; g < GMAX; ++g) {
+            if (g < G) {
+              const float4 qa = *reinterpret_cast<const float4*>(q_s + g * D + w * 8);
+              const float4 qb = *reinterpret_cast<const float4*>(q_s + g * D + w * 8 + 4);
+              s[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
+                      qb.z * kf[6] + qb.w * kf[7];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) {
+        if (g < G) {
+          const float sc = valid ? s[g] * a.scale : -INFINITY;
+          const float m_new = fmaxf(m[g], warp_max(sc));  // finite: lane 0's token is valid
+          const float corr = expf(m[g] - m_new);          // 0 on the warp's first chunk
+          const float e = valid ? expf(sc - m_new) : 0.0f;
+          s[g] = e;
+          l[g] = l[g] * corr + warp_sum(e);
+          m[g] = m_new;
+#pragma unroll
+          for (int c = 0; c < C; ++c) acc[g][c] *= corr;
+        }
+      }
+      // V rows 8 at a time, all 8 loads issued before their FMAs (one load in flight at a
+      // time left the warp waiting on memory latency row by row). Rows past the page's
+      // tokens are not loaded; their p is 0 (invalid lanes).
+      const int nv = min(32, n_tok - t0);
+      const bf16* vrow = v + static_cast<long long>(t0) * D + lane * C;
+      for (int j0 = 0; j0 < nv; j0 += 8) {
+        float vf[8][C];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (j0 + u < nv) {
+            load_bf16<C>(vrow + static_cast<long long>(j0 + u) * D, vf[u]);
+          } else {
+#pragma unroll
+            for (int c = 0; c < C; ++c) vf[u][c] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+#pragma unroll
+          for (int g = 0; g < GMAX; ++g) {
+            if (g < G) {
+              const float pj = __shfl_sync(0xffffffffu, s[g], j0 + u);
+#pragma unroll
+              for (int c = 0; c < C; ++c) acc[g][c] += pj * vf[u][c];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Merge the warps' states in warp order.
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    if (g < G) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc_s[(warp * GMAX + g) * D + lane * C + c] = acc[g][c];
+      if (lane == 0) {
+        m_s[warp * GMAX + g] = m[g];
+        l_s[warp * GMAX + g] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  const int n_splits = static_cast<int>(gridDim.x);
+  for (int e = tid; e < G * (D + 2); e += blockDim.x) {
+    const int g = e / (D + 2), i = e % (D + 2);
+    float mx = -INFINITY;
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, m_s[w * GMAX + g]);
+    float sum = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float mw = m_s[w * GMAX + g];
+        if (mw == -INFINITY) continue;
+        const float f = expf(mw - mx);
+        sum += f * (i < D ? acc_s[(w * GMAX + g) * D + i] : l_s[w * GMAX + g]);
+      }
+    }
+    const int head = kv_head * G + g;
+    float* dst = a.partial + ((static_cast<long long>(seq) * q_heads + head) * n_splits + split) * (D + 2);
+    dst[i] = i == D ? mx : sum;  // acc[0 .. D), m, l
+  }
+}
+
+// Which kernel serves a shape: the warp kernel's group bound (0 = the generic kernel).
+int warps_kernel_gmax(int group_size, int head_dim) {
+  if (head_dim % 32 != 0 || head_dim > 128 || group_size > 16) return 0;
+  return group_size <= 4 ? 4 : (group_size <= 8 ? 8 : 16);
+}
+
+size_t warps_kernel_smem_bytes(int gmax, int head_dim) {
+  return sizeof(float) * (static_cast<size_t>(gmax) * head_dim * (1 + kDecodeWarps) + 2 * kDecodeWarps * gmax);
+}
+
+template <int GMAX>
+void launch_warps_kernel(const DecodeAttentionArgs& args, dim3 grid, size_t smem, cudaStream_t stream) {
+  void (*kernel)(DecodeAttentionArgs) = nullptr;
+  switch (args.kv.head_dim / 32) {
+    case 1: kernel = &decode_attention_warps_kernel<GMAX, 1>; break;
+    case 2: kernel = &decode_attention_warps_kernel<GMAX, 2>; break;
+    case 3: kernel = &decode_attention_warps_kernel<GMAX, 3>; break;
+    default: kernel = &decode_attention_warps_kernel<GMAX, 4>; break;
+  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "decode attention");
+  kernel<<<grid, kDecodeWarps * 32, smem, stream>>>(args);
+}
+
 // Block (seq, query head): merges the splits' partial states and writes bf16.
 __global__ void decode_merge_kernel(DecodeAttentionArgs a, int n_splits) {
   const int seq = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y);
@@ -266,6 +461,8 @@ long long decode_attention_workspace_floats(int n_seqs, int q_heads, int n_split
 }
 
 size_t decode_attention_smem_bytes(int group_size, int head_dim, int page_tokens) {
+  const int gmax = warps_kernel_gmax(group_size, head_dim);
+  if (gmax != 0) return warps_kernel_smem_bytes(gmax, head_dim);
   const size_t G = static_cast<size_t>(group_size);
   return sizeof(float) * (2 * G * static_cast<size_t>(head_dim) + G * static_cast<size_t>(page_tokens) + 3 * G);
 }
@@ -279,10 +476,17 @@ size_t prefill_attention_smem_bytes(int head_dim) {
 void decode_attention(const DecodeAttentionArgs& args, cudaStream_t stream) {
   if (args.n_seqs == 0) return;
   const size_t smem = decode_attention_smem_bytes(args.group_size, args.kv.head_dim, args.kv.page_tokens);
-  allow_dynamic_smem(reinterpret_cast<const void*>(&decode_attention_kernel), smem, "decode attention");
   const dim3 grid(static_cast<unsigned>(args.n_splits), static_cast<unsigned>(args.kv.kv_heads),
                   static_cast<unsigned>(args.n_seqs));
-  decode_attention_kernel<<<grid, kAttentionThreads, smem, stream>>>(args);
+  switch (warps_kernel_gmax(args.group_size, args.kv.head_dim)) {
+    case 4: launch_warps_kernel<4>(args, grid, smem, stream); break;
+    case 8: launch_warps_kernel<8>(args, grid, smem, stream); break;
+    case 16: launch_warps_kernel<16>(args, grid, smem, stream); break;
+    default:
+      allow_dynamic_smem(reinterpret_cast<const void*>(&decode_attention_kernel), smem, "decode attention");
+      decode_attention_kernel<<<grid, kAttentionThreads, smem, stream>>>(args);
+      break;
+  }
   HACK_CUDA_CU_CHECK(cudaGetLastError());
   const dim3 merge_grid(static_cast<unsigned>(args.n_seqs), static_cast<unsigned>(args.kv.kv_heads * args.group_size));
   const int merge_threads = args.kv.head_dim >= 128 ? 128 : (args.kv.head_dim >= 64 ? 64 : 32);

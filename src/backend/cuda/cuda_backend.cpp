@@ -37,7 +37,7 @@ namespace {
 using cuda::bf16;
 
 // Decode attention splits a sequence's pages over at most this many blocks.
-constexpr int kMaxDecodeSplits = 32;
+constexpr int kMaxDecodeSplits = 64;
 // HACK decode attention: split warps per SM the plan aims for (bench/cuda/NOTES.md, call 9).
 constexpr int kHackWarpsPerSm = 64;
 
@@ -495,10 +495,8 @@ class CudaBackend final : public Backend {
       a.n_seqs = static_cast<int>(dec_.size());
       a.group_size = cfg_.group_size();
       a.scale = scale;
-      // Enough blocks to fill the device twice over, whole pages per split.
-      const int blocks_per_split = a.n_seqs * cfg_.num_kv_heads;
-      int splits = std::clamp((2 * sm_count_ + blocks_per_split - 1) / blocks_per_split, 1,
-                              std::min(kMaxDecodeSplits, max_decode_pages_));
+      const int splits =
+          cuda::decode_attention_splits(sm_count_, a.n_seqs, cfg_.num_kv_heads, max_decode_pages_, kMaxDecodeSplits);
       a.pages_per_split = (max_decode_pages_ + splits - 1) / splits;
       a.n_splits = (max_decode_pages_ + a.pages_per_split - 1) / a.pages_per_split;
       a.partial = ptr<float>(partial_);

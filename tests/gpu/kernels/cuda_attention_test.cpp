@@ -66,6 +66,10 @@ const AttnShape kShapes[] = {
     {2, 128, 64, 1},  // large pages
     {8, 128, 16, 2},  // Llama-3-8B-like group
     {4, 256, 32, 1},  // head_dim 256 (Gemma-like): prefill needs > 48 KiB shared memory
+    {3, 96, 32, 2},   // group 3 (Llama-3.2-3B), 3 channels a lane in the warp decode kernel
+    {16, 64, 16, 1},  // the warp decode kernel's largest group
+    {20, 64, 16, 1},  // beyond it: the generic decode kernel
+    {2, 80, 16, 2},   // head_dim not a multiple of 32: the generic decode kernel
 };
 
 }  // namespace

@@ -111,6 +111,16 @@ struct DecodeAttentionArgs {
   int n_splits = 1;               ///< blocks per (sequence, KV head); ≥ ceil(max pages / pages_per_split)
   float* partial = nullptr;       ///< workspace, decode_attention_workspace_floats(...) floats
 };
+/// Splits of decode attention for a batch: about 8 blocks of 4 warps per SM, whole pages per
+/// split, at least 4 pages per split where the context has them (a warp per page), at most
+/// max_splits. The backend and bench/cuda/attention_bench plan with it.
+inline int decode_attention_splits(int sm_count, int n_seqs, int kv_heads, int max_pages, int max_splits) {
+  const int units = n_seqs * kv_heads;
+  const int want = (8 * sm_count + units - 1) / units;
+  const int most = (max_pages + 3) / 4 < max_splits ? (max_pages + 3) / 4 : max_splits;
+  return want < 1 ? 1 : (want > most ? (most < 1 ? 1 : most) : want);
+}
+
 /// Floats of DecodeAttentionArgs::partial for n_seqs sequences and n_splits splits.
 long long decode_attention_workspace_floats(int n_seqs, int q_heads, int n_splits, int head_dim);
 /// Dynamic shared memory the decode kernel needs; the caller checks it against the device.
