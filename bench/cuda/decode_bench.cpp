@@ -9,8 +9,13 @@
 // hack the full blocks are closed (quantized on the device) exactly as end_prefill closes
 // a prompt's. Decode then runs the product path unchanged. Weights are random (seed 42).
 //
+// Prefill is measured beside it (--prefill 512,2048): tok/s of one prompt chunk through the
+// backend (fp KV), against what cuBLAS alone needs for that chunk's GEMMs (the 7 projections
+// of every layer, same shapes, same gemm_bf16 call) and cuBLAS's rate on a large square GEMM.
+//
 //   cuda_decode_bench [--synthetic llama-8b] [--kv fp,hack] [--batch 1,32] [--contexts 4096,32768]
-//                     [--steps 32] [--hack-bits 2] [--block 64] [--max-kv-gb 40]
+//                     [--steps 32] [--hack-bits 2] [--block 64] [--max-kv-gb 40] [--prefill 512,2048]
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +28,7 @@
 #include "hack/backend/cuda_backend.h"
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
+#include "hack/kernels/cuda/ops.h"
 #include "hack/model/config.h"
 #include "hack/model/weights.h"
 
@@ -41,6 +47,7 @@ struct Args {
   int hack_bits = 2;
   int block = 64;
   float max_kv_gb = 40.0f;  // skip configurations whose bf16 KV exceeds this
+  std::vector<int> prefill{512, 2048};
 };
 
 void check(cudaError_t e, const char* what) {
@@ -121,6 +128,88 @@ void run_mode(const Model& model, const Args& a, const std::string& kv_name) {
     }
 }
 
+// Seconds per call of f, median of 5 timed runs of `calls` calls after one warm-up call.
+template <class F>
+double time_calls(int calls, F&& f) {
+  f();
+  check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) f();
+    check(cudaDeviceSynchronize(), "timed calls");
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
+  }
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+void run_prefill(const Model& model, const Args& a) {
+  const ModelConfig& c = model.config;
+  const int max_n = *std::max_element(a.prefill.begin(), a.prefill.end());
+  CudaKvOptions ko;
+  ko.page_tokens = a.block;
+  ko.num_pages = CudaPagedKvCache::pages_for(max_n, a.block) + 1;
+  auto kv = make_cuda_kv_cache(c, ko);
+  CudaBackendOptions bo;
+  bo.max_batch_tokens = max_n;
+  bo.max_sequences = 1;
+  auto backend = make_cuda_backend(model, *kv, bo);
+  // cuBLAS alone: the layer GEMMs of an n-row chunk on random bf16 matrices of the model's shapes.
+  cublasHandle_t handle = nullptr;
+  HACK_CHECK(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed");
+  const int H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
+  const std::vector<std::pair<int, int>> shapes{{qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {I, H}, {I, H}, {H, I}};
+  std::vector<Buffer> w;
+  for (const auto& [out, in] : shapes) {
+    w.push_back(Buffer::allocate(MemoryKind::device, static_cast<size_t>(out) * in * 2));
+    bench_fill_bf16(w.back().data(), static_cast<size_t>(out) * in, 7u + static_cast<uint32_t>(w.size()), in, 0.0f);
+  }
+  const size_t widest = static_cast<size_t>(std::max({H, I, qd}));
+  Buffer x = Buffer::allocate(MemoryKind::device, static_cast<size_t>(max_n) * widest * 2);
+  Buffer y = Buffer::allocate(MemoryKind::device, static_cast<size_t>(max_n) * widest * 4);
+  bench_fill_bf16(x.data(), static_cast<size_t>(max_n) * widest, 3u, 128, 0.0f);
+  double flop_per_row = 0;
+  for (const auto& [out, in] : shapes) flop_per_row += 2.0 * out * in;
+  {  // cuBLAS's rate on a large square GEMM, the peak the chunk's GEMMs are compared with
+    const int n = 8192;
+    Buffer ma = Buffer::allocate(MemoryKind::device, size_t{n} * n * 2), mb = Buffer::allocate(MemoryKind::device, size_t{n} * n * 2);
+    Buffer mc = Buffer::allocate(MemoryKind::device, size_t{n} * n * 4);
+    bench_fill_bf16(ma.data(), size_t{n} * n, 11u, 128, 0.0f);
+    bench_fill_bf16(mb.data(), size_t{n} * n, 12u, 128, 0.0f);
+    const double sec = time_calls(5, [&] {
+      cuda::gemm_bf16(handle, static_cast<const cuda::bf16*>(ma.data()), n, n, static_cast<const cuda::bf16*>(mb.data()),
+                      n, static_cast<float*>(mc.data()));
+    });
+    std::printf("# cuBLAS bf16 GEMM %d x %d x %d (fp32 out): %.0f TFLOP/s\n", n, n, n, 2.0 * n * n * n / sec / 1e12);
+  }
+  std::printf("%-8s %9s %10s %12s %14s %9s\n", "prefill", "tok/s", "TTFT ms", "GEMM-only ms", "GEMM TFLOP/s", "GEMM %");
+  for (int n : a.prefill) {
+    std::vector<int> ids(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7919 + 11) % c.vocab_size;
+    std::vector<float> logits;
+    int seq = 0;
+    const double sec = time_calls(1, [&] {
+      if (kv->has_sequence(seq)) kv->remove_sequence(seq);
+      kv->add_sequence(seq, n);
+      const SequenceChunk chunk{seq, 0, ids, false};
+      backend->forward(std::span<const SequenceChunk>(&chunk, 1), logits);
+    });
+    kv->remove_sequence(seq);
+    const double gemm_sec = time_calls(1, [&] {
+      for (int l = 0; l < c.num_layers; ++l)
+        for (size_t i = 0; i < shapes.size(); ++i)
+          cuda::gemm_bf16(handle, static_cast<const cuda::bf16*>(w[i].data()), shapes[i].first, shapes[i].second,
+                          static_cast<const cuda::bf16*>(x.data()), n, static_cast<float*>(y.data()));
+    });
+    const double flop = flop_per_row * n * c.num_layers;
+    std::printf("%-8d %9.0f %10.1f %12.1f %14.0f %8.0f%%\n", n, n / sec, 1e3 * sec, 1e3 * gemm_sec, flop / gemm_sec / 1e12,
+                100.0 * gemm_sec / sec);
+    std::fflush(stdout);
+  }
+  cublasDestroy(handle);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,10 +226,14 @@ int main(int argc, char** argv) {
     flags.add_int("hack-bits", &a.hack_bits, "HACK K and V bits");
     flags.add_int("block", &a.block, "tokens per page (Π)");
     flags.add_float("max-kv-gb", &a.max_kv_gb, "skip configurations whose bf16 KV exceeds this (GB)");
+    std::string prefill;
+    flags.add_string("prefill", &prefill, "prompt chunk lengths for the prefill rows, comma-separated; none = skip");
     if (!flags.parse(argc, argv)) return 2;
     if (!kv.empty()) a.kv = split_list(kv);
     if (!batches.empty()) a.batches = parse_int_list(batches, "batch");
     if (!contexts.empty()) a.contexts = parse_int_list(contexts, "contexts");
+    if (prefill == "none") a.prefill.clear();
+    else if (!prefill.empty()) a.prefill = parse_int_list(prefill, "prefill");
     HACK_CHECK(a.steps > 0, "--steps must be positive");
 
     cudaDeviceProp prop{};
@@ -155,6 +248,7 @@ int main(int argc, char** argv) {
                 a.steps, a.block, a.hack_bits, a.hack_bits);
     std::printf("%-5s %5s %7s %9s %10s %7s  %s\n", "kv", "batch", "context", "ms/step", "tok/s", "finite", "cache");
     for (const std::string& mode : a.kv) run_mode(model, a, mode);
+    if (!a.prefill.empty()) run_prefill(model, a);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cuda_decode_bench: %s\n", e.what());

@@ -11,7 +11,7 @@
 # ends the output.
 #
 #   bench/cuda/device_check.sh [steps...]
-#   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem (default: tests attn sdpa memcheck
+#   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem attn2 sdpa2 decodefp (default: tests attn sdpa memcheck
 #   racecheck run)
 set -u
 OUT=${OUT:-/tmp/hack-device-out}
@@ -67,6 +67,10 @@ for s in $steps; do
             step hack_run_${kv}_$n 80 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv $kv --max-tokens 256 \
               --ignore-eos --prompt-ids "$(seq -s, 100 $((n + 99)))" --log-level warn --max-model-len 16384
           done; done ;;
+    attn2) step attention2 90 $hb/bin/cuda_attention_bench --modes bf16,hack2 --contexts 4096,32768,131072 --batch 1,8,32 ;;
+    sdpa2) step sdpa2 75 python3 bench/cuda/sdpa_bench.py --contexts 4096,32768,131072 --batch 1,8,32 ;;
+    decodefp) step decode_bench_fp 120 $hb/bin/cuda_decode_bench --kv fp --prefill none --batch 1,8,32 \
+                --contexts 4096,8192,32768,131072 ;;
     decode) step decode_bench 240 $hb/bin/cuda_decode_bench --batch 1,8,32 --contexts 4096,8192,32768,131072 ;;
     hackmem) step hack_memcheck 90 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
                $hb/bin/gpu_test -r compact "[hack-batch]" ;;

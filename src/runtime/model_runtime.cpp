@@ -17,8 +17,8 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   flags.add_string("model", &c.model, "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
   flags.add_string("synthetic", &c.synthetic, "instead of --model: random weights of a named shape (benchmarks)");
   flags.add_string("device", &c.device,
-                   "cpu or cuda (cuda: hack-run only so far; bf16 weights and a bf16 paged KV pool on GPU 0, --kv fp, "
-                   "pages of --hack-block tokens)");
+                   "cpu or cuda (cuda: hack-run only so far; bf16 weights and a paged KV pool on GPU 0, pages of "
+                   "--hack-block tokens; --kv fp, or --kv hack with --hack-recent 0 and no --kv-select)");
   flags.add_int("threads", &c.threads, "compute threads; 0 = all cores");
   flags.add_string("weights-memory", &c.weights_memory,
                    "where the CPU backend reads the weight matrices: huge-pages (copied into memory advised for "
