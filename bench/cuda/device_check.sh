@@ -11,7 +11,7 @@
 # ends the output.
 #
 #   bench/cuda/device_check.sh [steps...]
-#   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem attn2 sdpa2 decodefp (default: tests attn sdpa memcheck
+#   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem attn2 sdpa2 decodefp prefill (default: tests attn sdpa memcheck
 #   racecheck run)
 set -u
 OUT=${OUT:-/tmp/hack-device-out}
@@ -71,6 +71,8 @@ for s in $steps; do
     sdpa2) step sdpa2 75 python3 bench/cuda/sdpa_bench.py --contexts 4096,32768,131072 --batch 1,8,32 ;;
     decodefp) step decode_bench_fp 120 $hb/bin/cuda_decode_bench --kv fp --prefill none --batch 1,8,32 \
                 --contexts 4096,8192,32768,131072 ;;
+    prefill) step prefill_bench 120 $hb/bin/cuda_decode_bench --kv fp --batch 1 --contexts 4096 --steps 8 \
+               --prefill 512,2048,8192 ;;
     decode) step decode_bench 240 $hb/bin/cuda_decode_bench --batch 1,8,32 --contexts 4096,8192,32768,131072 ;;
     hackmem) step hack_memcheck 90 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
                $hb/bin/gpu_test -r compact "[hack-batch]" ;;

@@ -296,6 +296,165 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_attention_warps_kern
   }
 }
 
+// The tiled prefill kernel, for head_dim = 16·CPT (CPT channels a thread in P·V): block
+// (query tile of kTileQ, head, chunk) of 256 threads as 16 rows-groups (ty) × 16 columns
+// (tx). Each key tile of kTileK keys:
+//   scores: thread (ty, tx) computes rows 4ty .. 4ty + 3 against keys tx and tx + 16, float4
+//           loads of q and k from shared memory (row strides padded by 4 floats: a half-warp's
+//           16 key rows then fall on distinct bank groups);
+//   softmax: row max and sum over the 16 threads of a row group (shuffles within 16 lanes);
+//   P·V:    P written to shared memory as [key][row], and thread (ty, tx) adds, for its 4 rows,
+//           channels tx, tx + 16, … of Σ_j p[row][j] · V[j].
+// fp32 throughout, the same math as prefill_attention_kernel with 16× more work per shared
+// memory load; the generic kernel serves head dims it has no instance for, and devices whose
+// shared memory is too small for the tiles.
+constexpr int kTileQ = 64, kTileK = 32, kTileThreads = 256;
+
+size_t tiled_prefill_smem_bytes(int hd) {
+  const size_t h = static_cast<size_t>(hd);
+  return sizeof(float) * (kTileQ * (h + 4) + kTileK * (h + 4) + kTileK * h + kTileK * (kTileQ + 4));
+}
+
+template <int CPT>
+__global__ void __launch_bounds__(kTileThreads) prefill_attention_tiled_kernel(PrefillAttentionArgs a) {
+  constexpr int HD = 16 * CPT, QS = HD + 4, PS = kTileQ + 4;
+  extern __shared__ __align__(16) float smem[];
+  float* q_s = smem;               // [kTileQ][QS]
+  float* k_s = q_s + kTileQ * QS;  // [kTileK][QS]
+  float* v_s = k_s + kTileK * QS;  // [kTileK][HD]
+  float* p_s = v_s + kTileK * HD;  // [kTileK][PS]: p[row][key] stored by key
+
+  const int P = a.kv.page_tokens;
+  const int chunk = static_cast<int>(blockIdx.z), head = static_cast<int>(blockIdx.y);
+  const int kv_head = head / a.group_size;
+  const int n = a.n_tokens[chunk];
+  const int q0 = static_cast<int>(blockIdx.x) * kTileQ;
+  if (q0 >= n) return;  // whole block: no __syncthreads has run yet
+  const int nq = min(kTileQ, n - q0);
+  const int pos0 = a.start_pos[chunk] + q0;
+  const int kv_end = pos0 + nq;
+  const long long row0 = a.first_rows[chunk] + q0;
+  const int* table = a.page_tables + a.page_table_offsets[chunk];
+  const int tid = static_cast<int>(threadIdx.x), ty = tid / 16, tx = tid % 16;
+
+  for (int e = tid; e < kTileQ * HD; e += kTileThreads) {
+    const int r = e / HD, d = e % HD;
+    q_s[r * QS + d] = r < nq ? a.q[(row0 + r) * a.q_row_stride + head * HD + d] : 0.0f;
+  }
+  float m[4], l[4], o[4][CPT];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) o[i][c] = 0.0f;
+  }
+
+  for (int k0 = 0; k0 < kv_end; k0 += kTileK) {
+    const int nk = min(kTileK, kv_end - k0);
+    __syncthreads();  // q_s written (first tile); k_s, v_s and p_s free (later tiles)
+    for (int e = tid; e < kTileK * HD; e += kTileThreads) {
+      const int j = e / HD, d = e % HD;
+      float kk = 0.0f, vv = 0.0f;
+      if (j < nk) {
+        const int row = kv_row(k0 + j, P, a.kv.sinks);
+        const int page = table[row / P];
+        const long long off = static_cast<long long>(row % P) * HD + d;
+        kk = __bfloat162float(page_head(a.kv, page, 0, kv_head)[off]);
+        vv = __bfloat162float(page_head(a.kv, page, 1, kv_head)[off]);
+      }
+      k_s[j * QS + d] = kk;
+      v_s[j * HD + d] = vv;
+    }
+    __syncthreads();
+
+    // Scores of rows 4ty + i against keys tx and tx + 16.
+    float sc[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[i][0] = sc[i][1] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < HD; d += 4) {
+      const float4 k_a = *reinterpret_cast<const float4*>(k_s + tx * QS + d);
+      const float4 k_b = *reinterpret_cast<const float4*>(k_s + (tx + 16) * QS + d);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 qv = *reinterpret_cast<const float4*>(q_s + (4 * ty + i) * QS + d);
+        sc[i][0] += qv.x * k_a.x + qv.y * k_a.y + qv.z * k_a.z + qv.w * k_a.w;
+        sc[i][1] += qv.x * k_b.x + qv.y * k_b.y + qv.z * k_b.z + qv.w * k_b.w;
+      }
+    }
+    float corr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 4 * ty + i, qpos = pos0 + r;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int j = tx + 16 * k;
+        const bool visible = r < nq && j < nk && k0 + j <= qpos;
+        sc[i][k] = visible ? sc[i][k] * a.scale : -INFINITY;
+        mx = fmaxf(mx, sc[i][k]);
+      }
+      for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m[i], mx);
+      float sum = 0.0f;
+      if (m_new == -INFINITY) {  // padding row, or nothing visible yet: contributes nothing
+        corr[i] = 1.0f;
+        sc[i][0] = sc[i][1] = 0.0f;
+      } else {
+        corr[i] = expf(m[i] - m_new);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          sc[i][k] = expf(sc[i][k] - m_new);  // masked: e^(−inf) = 0
+          sum += sc[i][k];
+        }
+        m[i] = m_new;
+      }
+      for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      l[i] = l[i] * corr[i] + sum;
+      p_s[tx * PS + 4 * ty + i] = sc[i][0];
+      p_s[(tx + 16) * PS + 4 * ty + i] = sc[i][1];
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) o[i][c] *= corr[i];
+    for (int j = 0; j < nk; ++j) {
+      const float4 pv = *reinterpret_cast<const float4*>(p_s + j * PS + 4 * ty);
+      const float pr[4] = {pv.x, pv.y, pv.z, pv.w};
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        const float vv = v_s[j * HD + tx + 16 * c];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i][c] += pr[i] * vv;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = 4 * ty + i;
+    if (r >= nq) continue;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c)
+      a.out[(row0 + r) * a.q_row_stride + head * HD + tx + 16 * c] = __float2bfloat16_rn(o[i][c] / l[i]);
+  }
+}
+
+// The tiled prefill kernel for a head_dim, or null where there is no instance.
+void (*tiled_prefill_kernel(int head_dim))(PrefillAttentionArgs) {
+  switch (head_dim) {
+    case 32: return &prefill_attention_tiled_kernel<2>;
+    case 64: return &prefill_attention_tiled_kernel<4>;
+    case 96: return &prefill_attention_tiled_kernel<6>;
+    case 128: return &prefill_attention_tiled_kernel<8>;
+    case 256: return &prefill_attention_tiled_kernel<16>;
+    default: return nullptr;
+  }
+}
+
 // Which kernel serves a shape: the warp kernel's group bound (0 = the generic kernel).
 int warps_kernel_gmax(int group_size, int head_dim) {
   if (head_dim % 32 != 0 || head_dim > 128 || group_size > 16) return 0;
@@ -496,6 +655,16 @@ void decode_attention(const DecodeAttentionArgs& args, cudaStream_t stream) {
 
 void prefill_attention(const PrefillAttentionArgs& args, cudaStream_t stream) {
   if (args.n_chunks == 0 || args.max_tokens == 0) return;
+  void (*tiled)(PrefillAttentionArgs) = tiled_prefill_kernel(args.kv.head_dim);
+  const size_t tiled_smem = tiled_prefill_smem_bytes(args.kv.head_dim);
+  if (tiled != nullptr && tiled_smem <= max_dynamic_smem()) {
+    allow_dynamic_smem(reinterpret_cast<const void*>(tiled), tiled_smem, "prefill attention");
+    const dim3 grid(static_cast<unsigned>((args.max_tokens + kTileQ - 1) / kTileQ), static_cast<unsigned>(args.q_heads),
+                    static_cast<unsigned>(args.n_chunks));
+    tiled<<<grid, kTileThreads, tiled_smem, stream>>>(args);
+    HACK_CUDA_CU_CHECK(cudaGetLastError());
+    return;
+  }
   const size_t smem = prefill_attention_smem_bytes(args.kv.head_dim);
   allow_dynamic_smem(reinterpret_cast<const void*>(&prefill_attention_kernel), smem, "prefill attention");
   const dim3 grid(static_cast<unsigned>((args.max_tokens + kPrefillQueryTile - 1) / kPrefillQueryTile),

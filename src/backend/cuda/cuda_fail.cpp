@@ -14,16 +14,12 @@ void cuda_fail(cudaError_t status, const char* expr, const char* file, int line)
   fail("CUDA error {} ({}) in {} at {}:{}", static_cast<int>(status), cudaGetErrorString(status), expr, file, line);
 }
 
-void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what) {
-  constexpr size_t kDefaultBytes = 48 * 1024;
-  if (bytes <= kDefaultBytes) return;
+size_t max_dynamic_smem() {
   int device = 0;
   HACK_CUDA_CU_CHECK(cudaGetDevice(&device));
-  // Kernels launch on every decode step: the device's opt-in limit is read once, and a
-  // kernel's attribute is raised only past what it already allows (never lowered).
+  // Read once per device: kernels launch on every step.
   static std::mutex mutex;
   static std::map<int, int> optin_by_device;
-  static std::map<std::pair<int, const void*>, size_t> allowed;
   const std::lock_guard<std::mutex> lock(mutex);
   auto it = optin_by_device.find(device);
   if (it == optin_by_device.end()) {
@@ -31,8 +27,20 @@ void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what) {
     HACK_CUDA_CU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     it = optin_by_device.emplace(device, optin).first;
   }
-  if (bytes > static_cast<size_t>(it->second))
-    fail("{}: needs {} bytes of shared memory, device {} allows {}", what, bytes, device, it->second);
+  return static_cast<size_t>(it->second);
+}
+
+void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what) {
+  constexpr size_t kDefaultBytes = 48 * 1024;
+  if (bytes <= kDefaultBytes) return;
+  int device = 0;
+  HACK_CUDA_CU_CHECK(cudaGetDevice(&device));
+  const size_t optin = max_dynamic_smem();
+  if (bytes > optin) fail("{}: needs {} bytes of shared memory, device {} allows {}", what, bytes, device, optin);
+  // A kernel's attribute is raised only past what it already allows (never lowered).
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, size_t> allowed;
+  const std::lock_guard<std::mutex> lock(mutex);
   size_t& now = allowed[{device, kernel}];
   if (bytes > now) {
     HACK_CUDA_CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));

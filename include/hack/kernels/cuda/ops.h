@@ -30,6 +30,8 @@ using bf16 = __nv_bfloat16;
 /// this device); beyond the device's opt-in limit (queried once per device) it throws naming
 /// `what`. Cheap enough to call before each launch that may need it.
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what);
+/// The current device's opt-in limit of dynamic shared memory per block, in bytes.
+size_t max_dynamic_smem();
 
 /// y[rows][out] = x[rows][in] · w^T with cuBLAS (cublasGemmEx, bf16 in, fp32 compute and
 /// out) on the handle's stream; w is a HF weight [out][in] bf16. Throws on a cuBLAS error.
