@@ -374,9 +374,11 @@ void require_device_pages_equal_cpu(const CudaPagedKvCache& kv, int seq, const K
 //   sits on a code boundary its code flips, which moves a score by a whole code step. How
 //   far that goes was measured on the CPU alone (2026-11-26), with f32 against bf16-rounded
 //   weights of the same fixture models, greedy to the first divergence: worst max|Δ| /
-//   max|logit| 0.029 with fp KV, 0.045 with k8v8, 0.155 with k4v4, 0.258 with k2v2. So k8v8
-//   gets 5e-2 (it checks the decode wiring: a wrong page, count or offset moves logits by
-//   O(1)) and k2v2 3e-1 (the measured drift plus a margin; its pages are checked exactly).
+//   max|logit| 0.029 with fp KV, 0.045 with k8v8, 0.155 with k4v4, 0.258 with k2v2. The H100
+//   (2026-11-26) then showed worst drifts of 0.028–0.045 with k8v8 and 0.025–0.220 with k2v2
+//   against the CPU cache, the same as the CPU alone. So k8v8 gets 8e-2 (the worst seen
+//   ×1.8; it checks the decode wiring: a wrong page, count or offset moves logits by O(1))
+//   and k2v2 3e-1 (its pages are checked exactly).
 TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logits and greedy tokens match the cpu "
           "hack cache",
           "[gpu][backend][hack]") {
@@ -384,7 +386,7 @@ TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logit
     int k_bits, v_bits;
     double decode_tol;
   };
-  for (const Config& config : {Config{8, 8, 5e-2}, Config{2, 2, 3e-1}}) {
+  for (const Config& config : {Config{8, 8, 8e-2}, Config{2, 2, 3e-1}}) {
     const KvCacheOptions options = hack_options(config.k_bits, config.v_bits);
     for (const fs::path& dir : model_dirs()) {
       INFO("model " << dir.string() << " k" << config.k_bits << "v" << config.v_bits);
