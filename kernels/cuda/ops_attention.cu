@@ -296,6 +296,28 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_attention_warps_kern
   }
 }
 
+// Stages keys [k0, k0 + tile) of one KV head of a prefill chunk into shared memory as fp32:
+// K rows k_stride floats apart, V rows hd apart, zeros for keys nk and past. Inlined, so a
+// kernel whose hd is a constant divides by a constant.
+__device__ __forceinline__ void stage_kv_tile(const PrefillAttentionArgs& a, const int* table, int kv_head, int k0,
+                                              int nk, int tile, int hd, int threads, float* k_s, int k_stride,
+                                              float* v_s) {
+  const int P = a.kv.page_tokens;
+  for (int e = static_cast<int>(threadIdx.x); e < tile * hd; e += threads) {
+    const int j = e / hd, d = e % hd;
+    float kk = 0.0f, vv = 0.0f;
+    if (j < nk) {
+      const int row = kv_row(k0 + j, P, a.kv.sinks);
+      const int page = table[row / P];
+      const long long off = static_cast<long long>(row % P) * hd + d;
+      kk = __bfloat162float(page_head(a.kv, page, 0, kv_head)[off]);
+      vv = __bfloat162float(page_head(a.kv, page, 1, kv_head)[off]);
+    }
+    k_s[j * k_stride + d] = kk;
+    v_s[j * hd + d] = vv;
+  }
+}
+
 // The tiled prefill kernel, for head_dim = 16·CPT (CPT channels a thread in P·V): block
 // (query tile of kTileQ, head, chunk) of 256 threads as 16 rows-groups (ty) × 16 columns
 // (tx). Each key tile of kTileK keys:
@@ -324,7 +346,6 @@ __global__ void __launch_bounds__(kTileThreads) prefill_attention_tiled_kernel(P
   float* v_s = k_s + kTileK * QS;  // [kTileK][HD]
   float* p_s = v_s + kTileK * HD;  // [kTileK][PS]: p[row][key] stored by key
 
-  const int P = a.kv.page_tokens;
   const int chunk = static_cast<int>(blockIdx.z), head = static_cast<int>(blockIdx.y);
   const int kv_head = head / a.group_size;
   const int n = a.n_tokens[chunk];
@@ -353,19 +374,7 @@ __global__ void __launch_bounds__(kTileThreads) prefill_attention_tiled_kernel(P
   for (int k0 = 0; k0 < kv_end; k0 += kTileK) {
     const int nk = min(kTileK, kv_end - k0);
     __syncthreads();  // q_s written (first tile); k_s, v_s and p_s free (later tiles)
-    for (int e = tid; e < kTileK * HD; e += kTileThreads) {
-      const int j = e / HD, d = e % HD;
-      float kk = 0.0f, vv = 0.0f;
-      if (j < nk) {
-        const int row = kv_row(k0 + j, P, a.kv.sinks);
-        const int page = table[row / P];
-        const long long off = static_cast<long long>(row % P) * HD + d;
-        kk = __bfloat162float(page_head(a.kv, page, 0, kv_head)[off]);
-        vv = __bfloat162float(page_head(a.kv, page, 1, kv_head)[off]);
-      }
-      k_s[j * QS + d] = kk;
-      v_s[j * HD + d] = vv;
-    }
+    stage_kv_tile(a, table, kv_head, k0, nk, kTileK, HD, kTileThreads, k_s, QS, v_s);
     __syncthreads();
 
     // Scores of rows 4ty + i against keys tx and tx + 16.
@@ -514,7 +523,7 @@ __global__ void decode_merge_kernel(DecodeAttentionArgs a, int n_splits) {
 __global__ void prefill_attention_kernel(PrefillAttentionArgs a) {
   extern __shared__ float smem[];
   constexpr int Bq = kPrefillQueryTile, Bk = kPrefillKeyTile;
-  const int hd = a.kv.head_dim, P = a.kv.page_tokens;
+  const int hd = a.kv.head_dim;
   const int qs = hd + 1;
   float* q_s = smem;
   float* k_s = q_s + Bq * qs;
@@ -550,19 +559,7 @@ __global__ void prefill_attention_kernel(PrefillAttentionArgs a) {
 
   for (int k0 = 0; k0 < kv_end; k0 += Bk) {
     const int nk = min(Bk, kv_end - k0);
-    for (int e = tid; e < Bk * hd; e += blockDim.x) {
-      const int j = e / hd, d = e % hd;
-      float kv_k = 0.0f, kv_v = 0.0f;
-      if (j < nk) {
-        const int row = kv_row(k0 + j, P, a.kv.sinks);
-        const int page = table[row / P];
-        const long long off = static_cast<long long>(row % P) * hd + d;
-        kv_k = __bfloat162float(page_head(a.kv, page, 0, kv_head)[off]);
-        kv_v = __bfloat162float(page_head(a.kv, page, 1, kv_head)[off]);
-      }
-      k_s[j * qs + d] = kv_k;
-      v_s[j * hd + d] = kv_v;
-    }
+    stage_kv_tile(a, table, kv_head, k0, nk, Bk, hd, static_cast<int>(blockDim.x), k_s, qs, v_s);
     __syncthreads();
     for (int e = tid; e < Bq * Bk; e += blockDim.x) {
       const int r = e / Bk, j = e % Bk;

@@ -351,13 +351,17 @@ class CudaBackend final : public Backend {
 
   // Grows the pinned and device plan arrays to at least `ints` (only when a batch needs more
   // page-table entries than any before; a steady decode loop allocates nothing).
-  void reserve_plan(size_t ints) {
-    if (ints <= plan_capacity_) return;
-    const size_t cap = std::max(ints, plan_capacity_ * 2);
+  void reserve_plan(size_t ints) { grow_staged(plan_host_, plan_dev_, plan_capacity_, ints, sizeof(int)); }
+
+  // Grows a pinned host array and its device twin to at least n elements of `elem` bytes
+  // (doubling; waits for the stream first, as the old arrays may still be in a copy).
+  void grow_staged(Buffer& host, Buffer& dev, size_t& capacity, size_t n, size_t elem) {
+    if (n <= capacity) return;
+    const size_t cap = std::max(n, capacity * 2);
     HACK_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    plan_host_ = Buffer::allocate(MemoryKind::pinned, cap * sizeof(int));
-    plan_dev_ = Buffer::allocate(MemoryKind::device, cap * sizeof(int), options_.device);
-    plan_capacity_ = cap;
+    host = Buffer::allocate(MemoryKind::pinned, cap * elem);
+    dev = Buffer::allocate(MemoryKind::device, cap * elem, options_.device);
+    capacity = cap;
   }
 
   // Validates the batch against the cache and writes the plan; returns the token rows.
@@ -578,12 +582,7 @@ class CudaBackend final : public Backend {
   }
 
   void reserve_pointer_plan(size_t n) {
-    if (n <= pointers_capacity_) return;
-    const size_t cap = std::max(n, pointers_capacity_ * 2);
-    HACK_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    pointers_host_ = Buffer::allocate(MemoryKind::pinned, cap * sizeof(uint64_t));
-    pointers_dev_ = Buffer::allocate(MemoryKind::device, cap * sizeof(uint64_t), options_.device);
-    pointers_capacity_ = cap;
+    grow_staged(pointers_host_, pointers_dev_, pointers_capacity_, n, sizeof(uint64_t));
   }
 
   // --kv hack: the decode rows of one layer. q rows are gathered into a dense block unless

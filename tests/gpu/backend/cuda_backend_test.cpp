@@ -162,6 +162,26 @@ std::vector<std::vector<int>> prompts_for(const fs::path& dir, int vocab) {
   return prompts;
 }
 
+// One forward of `batch` on `batched` (expected_rows logits rows) against each chunk alone on
+// `single` (both caches in the same state): every logits row within rel_tol · max|logit|.
+void require_batch_equals_single_runs(GpuRun& batched, GpuRun& single, std::span<const SequenceChunk> batch,
+                                      size_t expected_rows, size_t vocab, double rel_tol) {
+  std::vector<float> got;
+  const size_t total = batched.backend->forward(batch, got);
+  REQUIRE(total == expected_rows);
+  size_t row = 0;
+  for (const SequenceChunk& c : batch) {
+    std::vector<float> ref;
+    const size_t rows = single.backend->forward(std::span<const SequenceChunk>(&c, 1), ref);
+    for (size_t r = 0; r < rows; ++r, ++row) {
+      const auto [diff, mag] = row_diff(&got[row * vocab], &ref[r * vocab], vocab);
+      INFO("sequence " << c.seq_id << " row " << r << " max|Δ| " << diff);
+      REQUIRE(diff <= rel_tol * mag);
+    }
+  }
+  REQUIRE(row == total);
+}
+
 }  // namespace
 
 TEST_CASE("cuda backend logits and greedy tokens match the cpu backend on every fixture model",
@@ -265,18 +285,7 @@ TEST_CASE("cuda backend: chunked prefill equals whole prefill, mixed batches equ
       {2, 0, new_prompt, true},
       {1, static_cast<int>(prompts[1].size()), std::span<const int>(&d1, 1), false},
   };
-  std::vector<float> got;
-  REQUIRE(batched.backend->forward(mixed, got) == 2 + new_prompt.size());
-  size_t row = 0;
-  for (const SequenceChunk& c : mixed) {
-    std::vector<float> ref;
-    const size_t rows = single.backend->forward(std::span<const SequenceChunk>(&c, 1), ref);
-    for (size_t r = 0; r < rows; ++r, ++row) {
-      const auto [diff, mag] = row_diff(&got[row * vocab], &ref[r * vocab], vocab);
-      INFO("sequence " << c.seq_id << " row " << r << " max|Δ| " << diff);
-      REQUIRE(diff <= 1e-3 * mag);
-    }
-  }
+  require_batch_equals_single_runs(batched, single, mixed, 2 + new_prompt.size(), vocab, 1e-3);
 }
 
 TEST_CASE("cuda backend rejects a cache of another shape and malformed batches", "[gpu][backend]") {
@@ -481,18 +490,7 @@ TEST_CASE("cuda backend --kv hack: a mixed batch equals single runs; what the de
       {0, static_cast<int>(prompts[0].size()), std::span<const int>(&d0, 1), false},
       {1, static_cast<int>(prompts[1].size()), std::span<const int>(&d1, 1), false},
   };
-  std::vector<float> got;
-  REQUIRE(batched.backend->forward(mixed, got) == 2 + new_prompt.size());
-  size_t row = 0;
-  for (const SequenceChunk& c : mixed) {
-    std::vector<float> ref;
-    const size_t rows = single.backend->forward(std::span<const SequenceChunk>(&c, 1), ref);
-    for (size_t r = 0; r < rows; ++r, ++row) {
-      const auto [diff, mag] = row_diff(&got[row * vocab], &ref[r * vocab], vocab);
-      INFO("sequence " << c.seq_id << " row " << r << " max|Δ| " << diff);
-      REQUIRE(diff <= 5e-3 * mag);
-    }
-  }
+  require_batch_equals_single_runs(batched, single, mixed, 2 + new_prompt.size(), vocab, 5e-3);
   // A prompt chunk over a quantized past (sequence 0 has closed blocks) is refused, and so
   // are the options the device has no kernel for.
   const int more[] = {1, 2};
