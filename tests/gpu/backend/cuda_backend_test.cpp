@@ -162,6 +162,26 @@ std::vector<std::vector<int>> prompts_for(const fs::path& dir, int vocab) {
   return prompts;
 }
 
+// Opens `seq` on both sides and prefills `ids` with the logits of every position (a, b): each
+// row within kLogitsRelTol · max|logit|. Returns the worst max|Δ| / max|logit|.
+double prefill_both(CpuRef& cpu, GpuRun& gpu, int seq, const std::vector<int>& ids, std::vector<float>& a,
+                    std::vector<float>& b) {
+  const size_t vocab = static_cast<size_t>(cpu.model.config.vocab_size);
+  cpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
+  gpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
+  cpu.engine.prefill(seq, ids, a, /*all_logits=*/true);
+  gpu.engine.prefill(seq, ids, b, /*all_logits=*/true);
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
+    INFO("position " << r << " max|Δ| " << diff << " max|logit| " << mag);
+    REQUIRE(diff <= kLogitsRelTol * mag);
+    if (mag > 0) worst = std::max(worst, static_cast<double>(diff / mag));
+  }
+  return worst;
+}
+
 // One forward of `batch` on `batched` (expected_rows logits rows) against each chunk alone on
 // `single` (both caches in the same state): every logits row within rel_tol · max|logit|.
 void require_batch_equals_single_runs(GpuRun& batched, GpuRun& single, std::span<const SequenceChunk> batch,
@@ -201,17 +221,7 @@ TEST_CASE("cuda backend logits and greedy tokens match the cpu backend on every 
       INFO("prompt of " << ids.size() << " tokens");
       // Prefill, logits of every position.
       std::vector<float> a, b;
-      cpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
-      gpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
-      cpu.engine.prefill(seq, ids, a, /*all_logits=*/true);
-      gpu.engine.prefill(seq, ids, b, /*all_logits=*/true);
-      REQUIRE(a.size() == b.size());
-      for (size_t r = 0; r < ids.size(); ++r) {
-        const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
-        INFO("position " << r << " max|Δ| " << diff << " max|logit| " << mag);
-        REQUIRE(diff <= kLogitsRelTol * mag);
-        if (mag > 0) worst_prompt = std::max(worst_prompt, static_cast<double>(diff / mag));
-      }
+      worst_prompt = std::max(worst_prompt, prefill_both(cpu, gpu, seq, ids, a, b));
 
       // Greedy decode, 32 tokens, each side on its own choices.
       std::vector<float> la(a.end() - static_cast<std::ptrdiff_t>(vocab), a.end());
@@ -409,21 +419,11 @@ TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logit
       for (const std::vector<int>& ids : prompts_for(dir, model.config.vocab_size)) {
         INFO("prompt of " << ids.size() << " tokens");
         std::vector<float> a, b;
-        cpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
-        gpu.engine.add_sequence(seq, static_cast<int>(ids.size()) + 40);
-        cpu.engine.prefill(seq, ids, a, /*all_logits=*/true);
-        gpu.engine.prefill(seq, ids, b, /*all_logits=*/true);
-        REQUIRE(a.size() == b.size());
+        worst_prompt = std::max(worst_prompt, prefill_both(cpu, gpu, seq, ids, a, b));
         int closed = gpu.kv->closed_blocks(seq);
         REQUIRE(closed == gpu.kv->full_blocks(static_cast<int>(ids.size())));
         require_device_pages_equal_cpu(*gpu.kv, seq, options);
         pages_checked += closed;
-        for (size_t r = 0; r < ids.size(); ++r) {
-          const auto [diff, mag] = row_diff(&b[r * vocab], &a[r * vocab], vocab);
-          INFO("position " << r << " max|Δ| " << diff << " max|logit| " << mag);
-          REQUIRE(diff <= kLogitsRelTol * mag);
-          if (mag > 0) worst_prompt = std::max(worst_prompt, static_cast<double>(diff / mag));
-        }
         std::vector<float> la(a.end() - static_cast<std::ptrdiff_t>(vocab), a.end());
         std::vector<float> lb(b.end() - static_cast<std::ptrdiff_t>(vocab), b.end());
         for (int step = 0; step < 32; ++step) {
