@@ -173,7 +173,8 @@ void run_prefill(const Model& model, const Args& a) {
   for (const auto& [out, in] : shapes) flop_per_row += 2.0 * out * in;
   {  // cuBLAS's rate on a large square GEMM, the peak the chunk's GEMMs are compared with
     const int n = 8192;
-    Buffer ma = Buffer::allocate(MemoryKind::device, size_t{n} * n * 2), mb = Buffer::allocate(MemoryKind::device, size_t{n} * n * 2);
+    Buffer ma = Buffer::allocate(MemoryKind::device, size_t{n} * n * 2);
+    Buffer mb = Buffer::allocate(MemoryKind::device, size_t{n} * n * 2);
     Buffer mc = Buffer::allocate(MemoryKind::device, size_t{n} * n * 4);
     bench_fill_bf16(ma.data(), size_t{n} * n, 11u, 128, 0.0f);
     bench_fill_bf16(mb.data(), size_t{n} * n, 12u, 128, 0.0f);

@@ -87,7 +87,8 @@ class CudaPagedKvCache final : public KvCache {
   /// bf16 rows (of the page table) that tokens [0, n_tokens) span: kv_row(n_tokens − 1) + 1.
   int rows_for(int n_tokens) const;
 
-  // --kv hack (all of these throw in fp mode, except is_hack and sinks).
+  // --kv hack (in fp mode sinks, full_blocks and closed_blocks are 0 and nothing prefills;
+  // close_blocks, hack_page_table and hack_page throw).
   bool is_hack() const { return options_.hack.has_value(); }
   /// Sink tokens S (0 in fp mode).
   int sinks() const { return is_hack() ? options_.hack->sinks : 0; }

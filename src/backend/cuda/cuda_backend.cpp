@@ -556,7 +556,8 @@ class CudaBackend final : public Backend {
       for (int l = 0; l < cfg_.num_layers; ++l) {
         uint64_t* lp = ptrs + static_cast<size_t>(l) * per_layer;
         for (int p = 0; p < closed; ++p)
-          lp[i * maxp + static_cast<size_t>(p)] = reinterpret_cast<uint64_t>(kv_.hack_page(l, hack_table[static_cast<size_t>(p)]));
+          lp[i * maxp + static_cast<size_t>(p)] =
+              reinterpret_cast<uint64_t>(kv_.hack_page(l, hack_table[static_cast<size_t>(p)]));
         lp[nd * maxp + i] = S > 0 ? reinterpret_cast<uint64_t>(kv_.exact_page(l, table[0])) : 0;
         lp[nd * maxp + nd + i] = open_page >= 0 ? reinterpret_cast<uint64_t>(kv_.exact_page(l, open_page)) : 0;
       }
@@ -574,7 +575,8 @@ class CudaBackend final : public Backend {
     hack_plan_ = plan_hack_decode(in);
     size_t need = 0;
     for (int l = 0; l < cfg_.num_layers; ++l)
-      need = std::max(need, cuda::hack_decode_workspace_bytes(kv_.hack_geometry(l), static_cast<int>(nd), G, hack_plan_));
+      need = std::max(need,
+                      cuda::hack_decode_workspace_bytes(kv_.hack_geometry(l), static_cast<int>(nd), G, hack_plan_));
     if (hack_workspace_.bytes() < need) {
       HACK_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
       hack_workspace_ = Buffer::allocate(MemoryKind::device, need, options_.device);

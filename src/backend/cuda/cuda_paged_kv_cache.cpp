@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "hack/backend/cuda_check.h"
 #include "hack/core/dtype.h"
@@ -158,7 +157,8 @@ void CudaPagedKvCache::close_blocks(int seq_id, int upto) {
   }
   for (int i = 0; i < n; ++i) args[L * 3 * N + static_cast<size_t>(i)] = static_cast<uint64_t>(S + (from + i) * P);
   const size_t bytes = args.size() * sizeof(uint64_t);
-  if (close_args_.bytes() < bytes) close_args_ = Buffer::allocate(MemoryKind::device, std::max(bytes, size_t{4096}), options_.device);
+  if (close_args_.bytes() < bytes)
+    close_args_ = Buffer::allocate(MemoryKind::device, std::max(bytes, size_t{4096}), options_.device);
   // Synchronous on the legacy stream: the previous close's kernels have read their arrays.
   HACK_CUDA_CHECK(cudaMemcpy(close_args_.data(), args.data(), bytes, cudaMemcpyHostToDevice));
   const auto* dev = static_cast<const uint64_t*>(close_args_.data());
