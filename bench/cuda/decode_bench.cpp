@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "hack/backend/cuda_backend.h"
+#include "hack/backend/cuda_check.h"
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
 #include "hack/kernels/cuda/ops.h"
@@ -50,10 +51,6 @@ struct Args {
   std::vector<int> prefill{512, 2048};
 };
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("{}: {}", what, cudaGetErrorString(e));
-}
-
 // Runs every (batch, context) of one KV mode on one cache + backend.
 void run_mode(const Model& model, const Args& a, const std::string& kv_name) {
   const ModelConfig& c = model.config;
@@ -69,7 +66,7 @@ void run_mode(const Model& model, const Args& a, const std::string& kv_name) {
     ko.hack = h;
   }
   // Enough pages for the largest configuration that fits --max-kv-gb.
-  const double token_bytes = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 2;
+  const double token_bytes = bf16_kv_bytes_per_token(kv_shape(c));
   int max_pages = 0, max_batch = 1;
   for (int b : a.batches)
     for (int ctx : a.contexts) {
@@ -88,7 +85,7 @@ void run_mode(const Model& model, const Args& a, const std::string& kv_name) {
   for (int l = 0; l < c.num_layers; ++l)
     bench_fill_bf16(kv->layer(l).data, kv->page_bytes() / 2 * static_cast<size_t>(ko.num_pages), 1000u + l,
                     c.head_dim, 0.5f);
-  check(cudaDeviceSynchronize(), "fill");
+  HACK_CUDA_CHECK(cudaDeviceSynchronize());
 
   for (int b : a.batches)
     for (int ctx : a.contexts) {
@@ -132,12 +129,12 @@ void run_mode(const Model& model, const Args& a, const std::string& kv_name) {
 template <class F>
 double time_calls(int calls, F&& f) {
   f();
-  check(cudaDeviceSynchronize(), "warm-up");
+  HACK_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<double> t;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) f();
-    check(cudaDeviceSynchronize(), "timed calls");
+    HACK_CUDA_CHECK(cudaDeviceSynchronize());
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
   }
   std::sort(t.begin(), t.end());
@@ -238,7 +235,7 @@ int main(int argc, char** argv) {
     HACK_CHECK(a.steps > 0, "--steps must be positive");
 
     cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "device properties");
+    HACK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const auto t0 = std::chrono::steady_clock::now();
     const Model model = Model::synthetic(synthetic_model_config(a.synthetic), 42);
     std::printf("# %s; synthetic %s (%d layers, %d q / %d KV heads, head_dim %d), weights made in %.1f s\n", prop.name,

@@ -134,16 +134,7 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
   HACK_CHECK(options.layer_bits.empty() || static_cast<int>(options.layer_bits.size()) == shape.num_layers,
              "HACK bit allocation: {} layers given, the model has {}", options.layer_bits.size(), shape.num_layers);
   for (int l = 0; l < shape.num_layers; ++l) {
-    HackPageParams params;
-    const HackLayerBits bits =
-        options.layer_bits.empty() ? HackLayerBits{options.k_bits, options.v_bits} : options.layer_bits[static_cast<size_t>(l)];
-    params.k_bits = bits.k_bits;
-    params.v_bits = bits.v_bits;
-    params.block_tokens = options.block_tokens;
-    params.k_group = options.k_group;
-    params.v_group = options.v_group;
-    for (int h = 0; h < shape.num_kv_heads; ++h) params.heads.push_back({shape.k_dim(l, h), shape.v_dim(l, h)});
-    layouts_.emplace_back(params);
+    layouts_.push_back(hack_page_layout(shape, options, l));
     layer_pool_.push_back(pool_for(layouts_.back().page_bytes()));
   }
   exact_elem_bytes_ = 2;
@@ -1052,19 +1043,21 @@ double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options) {
       for (int h = 0; h < shape.num_kv_heads; ++h) bytes += shape.k_dim(l, h) + shape.v_dim(l, h);
     return bytes * static_cast<double>(dtype_size(options.fp_dtype));
   }
-  for (int l = 0; l < shape.num_layers; ++l) {
-    const HackLayerBits bits = options.layer_bits.empty() ? HackLayerBits{options.k_bits, options.v_bits}
-                                                          : options.layer_bits.at(static_cast<size_t>(l));
-    HackPageParams params;
-    params.k_bits = bits.k_bits;
-    params.v_bits = bits.v_bits;
-    params.block_tokens = options.block_tokens;
-    params.k_group = options.k_group;
-    params.v_group = options.v_group;
-    for (int h = 0; h < shape.num_kv_heads; ++h) params.heads.push_back({shape.k_dim(l, h), shape.v_dim(l, h)});
-    bytes += HackPageLayout(params).bytes_per_token();
-  }
+  for (int l = 0; l < shape.num_layers; ++l) bytes += hack_page_layout(shape, options, l).bytes_per_token();
   return bytes;
+}
+
+HackPageLayout hack_page_layout(const KvShape& shape, const KvCacheOptions& options, int layer) {
+  const HackLayerBits bits = options.layer_bits.empty() ? HackLayerBits{options.k_bits, options.v_bits}
+                                                        : options.layer_bits.at(static_cast<size_t>(layer));
+  HackPageParams params;
+  params.k_bits = bits.k_bits;
+  params.v_bits = bits.v_bits;
+  params.block_tokens = options.block_tokens;
+  params.k_group = options.k_group;
+  params.v_group = options.v_group;
+  for (int h = 0; h < shape.num_kv_heads; ++h) params.heads.push_back({shape.k_dim(layer, h), shape.v_dim(layer, h)});
+  return HackPageLayout(params);
 }
 
 }  // namespace hack

@@ -334,5 +334,8 @@ std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const Kv
 double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options);
 /// The same for an uncompressed bf16 cache: what compression ratios are quoted against.
 double bf16_kv_bytes_per_token(const KvShape& shape);
+/// The HACK page layout of `layer` under `options` (its bits, or the allocation's, Π, the
+/// K/V groups and the shape's per-head dims): what the CPU and the device caches write.
+HackPageLayout hack_page_layout(const KvShape& shape, const KvCacheOptions& options, int layer);
 
 }  // namespace hack

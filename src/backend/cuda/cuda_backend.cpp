@@ -539,6 +539,8 @@ class CudaBackend final : public Backend {
     }
     const size_t nd = dec_.size(), maxp = static_cast<size_t>(hack_max_pages_);
     const size_t per_layer = nd * maxp + 2 * nd;
+    hack_rows_dense_ = true;  // decode rows 0 .. nd − 1: q is read in place, not gathered
+    for (size_t i = 0; i < nd; ++i) hack_rows_dense_ = hack_rows_dense_ && dec_[i].row == static_cast<int>(i);
     reserve_pointer_plan(per_layer * static_cast<size_t>(cfg_.num_layers));
     auto* ptrs = ptr<uint64_t>(pointers_host_);
     for (size_t i = 0; i < nd; ++i) {
@@ -588,15 +590,13 @@ class CudaBackend final : public Backend {
   }
 
   // --kv hack: the decode rows of one layer. q rows are gathered into a dense block unless
-  // they are rows 0 .. n − 1 already; the f32 output goes to attn's rows as bf16.
+  // they are rows 0 .. n − 1 already (the plan says); the f32 output goes to attn's rows as bf16.
   void hack_decode(int layer, const float* q, bf16* out, float scale) {
     const cudaStream_t s = stream_.get();
     const int* plan_d = ptr<int>(plan_dev_);
     const int nd = static_cast<int>(dec_.size()), qd = cfg_.q_dim();
-    bool dense = true;
-    for (int i = 0; i < nd; ++i) dense = dense && dec_[static_cast<size_t>(i)].row == i;
     const float* qb = q;
-    if (!dense) {
+    if (!hack_rows_dense_) {
       cuda::gather_rows(q, plan_d + off_.dec_rows, nd, qd, ptr<float>(hack_q_), s);
       qb = ptr<float>(hack_q_);
     }
@@ -660,6 +660,7 @@ class CudaBackend final : public Backend {
   Buffer hack_workspace_;                // split states of hack_decode_attention, grown on demand
   HackDecodePlan hack_plan_;
   int hack_max_pages_ = 0;
+  bool hack_rows_dense_ = true;
 
   // The current forward's plan.
   PlanOffsets off_;

@@ -49,16 +49,7 @@ void CudaPagedKvCache::init_hack(const KvCacheOptions& o) {
              "HACK bit allocation: {} layers given, the model has {}", o.layer_bits.size(), shape_.num_layers);
   size_t pool_bytes = 0, header_bytes = 0;
   for (int l = 0; l < shape_.num_layers; ++l) {
-    const HackLayerBits bits =
-        o.layer_bits.empty() ? HackLayerBits{o.k_bits, o.v_bits} : o.layer_bits[static_cast<size_t>(l)];
-    HackPageParams params;
-    params.k_bits = bits.k_bits;
-    params.v_bits = bits.v_bits;
-    params.block_tokens = P;
-    params.k_group = o.k_group;
-    params.v_group = o.v_group;
-    params.heads.assign(static_cast<size_t>(shape_.num_kv_heads), HackHeadDims{shape_.head_dim, shape_.head_dim});
-    layouts_.emplace_back(params);
+    layouts_.push_back(hack_page_layout(shape_, o, l));
     geometries_.push_back(page_geometry(layouts_.back()));
     const size_t stride = (layouts_.back().page_bytes() + 63) / 64 * 64;
     hack_stride_.push_back(stride);

@@ -5,6 +5,8 @@
 /// Only compiled with HACK_HAVE_CUDA.
 #pragma once
 
+#include <algorithm>
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -118,9 +120,8 @@ struct DecodeAttentionArgs {
 /// max_splits. The backend and bench/cuda/attention_bench plan with it.
 inline int decode_attention_splits(int sm_count, int n_seqs, int kv_heads, int max_pages, int max_splits) {
   const int units = n_seqs * kv_heads;
-  const int want = (8 * sm_count + units - 1) / units;
-  const int most = (max_pages + 3) / 4 < max_splits ? (max_pages + 3) / 4 : max_splits;
-  return want < 1 ? 1 : (want > most ? (most < 1 ? 1 : most) : want);
+  const int most = std::max(1, std::min(max_splits, (max_pages + 3) / 4));
+  return std::clamp((8 * sm_count + units - 1) / units, 1, most);
 }
 
 /// Floats of DecodeAttentionArgs::partial for n_seqs sequences and n_splits splits.
