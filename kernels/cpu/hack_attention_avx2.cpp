@@ -76,6 +76,15 @@ struct Avx2 {
     return {_mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(x.lo), zero), top),  // nearest even
             _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(x.hi), zero), top)};
   }
+  static A codes_raw(F x) { return {_mm256_cvtps_epi32(x.lo), _mm256_cvtps_epi32(x.hi)}; }
+  static void store_codes4(A a, A b, A c, A d, uint8_t* dst) {
+    // Per 128-bit lane: packs → [a b] / [c d] words of 4 channels, packus → bytes [a b c d]:
+    // one quad of the four rows; lanes 0–1 of lo are quads 0–1, of hi quads 2–3.
+    const __m256i lo = _mm256_packus_epi16(_mm256_packs_epi32(a.lo, b.lo), _mm256_packs_epi32(c.lo, d.lo));
+    const __m256i hi = _mm256_packus_epi16(_mm256_packs_epi32(a.hi, b.hi), _mm256_packs_epi32(c.hi, d.hi));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32), hi);
+  }
   static __m128i codes_bytes(A c) {
     const __m256i w = _mm256_packs_epi32(c.lo, c.hi);  // [lo0-3 hi0-3 | lo4-7 hi4-7] int16
     const __m256i b = _mm256_packus_epi16(w, w);

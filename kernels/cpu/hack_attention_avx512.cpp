@@ -50,7 +50,14 @@ struct Avx512 {
     const __m512i c = _mm512_cvtps_epi32(x);  // round to nearest even
     return _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(255));
   }
+  static A codes_raw(F x) { return _mm512_cvtps_epi32(x); }
   static __m128i codes_bytes(A c) { return _mm512_cvtepi32_epi8(c); }
+  static void store_codes4(A a, A b, A c, A d, uint8_t* dst) {
+    // Per 128-bit lane L: packs gives [a b] then [c d] words of channels 4L..4L+3; packus
+    // gives bytes [a b c d] of them, i.e. quad L of the four rows.
+    const __m512i ab = _mm512_packs_epi32(a, b), cd = _mm512_packs_epi32(c, d);
+    _mm512_storeu_si512(dst, _mm512_packus_epi16(ab, cd));
+  }
   template <Reduce Op>
   static __m512 op_of(__m512 a, __m512 b) {
     if constexpr (Op == Reduce::add) return _mm512_add_ps(a, b);

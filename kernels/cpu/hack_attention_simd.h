@@ -8,7 +8,9 @@
 //   fzero, fset1, fload, fload_n (zero tail), fstore, fload_bf16, fload_bf16_n, add, sub, mul,
 //   fma(a, b, c) = a·b + c, fmin, fmax, fold16 (canonical Σ), round (to nearest even),
 //   exp2i (2^n for integral n), load_sums(ptr, bytes) (16 u8|u16 → F),
-//   codes_i(F x) -> A: clamp(cvt_nearest(x), 0, 255); codes_bytes(A) -> 16 bytes (__m128i)
+//   codes_i(F x) -> A: clamp(cvt_nearest(x), 0, 255); codes_raw(F x) -> A: cvt_nearest(x);
+//   codes_bytes(A) -> 16 bytes (__m128i); store_codes4(a, b, c, d, dst): the codes of 4 rows,
+//     each clamped to [0, 255] by saturating packs, quad-interleaved into 64 bytes at dst
 //   reduce4<Reduce>(a, b, c, d, out[4]): four horizontal reductions through one network whose
 //     levels are the canonical fold (lanes j⊕j+8, j⊕j+4, j⊕j+2, j⊕j+1)
 //   azero, to_float(A), add_i(A, int), add_a(A, A), hsum_i(A)
@@ -65,23 +67,48 @@ struct HackSimd {
   // quad q of row i at dst + 4·(R·q + i).
   template <int R>
   static void store_codes(const A* c, uint8_t* dst) {
-    if constexpr (R == 4) {  // one 4×4 dword transpose
-      const __m128i b0 = Isa::codes_bytes(c[0]), b1 = Isa::codes_bytes(c[1]);
-      const __m128i b2 = Isa::codes_bytes(c[2]), b3 = Isa::codes_bytes(c[3]);
-      const __m128i t0 = _mm_unpacklo_epi32(b0, b1), t1 = _mm_unpackhi_epi32(b0, b1);
-      const __m128i t2 = _mm_unpacklo_epi32(b2, b3), t3 = _mm_unpackhi_epi32(b2, b3);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_unpacklo_epi64(t0, t2));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm_unpackhi_epi64(t0, t2));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32), _mm_unpacklo_epi64(t1, t3));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 48), _mm_unpackhi_epi64(t1, t3));
-    } else {
-      for (int i = 0; i < R; ++i) {
-        const __m128i b = Isa::codes_bytes(c[i]);
-        _mm_storeu_si32(dst + 4 * i, b);
-        _mm_storeu_si32(dst + 4 * (R + i), _mm_srli_si128(b, 4));
-        _mm_storeu_si32(dst + 4 * (2 * R + i), _mm_srli_si128(b, 8));
-        _mm_storeu_si32(dst + 4 * (3 * R + i), _mm_srli_si128(b, 12));
+    for (int i = 0; i < R; ++i) {
+      const __m128i b = Isa::codes_bytes(c[i]);
+      _mm_storeu_si32(dst + 4 * i, b);
+      _mm_storeu_si32(dst + 4 * (R + i), _mm_srli_si128(b, 4));
+      _mm_storeu_si32(dst + 4 * (2 * R + i), _mm_srli_si128(b, 8));
+      _mm_storeu_si32(dst + 4 * (3 * R + i), _mm_srli_si128(b, 12));
+    }
+  }
+
+  // Codes of R rows' 16 values v[i] = (x − lo)·inv, stored quad-interleaved at dst (see
+  // store_codes); with sum, Σ codes accumulated too. clamp(round(v), 0, 255) either way: the
+  // traits' two saturating packs (int32 → int16 → u8) clamp exactly as codes_i does.
+  template <int R>
+  static void emit_codes(const F* v, uint8_t* dst, A* sum) {
+    A c[R];
+    if constexpr (R == 4) {
+      if (sum == nullptr) {
+        Isa::store_codes4(Isa::codes_raw(v[0]), Isa::codes_raw(v[1]), Isa::codes_raw(v[2]), Isa::codes_raw(v[3]), dst);
+        return;
       }
+    }
+    for (int i = 0; i < R; ++i) {
+      c[i] = Isa::codes_i(v[i]);
+      if (sum != nullptr) sum[i] = Isa::add_a(sum[i], c[i]);
+    }
+    if constexpr (R == 4) Isa::store_codes4(c[0], c[1], c[2], c[3], dst);
+    else store_codes<R>(c, dst);
+  }
+
+  // σ and lo of partition p of R rows from their lane-wise minima and maxima, written to
+  // [i·parts + p]; lo and 1/σ broadcast for the codes.
+  template <int R>
+  static void partition_scales(const F* mn, const F* mx, int parts, int p, float* sigma, float* lo_out, F* lo_b, F* inv_b) {
+    float lo[R], hi[R];
+    reduce_rows<Reduce::min>(mn, R, lo);
+    reduce_rows<Reduce::max>(mx, R, hi);
+    for (int i = 0; i < R; ++i) {
+      const float sg = (hi[i] - lo[i]) / 255.0f;
+      sigma[i * parts + p] = sg;
+      lo_out[i * parts + p] = lo[i];
+      lo_b[i] = Isa::fset1(lo[i]);
+      inv_b[i] = Isa::fset1(sg > 0.0f ? 1.0f / sg : 0.0f);
     }
   }
 
@@ -103,69 +130,101 @@ struct HackSimd {
           mx[i] = Isa::fmax(mx[i], v);
         }
       }
-      float lo[R], hi[R];
-      reduce_rows<Reduce::min>(mn, R, lo);
-      reduce_rows<Reduce::max>(mx, R, hi);
       F lo_b[R], inv_b[R];
+      partition_scales<R>(mn, mx, parts, p, sigma, lo_out, lo_b, inv_b);
       A sum[R];
-      for (int i = 0; i < R; ++i) {
-        const float sg = (hi[i] - lo[i]) / 255.0f;
-        sigma[i * parts + p] = sg;
-        lo_out[i * parts + p] = lo[i];
-        lo_b[i] = Isa::fset1(lo[i]);
-        inv_b[i] = Isa::fset1(sg > 0.0f ? 1.0f / sg : 0.0f);
-        sum[i] = Isa::azero();
-      }
+      for (int i = 0; i < R; ++i) sum[i] = Isa::azero();
       for (int m = 0; m < len; m += 16) {
-        A c[R];
+        F v[R];
         const size_t at = static_cast<size_t>(p) * static_cast<size_t>(len) + static_cast<size_t>(m);
-        for (int i = 0; i < R; ++i) {
-          c[i] = Isa::codes_i(Isa::mul(Isa::sub(Isa::fload(x + static_cast<size_t>(i) * ld + at), lo_b[i]), inv_b[i]));
-          if (sums != nullptr) sum[i] = Isa::add_a(sum[i], c[i]);
-        }
-        store_codes<R>(c, codes + at * R);
+        for (int i = 0; i < R; ++i) v[i] = Isa::mul(Isa::sub(Isa::fload(x + static_cast<size_t>(i) * ld + at), lo_b[i]), inv_b[i]);
+        emit_codes<R>(v, codes + at * R, sums != nullptr ? sum : nullptr);
       }
       if (sums != nullptr)
         for (int i = 0; i < R; ++i) sums[i * parts + p] = Isa::hsum_i(sum[i]);
     }
   }
 
+  // quantize_rows for one partition of N ≤ 4 vectors per row whose values are already in
+  // registers (x[i][m]: row i, elements 16m..16m+15 of the partition): no store and reload.
+  template <int R, int N>
+  static void quantize_held(const F (&x)[R][N], int parts, int p, uint8_t* codes, float* sigma, float* lo_out,
+                            int32_t* sums) {
+    F mn[R], mx[R];
+    for (int i = 0; i < R; ++i) {
+      mn[i] = mx[i] = x[i][0];
+      for (int m = 1; m < N; ++m) {
+        mn[i] = Isa::fmin(mn[i], x[i][m]);
+        mx[i] = Isa::fmax(mx[i], x[i][m]);
+      }
+    }
+    F lo_b[R], inv_b[R];
+    partition_scales<R>(mn, mx, parts, p, sigma, lo_out, lo_b, inv_b);
+    A sum[R];
+    for (int i = 0; i < R; ++i) sum[i] = Isa::azero();
+    for (int m = 0; m < N; ++m) {
+      F v[R];
+      for (int i = 0; i < R; ++i) v[i] = Isa::mul(Isa::sub(x[i][m], lo_b[i]), inv_b[i]);
+      emit_codes<R>(v, codes + static_cast<size_t>(16 * m * R), sums != nullptr ? sum : nullptr);
+    }
+    if (sums != nullptr)
+      for (int i = 0; i < R; ++i) sums[i * parts + p] = Isa::hsum_i(sum[i]);
+  }
+
   // Online-softmax step of R rows over their scores (row i at p + i·ld, padded a multiple of
   // 16, scores beyond visible[i] ignored): p ← exp(score − m_new) (0 beyond visible); the
-  // running max and sum of each row are updated and alpha[i] = exp(m_old − m_new).
+  // running max and sum of each row are updated and alpha[i] = exp(m_old − m_new). Where the
+  // caller already has each row's lane-wise score maxima (every score visible), it passes
+  // them as lane_max and the scores are not read twice.
   template <int R>
   static void softmax_rows(float* p, size_t ld, const int* visible, int padded, float* const* max, float* const* sum,
-                           float* alpha) {
+                           float* alpha, const F* lane_max = nullptr) {
     // Max over the visible scores (exact in any order): whole tiles in vectors, then tails.
     F m[R];
     for (int i = 0; i < R; ++i) {
       const float* pi = p + static_cast<size_t>(i) * ld;
+      if (lane_max != nullptr) {
+        m[i] = lane_max[i];
+        continue;
+      }
       m[i] = Isa::fset1(-std::numeric_limits<float>::infinity());
       for (int t = 0; t + 16 <= visible[i]; t += 16) m[i] = Isa::fmax(m[i], Isa::fload(pi + t));
     }
     float block_max[R];
     reduce_rows<Reduce::max>(m, R, block_max);
-    F total[R];
+    F m_b[R], total[R];
+    int full = padded;  // tiles below `full` are visible in every row
     for (int i = 0; i < R; ++i) {
       float* pi = p + static_cast<size_t>(i) * ld;
       for (int t = visible[i] / 16 * 16; t < visible[i]; ++t) block_max[i] = std::max(block_max[i], pi[t]);
       const float m_new = std::max(*max[i], block_max[i]);
       alpha[i] = exp_scalar(*max[i] - m_new);
       *max[i] = m_new;
-      const F m_b = Isa::fset1(m_new);
+      m_b[i] = Isa::fset1(m_new);
       total[i] = Isa::fzero();
-      for (int t = 0; t < padded; t += 16) {
-        F e = exp(Isa::sub(Isa::fload(pi + t), m_b));
+      full = std::min(full, visible[i] / 16 * 16);
+    }
+    // Rows inner: R independent exp chains per tile.
+    for (int t = 0; t < full; t += 16)
+      for (int i = 0; i < R; ++i) {
+        float* pt = p + static_cast<size_t>(i) * ld + static_cast<size_t>(t);
+        const F e = exp(Isa::sub(Isa::fload(pt), m_b[i]));
+        Isa::fstore(pt, e);
+        total[i] = Isa::add(total[i], e);
+      }
+    for (int t = full; t < padded; t += 16)
+      for (int i = 0; i < R; ++i) {
+        float* pt = p + static_cast<size_t>(i) * ld + static_cast<size_t>(t);
+        F e = exp(Isa::sub(Isa::fload(pt), m_b[i]));
         if (t + 16 > visible[i]) {  // zero the masked tail of this tile
           alignas(64) float tmp[16];
           Isa::fstore(tmp, e);
           for (int k = std::max(0, visible[i] - t); k < 16; ++k) tmp[k] = 0.0f;
           e = Isa::fload(tmp);
         }
-        Isa::fstore(pi + t, e);
+        Isa::fstore(pt, e);
         total[i] = Isa::add(total[i], e);
       }
-    }
     float block_sum[R];
     reduce_rows<Reduce::add>(total, R, block_sum);
     for (int i = 0; i < R; ++i) *sum[i] = std::fma(*sum[i], alpha[i], block_sum[i]);
@@ -181,6 +240,88 @@ struct HackSimd {
       _mm_prefetch(base + 64 * l, _MM_HINT_T0);
   }
 
+  // Step 1 of hack_tile: q of R rows folded with the block's K scales and quantized per K
+  // partition (codes, σ, lo, Σ codes when sums); mt[i] = Σ_c q_c·k_min_c. N = vectors per
+  // partition held in registers, or 0: folded into w.tmp and quantized from there.
+  template <int R, int N>
+  static void fold_q(const HackHeadView& b, const float* const* q, const HackWork& w, bool sums, float* mt) {
+    const int kp = b.k_dim / b.k_group;
+    F mterm[R];
+    for (int i = 0; i < R; ++i) mterm[i] = Isa::fzero();
+    if constexpr (N == 0) {
+      const size_t ukd = static_cast<size_t>(b.k_dim);
+      for (int c = 0; c < b.k_dim; c += 16) {  // the K scales and minima widened once for all R rows
+        const F ks = Isa::fload_bf16(b.k_scale + c), km = Isa::fload_bf16(b.k_min + c);
+        for (int i = 0; i < R; ++i) {
+          const F qv = Isa::fload(q[i] + c);
+          Isa::fstore(w.tmp + static_cast<size_t>(i) * ukd + c, Isa::mul(qv, ks));
+          mterm[i] = Isa::fma(qv, km, mterm[i]);
+        }
+      }
+      quantize_rows<R>(w.tmp, ukd, kp, b.k_group, w.q_codes, w.q_sigma, w.q_mu, sums ? w.q_sum : nullptr);
+    } else {
+      for (int p = 0; p < kp; ++p) {
+        F x[R][N];
+        for (int m = 0; m < N; ++m) {
+          const int c = (p * N + m) * 16;
+          const F ks = Isa::fload_bf16(b.k_scale + c), km = Isa::fload_bf16(b.k_min + c);
+          for (int i = 0; i < R; ++i) {
+            const F qv = Isa::fload(q[i] + c);
+            x[i][m] = Isa::mul(qv, ks);
+            mterm[i] = Isa::fma(qv, km, mterm[i]);
+          }
+        }
+        quantize_held<R, N>(x, kp, p, w.q_codes + static_cast<size_t>(p * N * 16 * R), w.q_sigma, w.q_mu,
+                            sums ? w.q_sum : nullptr);
+      }
+    }
+    reduce_rows<Reduce::add>(mterm, R, mt);
+  }
+
+  // Step 4 of hack_tile: P (w.p, R rows of Π) folded with the V scales of each V partition and
+  // quantized over the block's tokens (codes [partition][token quad][R][4], σ, lo, Σ codes);
+  // w.p_min = Σ_t p_t·v_min. N = token vectors (Π/16) held in registers, or 0 (via w.tmp).
+  template <int R, int N>
+  static void fold_p(const HackHeadView& b, const HackWork& w, bool sums) {
+    const int T = b.tokens, vp = b.v_dim / b.v_group;
+    const size_t ld = static_cast<size_t>(vp) * static_cast<size_t>(T), p_part = static_cast<size_t>(R) * static_cast<size_t>(T);
+    F pmin[R * 4];
+    for (int vpi = 0; vpi < vp; ++vpi) {
+      const uint16_t* vs = b.v_scale + static_cast<size_t>(vpi) * T;
+      const uint16_t* vm = b.v_min + static_cast<size_t>(vpi) * T;
+      F acc[R];
+      for (int i = 0; i < R; ++i) acc[i] = Isa::fzero();
+      if constexpr (N == 0) {
+        for (int t = 0; t < T; t += 16) {  // the partition's V scales and minima widened once for all R rows
+          const F vsv = Isa::fload_bf16(vs + t), vmv = Isa::fload_bf16(vm + t);
+          for (int i = 0; i < R; ++i) {
+            const F pv = Isa::fload(w.p + static_cast<size_t>(i) * T + t);
+            Isa::fstore(w.tmp + static_cast<size_t>(i) * ld + static_cast<size_t>(vpi) * T + t, Isa::mul(pv, vsv));
+            acc[i] = Isa::fma(pv, vmv, acc[i]);
+          }
+        }
+      } else {
+        F x[R][N];
+        for (int m = 0; m < N; ++m) {
+          const F vsv = Isa::fload_bf16(vs + 16 * m), vmv = Isa::fload_bf16(vm + 16 * m);
+          for (int i = 0; i < R; ++i) {
+            const F pv = Isa::fload(w.p + static_cast<size_t>(i) * T + 16 * m);
+            x[i][m] = Isa::mul(pv, vsv);
+            acc[i] = Isa::fma(pv, vmv, acc[i]);
+          }
+        }
+        quantize_held<R, N>(x, vp, vpi, w.p_codes + static_cast<size_t>(vpi) * p_part, w.p_sigma, w.p_mu,
+                            sums ? w.p_sum : nullptr);
+      }
+      for (int i = 0; i < R; ++i) {
+        if (vp <= 4) pmin[i * vp + vpi] = acc[i];
+        else w.p_min[i * vp + vpi] = Isa::fold16(acc[i]);
+      }
+    }
+    if (vp <= 4) reduce_rows<Reduce::add>(pmin, R * vp, w.p_min);
+    if constexpr (N == 0) quantize_rows<R>(w.tmp, ld, vp, T, w.p_codes, w.p_sigma, w.p_mu, sums ? w.p_sum : nullptr);
+  }
+
   template <int KBits, int VBits, int R>
   static void hack_tile(const HackHeadView& b, const AttentionRows& rows, const int* row_ids, const HackWork& w) {
     const int T = b.tokens, kp = b.k_dim / b.k_group, vp = b.v_dim / b.v_group;
@@ -192,31 +333,24 @@ struct HackSimd {
 
     // 1. Q folded with the K scales, quantized per K partition; the k_min term.
     {
-      float* qt = w.tmp;  // [R][k_dim]
-      F mterm[R];
       const float* q[R];
-      for (int i = 0; i < R; ++i) {
-        q[i] = rows.q + static_cast<size_t>(row_ids[i]) * ukd;
-        mterm[i] = Isa::fzero();
-      }
-      // The block's K scales and minima widened once for all R rows.
-      for (int c = 0; c < b.k_dim; c += 16) {
-        const F ks = Isa::fload_bf16(b.k_scale + c), km = Isa::fload_bf16(b.k_min + c);
-        for (int i = 0; i < R; ++i) {
-          const F qv = Isa::fload(q[i] + c);
-          Isa::fstore(qt + static_cast<size_t>(i) * ukd + c, Isa::mul(qv, ks));
-          mterm[i] = Isa::fma(qv, km, mterm[i]);
-        }
-      }
-      quantize_rows<R>(qt, ukd, kp, b.k_group, w.q_codes, w.q_sigma, w.q_mu, kSumK8 ? w.q_sum : nullptr);
+      for (int i = 0; i < R; ++i) q[i] = rows.q + static_cast<size_t>(row_ids[i]) * ukd;
       float mt[R];
-      reduce_rows<Reduce::add>(mterm, R, mt);
+      switch (b.k_group) {  // partitions of ≤ 4 vectors stay in registers
+        case 16: fold_q<R, 1>(b, q, w, kSumK8, mt); break;
+        case 32: fold_q<R, 2>(b, q, w, kSumK8, mt); break;
+        case 48: fold_q<R, 3>(b, q, w, kSumK8, mt); break;
+        case 64: fold_q<R, 4>(b, q, w, kSumK8, mt); break;
+        default: fold_q<R, 0>(b, q, w, kSumK8, mt); break;
+      }
       for (int i = 0; i < R; ++i) w.row[i * 8 + 2] = mt[i];
     }
 
     // 2. Scores, 16 tokens at a time.
     const int k_chunks = b.k_dim / kPerChunk, group_chunks = b.k_group / kPerChunk;
     const int prefetch_parts = T / 16 + b.v_dim / 16;
+    F lane_max[R];  // the softmax's maxima, valid where every score of the block is visible
+    for (int i = 0; i < R; ++i) lane_max[i] = Isa::fset1(-std::numeric_limits<float>::infinity());
     for (int tt = 0; tt < T / 16; ++tt) {
       prefetch_part(b, tt, prefetch_parts);
       const uint8_t* tile = b.k_codes + static_cast<size_t>(tt) * static_cast<size_t>(k_chunks) * kHackChunkBytes;
@@ -237,9 +371,11 @@ struct HackSimd {
           s[i] = Isa::fma(Isa::fset1(w.q_mu[i * kp + p]), ksum, s[i]);
         }
       }
-      for (int i = 0; i < R; ++i)
-        Isa::fstore(w.p + static_cast<size_t>(i) * T + static_cast<size_t>(tt) * 16,
-                    Isa::add(s[i], Isa::fset1(w.row[i * 8 + 2])));
+      for (int i = 0; i < R; ++i) {
+        const F score = Isa::add(s[i], Isa::fset1(w.row[i * 8 + 2]));
+        lane_max[i] = Isa::fmax(lane_max[i], score);
+        Isa::fstore(w.p + static_cast<size_t>(i) * T + static_cast<size_t>(tt) * 16, score);
+      }
     }
 
     // 3. Online softmax; 4. P folded with the V scales, quantized per V partition.
@@ -248,36 +384,22 @@ struct HackSimd {
     {
       int visible[R];
       float *mx[R], *sm[R], alpha[R];
+      bool all_visible = true;
       for (int i = 0; i < R; ++i) {
         visible[i] = std::min(rows.visible[row_ids[i]], T);
+        all_visible = all_visible && visible[i] == T;
         mx[i] = &rows.max[row_ids[i]];
         sm[i] = &rows.sum[row_ids[i]];
       }
-      softmax_rows<R>(w.p, static_cast<size_t>(T), visible, T, mx, sm, alpha);
-      const size_t ld = static_cast<size_t>(vp) * static_cast<size_t>(T);
-      F pmin[R * 4];
+      softmax_rows<R>(w.p, static_cast<size_t>(T), visible, T, mx, sm, alpha, all_visible ? lane_max : nullptr);
       for (int i = 0; i < R; ++i) w.row[i * 8 + 1] = alpha[i];
-      for (int vpi = 0; vpi < vp; ++vpi) {
-        const uint16_t* vs = b.v_scale + static_cast<size_t>(vpi) * T;
-        const uint16_t* vm = b.v_min + static_cast<size_t>(vpi) * T;
-        F acc[R];
-        for (int i = 0; i < R; ++i) acc[i] = Isa::fzero();
-        for (int t = 0; t < T; t += 16) {
-          // The partition's V scales and minima widened once for all R rows.
-          const F vsv = Isa::fload_bf16(vs + t), vmv = Isa::fload_bf16(vm + t);
-          for (int i = 0; i < R; ++i) {
-            const F pv = Isa::fload(w.p + static_cast<size_t>(i) * T + t);
-            Isa::fstore(w.tmp + static_cast<size_t>(i) * ld + static_cast<size_t>(vpi) * T + t, Isa::mul(pv, vsv));
-            acc[i] = Isa::fma(pv, vmv, acc[i]);
-          }
-        }
-        for (int i = 0; i < R; ++i) {
-          if (vp <= 4) pmin[i * vp + vpi] = acc[i];
-          else w.p_min[i * vp + vpi] = Isa::fold16(acc[i]);
-        }
+      switch (T) {  // partitions of ≤ 4 vectors stay in registers
+        case 16: fold_p<R, 1>(b, w, kSumV8); break;
+        case 32: fold_p<R, 2>(b, w, kSumV8); break;
+        case 48: fold_p<R, 3>(b, w, kSumV8); break;
+        case 64: fold_p<R, 4>(b, w, kSumV8); break;
+        default: fold_p<R, 0>(b, w, kSumV8); break;
       }
-      if (vp <= 4) reduce_rows<Reduce::add>(pmin, R * vp, w.p_min);
-      quantize_rows<R>(w.tmp, ld, vp, T, w.p_codes, w.p_sigma, w.p_mu, kSumV8 ? w.p_sum : nullptr);
     }
 
     // 5. P·V, 16 channels at a time, into the running accumulators.
