@@ -230,15 +230,25 @@ struct HackSimd {
     for (int i = 0; i < R; ++i) *sum[i] = std::fma(*sum[i], alpha[i], block_sum[i]);
   }
 
-  // Prefetches part `i` of `n` equal parts of the next block (first row tile only).
-  static void prefetch_part(const HackHeadView& b, int i, int n) {
-    if (b.prefetch == nullptr) return;
-    const size_t lines = (b.prefetch_bytes + 63) / 64;
-    const char* base = static_cast<const char*>(b.prefetch);
-    for (size_t l = lines * static_cast<size_t>(i) / static_cast<size_t>(n);
-         l < lines * static_cast<size_t>(i + 1) / static_cast<size_t>(n); ++l)
-      _mm_prefetch(base + 64 * l, _MM_HINT_T0);
-  }
+  // Prefetches the next block in `n` parts of whole cache lines (first row tile only), one
+  // part per call of next(), spread over the block's work.
+  struct Prefetcher {
+    const char* at = nullptr;
+    const char* end = nullptr;
+    size_t step = 0;  // bytes per part
+    Prefetcher(const HackHeadView& b, int n) {
+      if (b.prefetch == nullptr) return;
+      const size_t lines = (b.prefetch_bytes + 63) / 64;
+      at = static_cast<const char*>(b.prefetch);
+      end = at + 64 * lines;
+      step = 64 * ((lines + static_cast<size_t>(n) - 1) / static_cast<size_t>(n));
+    }
+    void next() {
+      const char* stop = at + step < end ? at + step : end;
+      for (; at < stop; at += 64) _mm_prefetch(at, _MM_HINT_T0);
+    }
+  };
+
 
   // Step 1 of hack_tile: q of R rows folded with the block's K scales and quantized per K
   // partition (codes, σ, lo, Σ codes when sums); mt[i] = Σ_c q_c·k_min_c. N = vectors per
@@ -348,11 +358,11 @@ struct HackSimd {
 
     // 2. Scores, 16 tokens at a time.
     const int k_chunks = b.k_dim / kPerChunk, group_chunks = b.k_group / kPerChunk;
-    const int prefetch_parts = T / 16 + b.v_dim / 16;
+    Prefetcher prefetch(b, T / 16 + b.v_dim / 16);
     F lane_max[R];  // the softmax's maxima, valid where every score of the block is visible
     for (int i = 0; i < R; ++i) lane_max[i] = Isa::fset1(-std::numeric_limits<float>::infinity());
     for (int tt = 0; tt < T / 16; ++tt) {
-      prefetch_part(b, tt, prefetch_parts);
+      prefetch.next();
       const uint8_t* tile = b.k_codes + static_cast<size_t>(tt) * static_cast<size_t>(k_chunks) * kHackChunkBytes;
       F s[R];
       for (int i = 0; i < R; ++i) s[i] = Isa::fzero();
@@ -403,25 +413,35 @@ struct HackSimd {
     }
 
     // 5. P·V, 16 channels at a time, into the running accumulators.
-    const int t_chunks = T / vPerChunk;
-    for (int ct = 0; ct < b.v_dim / 16; ++ct) {
-      prefetch_part(b, T / 16 + ct, prefetch_parts);
-      const int vpi = ct * 16 / b.v_group;
+    const int t_chunks = T / vPerChunk, part_tiles = b.v_group / 16;
+    for (int vpi = 0; vpi < vp; ++vpi) {
       const uint8_t* p_codes = w.p_codes + static_cast<size_t>(vpi) * p_part;
-      const uint8_t* tile = b.v_codes + static_cast<size_t>(ct) * static_cast<size_t>(t_chunks) * kHackChunkBytes;
-      A acc[R];
-      for (int i = 0; i < R; ++i) acc[i] = Isa::azero();
-      for (int tc = 0; tc < t_chunks; ++tc)
-        Isa::template dot_chunk<VBits, R>(acc, tile + static_cast<size_t>(tc) * kHackChunkBytes, p_codes, tc * (vPerChunk / 4));
-      const F vsum = Isa::load_sums(static_cast<const uint8_t*>(b.v_sums) + static_cast<size_t>(ct) * 16 * b.v_sum_bytes,
-                                    b.v_sum_bytes);
+      F sigma[R], mu[R], pmin[R], alpha[R];  // the partition's corrections, broadcast once
+      float* out[R];
       for (int i = 0; i < R; ++i) {
-        if (kSumV8) acc[i] = Isa::add_i(acc[i], 128 * w.p_sum[i * vp + vpi]);
-        F x = Isa::mul(Isa::fset1(w.p_sigma[i * vp + vpi]), Isa::to_float(acc[i]));
-        x = Isa::fma(Isa::fset1(w.p_mu[i * vp + vpi]), vsum, x);
-        x = Isa::add(x, Isa::fset1(w.p_min[i * vp + vpi]));
-        float* o = rows.acc + static_cast<size_t>(row_ids[i]) * static_cast<size_t>(b.v_dim) + static_cast<size_t>(ct) * 16;
-        Isa::fstore(o, Isa::fma(Isa::fload(o), Isa::fset1(w.row[i * 8 + 1]), x));
+        sigma[i] = Isa::fset1(w.p_sigma[i * vp + vpi]);
+        mu[i] = Isa::fset1(w.p_mu[i * vp + vpi]);
+        pmin[i] = Isa::fset1(w.p_min[i * vp + vpi]);
+        alpha[i] = Isa::fset1(w.row[i * 8 + 1]);
+        out[i] = rows.acc + static_cast<size_t>(row_ids[i]) * static_cast<size_t>(b.v_dim);
+      }
+      for (int ct = vpi * part_tiles; ct < (vpi + 1) * part_tiles; ++ct) {
+        prefetch.next();
+        const uint8_t* tile = b.v_codes + static_cast<size_t>(ct) * static_cast<size_t>(t_chunks) * kHackChunkBytes;
+        A acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = Isa::azero();
+        for (int tc = 0; tc < t_chunks; ++tc)
+          Isa::template dot_chunk<VBits, R>(acc, tile + static_cast<size_t>(tc) * kHackChunkBytes, p_codes, tc * (vPerChunk / 4));
+        const F vsum = Isa::load_sums(static_cast<const uint8_t*>(b.v_sums) + static_cast<size_t>(ct) * 16 * b.v_sum_bytes,
+                                      b.v_sum_bytes);
+        for (int i = 0; i < R; ++i) {
+          if (kSumV8) acc[i] = Isa::add_i(acc[i], 128 * w.p_sum[i * vp + vpi]);
+          F x = Isa::mul(sigma[i], Isa::to_float(acc[i]));
+          x = Isa::fma(mu[i], vsum, x);
+          x = Isa::add(x, pmin[i]);
+          float* o = out[i] + static_cast<size_t>(ct) * 16;
+          Isa::fstore(o, Isa::fma(Isa::fload(o), alpha[i], x));
+        }
       }
     }
   }

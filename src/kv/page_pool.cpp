@@ -27,10 +27,12 @@ PageRef PagePool::allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (free_.empty()) {
     const size_t bytes = page_bytes_ * pages_per_slab_;
-    std::unique_ptr<std::byte, AlignedFree> slab(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kPageAlign})));
+    Slab slab;
+    if (bytes >= HugePageMapping::kHugePage) slab.mapped = std::make_unique<HugePageMapping>(bytes, "KV pages", false);
+    else slab.heap.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kPageAlign})));
     const uint32_t first = static_cast<uint32_t>(page_data_.size());
     for (size_t i = 0; i < pages_per_slab_; ++i) {
-      page_data_.push_back(slab.get() + i * page_bytes_);
+      page_data_.push_back(slab.data() + i * page_bytes_);
       refs_.push_back(0);
     }
     // Hand out the slab's pages in address order.
@@ -87,7 +89,7 @@ size_t PagePool::release_free_slabs() {
     const auto first = refs_.begin() + static_cast<std::ptrdiff_t>(s * pages_per_slab_);
     if (std::any_of(first, first + static_cast<std::ptrdiff_t>(pages_per_slab_), [](int r) { return r > 0; })) continue;
     // Only whole OS pages inside the slab: the allocator's bookkeeping just before it stays.
-    const auto begin = reinterpret_cast<uintptr_t>(slabs_[s].get());
+    const auto begin = reinterpret_cast<uintptr_t>(slabs_[s].data());
     const uintptr_t from = (begin + os_page - 1) / os_page * os_page;
     const uintptr_t to = (begin + slab_bytes) / os_page * os_page;
     if (to > from && ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED) == 0) released += to - from;

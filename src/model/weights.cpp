@@ -3,7 +3,6 @@
 // biases are small and converted to f32 copies.
 #include "hack/model/weights.h"
 
-#include <sys/mman.h>
 
 #include <cerrno>
 #include <cstring>
@@ -14,6 +13,7 @@
 #include <xxhash.h>
 
 #include "hack/core/error.h"
+#include "hack/core/huge_pages.h"
 #include "hack/model/safetensors.h"
 
 namespace hack {
@@ -132,45 +132,6 @@ size_t Model::weight_bytes() const {
   return total;
 }
 
-namespace {
-
-// An anonymous private mapping, 2 MiB aligned, advised for transparent huge pages.
-class HugePageArena {
- public:
-  static constexpr size_t kHugePage = size_t{2} << 20;
-
-  explicit HugePageArena(size_t bytes) : bytes_((bytes + kHugePage - 1) / kHugePage * kHugePage) {
-    // Over-map by one huge page so the start can be aligned; the slack is unmapped again.
-    const size_t mapped = bytes_ + kHugePage;
-    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    HACK_CHECK(p != MAP_FAILED, "cannot map {} bytes for the weights: {}", mapped, std::strerror(errno));
-    const uintptr_t start = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
-    if (aligned > start) ::munmap(p, aligned - start);
-    if (const size_t tail = start + mapped - (aligned + bytes_); tail > 0)
-      ::munmap(reinterpret_cast<void*>(aligned + bytes_), tail);
-    data_ = reinterpret_cast<char*>(aligned);
-    // Advice only: where THP is off ("never") the copy still works, on small pages.
-    (void)::madvise(data_, bytes_, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_WRITE
-    // Fault every huge page in at once (Linux ≥ 5.14): on the dev VM first-touch faults
-    // during the copy took 1.5 s for 270 MB, populating first 50 ms.
-    (void)::madvise(data_, bytes_, MADV_POPULATE_WRITE);
-#endif
-  }
-  ~HugePageArena() { ::munmap(data_, bytes_); }
-  HugePageArena(const HugePageArena&) = delete;
-  HugePageArena& operator=(const HugePageArena&) = delete;
-
-  char* data() const { return data_; }
-
- private:
-  size_t bytes_;
-  char* data_ = nullptr;
-};
-
-}  // namespace
-
 size_t Model::place_in_huge_pages() {
   std::vector<Tensor*> matrices{&weights.embed, &weights.lm_head};
   for (LayerWeights& l : weights.layers)
@@ -187,7 +148,7 @@ size_t Model::place_in_huge_pages() {
     total += (t->bytes() + kAlign - 1) / kAlign * kAlign;
   }
   if (total == 0) return 0;
-  auto arena = std::make_shared<const HugePageArena>(total);
+  auto arena = std::make_shared<const HugePageMapping>(total, "the weights", /*populate=*/true);
   for (const auto& [src, place] : places) std::memcpy(arena->data() + place.offset, src, place.bytes);
   for (Tensor* t : matrices)
     if (t->defined())
