@@ -459,6 +459,8 @@ class Link {
       peer_ = sender_worker_->connect("127.0.0.1", port);
     }
   }
+  /// The sender endpoint's lanes as UCX chose them ("" for a host:port endpoint).
+  std::string lanes() { return sender_worker_->transports(peer_); }
   ~Link() {
     sender_.reset();
     receiver_.reset();
@@ -844,6 +846,7 @@ int main(int argc, char** argv) {
                 args.gather, args.checksum);
       // Warm-up: the connection is set up lazily, so the first request would pay for it.
       link.transfer(sources.front().plans.front(), args.window_layers);
+      if (!args.json && args.connect_by_address) std::printf("lanes: %s\n", link.lanes().c_str());
       for (size_t s = 0; s < sources.size(); ++s) {
         const Source& src = sources[s];
         const std::optional<double> page_gbs = page_bound[s].gbs;
