@@ -99,7 +99,8 @@ struct HackSimd {
   // σ and lo of partition p of R rows from their lane-wise minima and maxima, written to
   // [i·parts + p]; lo and 1/σ broadcast for the codes.
   template <int R>
-  static void partition_scales(const F* mn, const F* mx, int parts, int p, float* sigma, float* lo_out, F* lo_b, F* inv_b) {
+  static void partition_scales(const F* mn, const F* mx, int parts, int p, float* sigma, float* lo_out, F* lo_b,
+                               F* inv_b) {
     float lo[R], hi[R];
     reduce_rows<Reduce::min>(mn, R, lo);
     reduce_rows<Reduce::max>(mx, R, hi);
@@ -137,7 +138,8 @@ struct HackSimd {
       for (int m = 0; m < len; m += 16) {
         F v[R];
         const size_t at = static_cast<size_t>(p) * static_cast<size_t>(len) + static_cast<size_t>(m);
-        for (int i = 0; i < R; ++i) v[i] = Isa::mul(Isa::sub(Isa::fload(x + static_cast<size_t>(i) * ld + at), lo_b[i]), inv_b[i]);
+        for (int i = 0; i < R; ++i)
+          v[i] = Isa::mul(Isa::sub(Isa::fload(x + static_cast<size_t>(i) * ld + at), lo_b[i]), inv_b[i]);
         emit_codes<R>(v, codes + at * R, sums != nullptr ? sum : nullptr);
       }
       if (sums != nullptr)
@@ -244,11 +246,10 @@ struct HackSimd {
       step = 64 * ((lines + static_cast<size_t>(n) - 1) / static_cast<size_t>(n));
     }
     void next() {
-      const char* stop = at + step < end ? at + step : end;
+      const char* stop = at + std::min(step, static_cast<size_t>(end - at));
       for (; at < stop; at += 64) _mm_prefetch(at, _MM_HINT_T0);
     }
   };
-
 
   // Step 1 of hack_tile: q of R rows folded with the block's K scales and quantized per K
   // partition (codes, σ, lo, Σ codes when sums); mt[i] = Σ_c q_c·k_min_c. N = vectors per
@@ -294,7 +295,8 @@ struct HackSimd {
   template <int R, int N>
   static void fold_p(const HackHeadView& b, const HackWork& w, bool sums) {
     const int T = b.tokens, vp = b.v_dim / b.v_group;
-    const size_t ld = static_cast<size_t>(vp) * static_cast<size_t>(T), p_part = static_cast<size_t>(R) * static_cast<size_t>(T);
+    const size_t ld = static_cast<size_t>(vp) * static_cast<size_t>(T);
+    const size_t p_part = static_cast<size_t>(R) * static_cast<size_t>(T);
     F pmin[R * 4];
     for (int vpi = 0; vpi < vp; ++vpi) {
       const uint16_t* vs = b.v_scale + static_cast<size_t>(vpi) * T;
@@ -431,7 +433,8 @@ struct HackSimd {
         A acc[R];
         for (int i = 0; i < R; ++i) acc[i] = Isa::azero();
         for (int tc = 0; tc < t_chunks; ++tc)
-          Isa::template dot_chunk<VBits, R>(acc, tile + static_cast<size_t>(tc) * kHackChunkBytes, p_codes, tc * (vPerChunk / 4));
+          Isa::template dot_chunk<VBits, R>(acc, tile + static_cast<size_t>(tc) * kHackChunkBytes, p_codes,
+                                            tc * (vPerChunk / 4));
         const F vsum = Isa::load_sums(static_cast<const uint8_t*>(b.v_sums) + static_cast<size_t>(ct) * 16 * b.v_sum_bytes,
                                       b.v_sum_bytes);
         for (int i = 0; i < R; ++i) {

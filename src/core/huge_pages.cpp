@@ -19,7 +19,8 @@ HugePageMapping::HugePageMapping(size_t bytes, const char* what, bool populate)
   const uintptr_t start = reinterpret_cast<uintptr_t>(p);
   const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
   if (aligned > start) ::munmap(p, aligned - start);
-  if (const size_t tail = start + mapped - (aligned + bytes_); tail > 0) ::munmap(reinterpret_cast<void*>(aligned + bytes_), tail);
+  if (const size_t tail = start + mapped - (aligned + bytes_); tail > 0)
+    ::munmap(reinterpret_cast<void*>(aligned + bytes_), tail);
   data_ = reinterpret_cast<std::byte*>(aligned);
   // Advice only: where THP is off the memory still works, on small pages.
   (void)::madvise(data_, bytes_, MADV_HUGEPAGE);
