@@ -24,7 +24,7 @@ installed_version() {
 }
 
 if [[ ! -x "$VENV/bin/python" ]]; then
-  # System site packages: numpy, torch, transformers, safetensors for the converter.
+  # System site packages: numpy, and torch, transformers, safetensors where installed.
   python3 -m venv --system-site-packages "$VENV"
 fi
 if [[ ! -f "$SDIST" ]]; then
@@ -41,6 +41,14 @@ if [[ "$(installed_version)" != "$LLAMA_CPP_PYTHON_VERSION" ]]; then
 fi
 if ! "$VENV/bin/python" -c 'import sentencepiece' 2>/dev/null; then
   "$VENV/bin/pip" install "sentencepiece==$SENTENCEPIECE_VERSION"
+fi
+# llama.cpp's converter imports torch and transformers (and the 1B shape is written with
+# safetensors): where the system site packages lack them (a machine without the fixture
+# generator's requirements), install the versions scripts/requirements-fixtures.txt pins.
+if ! "$VENV/bin/python" -c 'import torch, transformers, safetensors' 2>/dev/null; then
+  mapfile -t CONVERTER_PINS < <(grep -E '^(torch|transformers|safetensors)==' scripts/requirements-fixtures.txt | sed 's/ *#.*//')
+  echo "installing the converter's requirements into $VENV: ${CONVERTER_PINS[*]}" >&2
+  "$VENV/bin/pip" install "${CONVERTER_PINS[@]}"
 fi
 
 if [[ ! -x "$BUILD_DIR/bin/hack-run" ]]; then
