@@ -184,11 +184,11 @@ struct HackSimd {
     // Max over the visible scores (exact in any order): whole tiles in vectors, then tails.
     F m[R];
     for (int i = 0; i < R; ++i) {
-      const float* pi = p + static_cast<size_t>(i) * ld;
       if (lane_max != nullptr) {
         m[i] = lane_max[i];
         continue;
       }
+      const float* pi = p + static_cast<size_t>(i) * ld;
       m[i] = Isa::fset1(-std::numeric_limits<float>::infinity());
       for (int t = 0; t + 16 <= visible[i]; t += 16) m[i] = Isa::fmax(m[i], Isa::fload(pi + t));
     }

@@ -4,7 +4,6 @@
 #include "hack/model/weights.h"
 
 
-#include <cerrno>
 #include <cstring>
 #include <string>
 #include <unordered_map>

@@ -23,7 +23,6 @@ class HugePageMapping {
   HugePageMapping& operator=(const HugePageMapping&) = delete;
 
   std::byte* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
 
  private:
   size_t bytes_;
