@@ -369,6 +369,12 @@ std::string describe_mismatch(const Case& c, const Reference& ref, const Generat
   return s;
 }
 
+// How long the equality test's decode node sleeps after every step: its shortest request
+// (8 tokens) then decodes for at least 0.4 s while the other prompts are prefilled, so the
+// requests share batched steps even where the build runs many times slower: a TSan run
+// without the delay once served all sixteen one after another.
+constexpr int kBatchingStepDelayMs = 50;
+
 void check_equal_to_hack_run(const std::string& kv) {
   const std::vector<Case> cases = equality_cases();
   const std::vector<Reference> refs = run_references(kv, cases);
@@ -378,7 +384,8 @@ void check_equal_to_hack_run(const std::string& kv) {
   }
   for (const std::string& tls : {kTcp, kShm}) {
     INFO("--kv " << kv << ", UCX_TLS=" << tls);
-    Node decode = start_decode(kv, tls);
+    Node decode =
+        start_decode(kv, tls, {"--enable-test-hooks", "--test-step-delay-ms", std::to_string(kBatchingStepDelayMs)});
     Node prefill = start_prefill(kv, tls);
     std::vector<Generated> results(cases.size());
     std::vector<std::thread> threads;
