@@ -46,9 +46,8 @@ fi
 # safetensors): where the system site packages lack them (a machine without the fixture
 # generator's requirements), install the versions scripts/requirements-fixtures.txt pins.
 if ! "$VENV/bin/python" -c 'import torch, transformers, safetensors' 2>/dev/null; then
-  mapfile -t CONVERTER_PINS < <(grep -E '^(torch|transformers|safetensors)==' scripts/requirements-fixtures.txt | sed 's/ *#.*//')
-  echo "installing the converter's requirements into $VENV: ${CONVERTER_PINS[*]}" >&2
-  "$VENV/bin/pip" install "${CONVERTER_PINS[@]}"
+  echo "installing the converter's requirements into $VENV" >&2
+  "$VENV/bin/pip" install -c scripts/requirements-fixtures.txt torch transformers safetensors
 fi
 
 if [[ ! -x "$BUILD_DIR/bin/hack-run" ]]; then

@@ -93,6 +93,11 @@ Node start_prefill(const std::string& kv, const std::string& tls, const std::vec
   return n;
 }
 
+// A decode node that sleeps `delay_ms` after every step: its requests stay in the batch longer.
+Node start_slow_decode(const std::string& kv, const std::string& tls, int delay_ms) {
+  return start_decode(kv, tls, {"--enable-test-hooks", "--test-step-delay-ms", std::to_string(delay_ms)});
+}
+
 // A prefill node whose every layer takes `delay_ms` longer: its transfers last long enough
 // to be interrupted.
 Node start_slow_prefill(const std::string& kv, const std::string& tls, int delay_ms) {
@@ -270,6 +275,11 @@ bool holds_kv(const NodeHealth& h) { return h.kv_sequences > 0 && h.kv_bytes_use
 // delayed kLayerDelayMs on the slow prefill node (about 1.8 s in all).
 constexpr int kLongPrompt = 1000;
 constexpr int kLayerDelayMs = 150;
+// The equality test's decode node sleeps this long after every step: its shortest request
+// (8 tokens) then decodes for at least 0.4 s while the other prompts are prefilled, so the
+// requests share batched steps even where the build runs many times slower (a TSan run
+// without the delay once served all sixteen one after another).
+constexpr int kBatchingStepDelayMs = 50;
 constexpr double kWaitS = 20;  // for a state the test waits for (generous: the box may be loaded)
 
 // A counter without labels from the node's GET /metrics.
@@ -369,12 +379,6 @@ std::string describe_mismatch(const Case& c, const Reference& ref, const Generat
   return s;
 }
 
-// How long the equality test's decode node sleeps after every step: its shortest request
-// (8 tokens) then decodes for at least 0.4 s while the other prompts are prefilled, so the
-// requests share batched steps even where the build runs many times slower: a TSan run
-// without the delay once served all sixteen one after another.
-constexpr int kBatchingStepDelayMs = 50;
-
 void check_equal_to_hack_run(const std::string& kv) {
   const std::vector<Case> cases = equality_cases();
   const std::vector<Reference> refs = run_references(kv, cases);
@@ -384,8 +388,7 @@ void check_equal_to_hack_run(const std::string& kv) {
   }
   for (const std::string& tls : {kTcp, kShm}) {
     INFO("--kv " << kv << ", UCX_TLS=" << tls);
-    Node decode =
-        start_decode(kv, tls, {"--enable-test-hooks", "--test-step-delay-ms", std::to_string(kBatchingStepDelayMs)});
+    Node decode = start_slow_decode(kv, tls, kBatchingStepDelayMs);
     Node prefill = start_prefill(kv, tls);
     std::vector<Generated> results(cases.size());
     std::vector<std::thread> threads;
