@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hack/backend/backend.h"
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/cpu_features.h"
 #include "hack/core/error.h"

@@ -42,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hack/backend/backend.h"
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/error.h"
 #include "hack/core/flags.h"

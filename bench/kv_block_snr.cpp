@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "hack/backend/backend.h"
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"

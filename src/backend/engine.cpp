@@ -1,5 +1,7 @@
 #include "hack/backend/engine.h"
 
+#include "hack/backend/cpu_engine.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,6 +37,16 @@ CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOpt
   e.backend = make_cpu_backend(model, pool, *e.kv, options.matmul_precision);
   e.engine = std::make_unique<Engine>(*e.backend, options, &pool);
   return e;
+}
+
+EngineParts make_cpu_engine_parts(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options,
+                                  EngineOptions options) {
+  CpuEngine e = make_cpu_engine(model, pool, kv_options, options);
+  EngineParts parts;
+  parts.kv = std::move(e.kv);
+  parts.backend = std::move(e.backend);
+  parts.engine = std::move(e.engine);
+  return parts;
 }
 
 void Engine::adopt_sequence(int seq_id, int position) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/error.h"
 

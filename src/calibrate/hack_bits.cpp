@@ -5,6 +5,7 @@
 #include <functional>
 #include <numeric>
 
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/error.h"
 

@@ -63,7 +63,7 @@ struct DecodeScheduler::Command {
   std::variant<Submit, Cancel, KvMessage, KvComplete, KvFailed> body;
 };
 
-DecodeScheduler::DecodeScheduler(Engine& engine, PagedKvCache& kv, DecodeSchedulerOptions options)
+DecodeScheduler::DecodeScheduler(Engine& engine, PagedKv& kv, DecodeSchedulerOptions options)
     : engine_(engine), kv_(kv), options_(options), vocab_(engine.config().vocab_size) {
   HACK_CHECK(&engine.kv() == &kv, "DecodeScheduler: the engine must run on the given cache");
   HACK_CHECK(options_.max_batch > 0, "max_batch must be positive, got {}", options_.max_batch);

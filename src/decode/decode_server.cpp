@@ -83,7 +83,12 @@ struct DecodeServer::Impl {
   explicit Impl(const DecodeServerConfig& c) : config(c) {
     HACK_CHECK(config.test_step_delay_ms == 0 || config.enable_test_hooks,
                "--test-step-delay-ms needs --enable-test-hooks");
-    rt = load_model_runtime(config.model, RuntimeParts{.cpu_only = true});
+    rt = load_model_runtime(config.model, RuntimeParts{.device_max_sequences = config.max_batch});
+    HACK_CHECK(rt->device == DeviceKind::cpu || config.vault.address.empty(),
+               "hack-decode --device {} --vault: storing finished conversations in the vault records their exact KV "
+               "as it is appended, which the device KV does not offer yet; run the decode node without --vault "
+               "(prefill nodes still restore from it) or on --device cpu",
+               config.model.device);
     // A prefill node on this host connects by worker address (PrefillCall::decode_ucx_worker),
     // so its endpoint appears here with its first message and must get an id for our replies.
     worker = std::make_unique<net::UcxWorker>(net::UcxOptions{.accept_address_peers = true});
@@ -110,7 +115,7 @@ struct DecodeServer::Impl {
       so.record_block_tokens = rt->kv_options.block_tokens;
       so.on_finished_kv = [this](const FinishedKv& f) { store_finished(f); };
     }
-    scheduler = std::make_unique<DecodeScheduler>(*rt->engine, *rt->paged_kv, so);
+    scheduler = std::make_unique<DecodeScheduler>(*rt->engine, *rt->kv, so);
     // With a secret, KV is accepted only sealed with it (net/wire.h WireAuth); without one, from anyone who
     // reaches the UCX port, as before.
     receiver = std::make_unique<net::KvReceiver>(*worker, receiver_callbacks(), net::WireAuth(config.secret));
@@ -171,7 +176,7 @@ struct DecodeServer::Impl {
   // Engine thread (DecodeSchedulerOptions::on_finished_kv).
   void store_finished(const FinishedKv& f) {
     const int n = encode_finished_blocks(f, vault_root, rt->kv_options.block_tokens, vault_codec, vault_dtype,
-                                         rt->paged_kv->shape(),
+                                         rt->kv->shape(),
                                          [this](const BlockKey& key, const BlockKey& parent, bool first,
                                                 std::vector<std::byte> value) {
                                            vault->store(config.vault.name_space, key, parent, first,

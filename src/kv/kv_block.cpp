@@ -1,5 +1,5 @@
 // The vault block codec (include/hack/kv/kv_block.h): a block's value, header and per-layer
-// table, exact and int8-head slices, and their validated restore into a PagedKvCache.
+// table, exact and int8-head slices, and their validated restore into a PagedKv.
 #include "hack/kv/kv_block.h"
 
 #include <xxhash.h>
@@ -236,7 +236,7 @@ bool verify_kv_block_layer(const KvBlockHeader& header, int layer, std::span<con
   return xxh64(value.subspan(e.offset, e.bytes)) == e.checksum;
 }
 
-void encode_kv_block_layer(const PagedKvCache& cache, int seq_id, int layer, int first_token, int tokens,
+void encode_kv_block_layer(const PagedKv& cache, int seq_id, int layer, int first_token, int tokens,
                            BlockCodec codec, std::vector<std::byte>& out) {
   check_codec(codec);
   const KvShape& shape = cache.shape();
@@ -339,7 +339,7 @@ void decode_kv_block_layer(const KvBlockHeader& header, std::span<const std::byt
   }
 }
 
-void restore_kv_block_layer(PagedKvCache& cache, int seq_id, int layer, const KvBlockHeader& header,
+void restore_kv_block_layer(PagedKv& cache, int seq_id, int layer, const KvBlockHeader& header,
                             std::span<const std::byte> slice, std::vector<float>& scratch) {
   const KvShape& shape = cache.shape();
   HACK_CHECK(header.num_layers == shape.num_layers && header.layers.size() == static_cast<size_t>(shape.num_layers),

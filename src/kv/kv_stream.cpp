@@ -1,5 +1,5 @@
 // The KV stream codec (include/hack/kv/kv_stream.h): export of one (sequence, layer) of a
-// PagedKvCache as HACK pages and exact-token messages, and their validated import.
+// PagedKv as HACK pages and exact-token messages, and their validated import.
 #include "hack/kv/kv_stream.h"
 
 #include <algorithm>
@@ -19,7 +19,7 @@ size_t token_bytes(const KvShape& shape, DType dtype) {
   return static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim) * dtype_size(dtype);
 }
 
-void ensure_cursor(const PagedKvCache& cache, KvExportCursor& cursor) {
+void ensure_cursor(const PagedKv& cache, KvExportCursor& cursor) {
   const size_t layers = static_cast<size_t>(cache.shape().num_layers);
   if (cursor.pages_sent.size() != layers) {
     HACK_CHECK(cursor.pages_sent.empty() && cursor.exact_sent.empty() && cursor.finished.empty(),
@@ -32,7 +32,7 @@ void ensure_cursor(const PagedKvCache& cache, KvExportCursor& cursor) {
 
 }  // namespace
 
-std::vector<std::byte> encode_exact_tokens(const PagedKvCache& cache, int seq_id, int layer, int first_token,
+std::vector<std::byte> encode_exact_tokens(const PagedKv& cache, int seq_id, int layer, int first_token,
                                            int n_tokens) {
   const KvShape& shape = cache.shape();
   const DType dtype = cache.exact_dtype();
@@ -85,7 +85,7 @@ ExactTokensHeader decode_exact_header(std::span<const std::byte> payload) {
   return h;
 }
 
-void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExportCursor& cursor,
+void export_layer(PagedKv& cache, int seq_id, int layer, bool final, KvExportCursor& cursor,
                   const KvEmitFn& emit) {
   const KvShape& shape = cache.shape();
   HACK_CHECK(layer >= 0 && layer < shape.num_layers, "export: layer {} out of range", layer);
@@ -124,8 +124,17 @@ void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExpo
     // Pages are emitted only behind complete sinks (an import appends them after).
     if (length >= S) {
       const int pages = cache.hack_page_count(seq_id, layer);
-      for (; cursor.pages_sent[l] < pages; ++cursor.pages_sent[l])
-        send(KvMessageKind::hack_page, cache.hack_page(seq_id, layer, cursor.pages_sent[l]), /*in_cache=*/true);
+      std::vector<std::byte> scratch;  // pages that do not lie in host memory are read into it
+      for (; cursor.pages_sent[l] < pages; ++cursor.pages_sent[l]) {
+        const std::span<const std::byte> page = cache.host_hack_page(seq_id, layer, cursor.pages_sent[l]);
+        if (!page.empty()) {
+          send(KvMessageKind::hack_page, page, /*in_cache=*/true);
+          continue;
+        }
+        scratch.resize(cache.hack_layout(layer).page_bytes());
+        cache.read_hack_page(seq_id, layer, cursor.pages_sent[l], scratch.data());
+        send(KvMessageKind::hack_page, scratch);
+      }
       if (!final && cursor.prompt_tokens > 0) {
         // Blocks full now that will have left the recent window when the prompt ends.
         const int filled = std::max(0, length - S) / T;
@@ -159,7 +168,7 @@ void exact_tokens_f32(const ExactTokensHeader& header, std::span<const std::byte
   convert_to_f32(header.dtype, kp + elems * dtype_size(header.dtype), v.data(), elems);
 }
 
-void import_message(PagedKvCache& cache, int seq_id, int layer, KvMessageKind kind, std::span<const std::byte> payload) {
+void import_message(PagedKv& cache, int seq_id, int layer, KvMessageKind kind, std::span<const std::byte> payload) {
   const KvShape& shape = cache.shape();
   HACK_CHECK(layer >= 0 && layer < shape.num_layers, "import: layer {} out of range (the cache has {})", layer,
              shape.num_layers);

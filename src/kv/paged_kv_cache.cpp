@@ -18,51 +18,6 @@ size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
 }  // namespace
 
-KvMode parse_kv_mode(std::string_view name) {
-  if (name == "fp") return KvMode::fp;
-  if (name == "hack") return KvMode::hack;
-  fail("--kv must be fp or hack, got '{}'", name);
-}
-
-Rounding parse_rounding(std::string_view name) {
-  if (name == "nearest") return Rounding::nearest;
-  if (name == "stochastic") return Rounding::stochastic;
-  fail("--hack-rounding must be nearest or stochastic, got '{}'", name);
-}
-
-std::string_view hack_attention_name(HackAttention attention) {
-  return attention == HackAttention::homomorphic ? "homomorphic" : "dequantized";
-}
-
-std::string_view kv_mode_name(KvMode mode) { return mode == KvMode::fp ? "fp" : "hack"; }
-std::string_view rounding_name(Rounding rounding) { return rounding == Rounding::nearest ? "nearest" : "stochastic"; }
-
-std::string describe(const KvCacheOptions& o) {
-  if (o.mode == KvMode::fp) return fmt::format("fp {} block={}", dtype_name(o.fp_dtype), o.block_tokens);
-  std::string s;
-  if (o.layer_bits.empty()) {
-    s = fmt::format("hack k{}v{}", o.k_bits, o.v_bits);
-  } else {  // "hack layers[k4v2 x10, k2v2 x20]": how many layers have each width
-    std::vector<std::pair<HackLayerBits, int>> counts;
-    for (const HackLayerBits& b : o.layer_bits) {
-      auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == b; });
-      if (it == counts.end()) counts.push_back({b, 1});
-      else ++it->second;
-    }
-    s = "hack layers[";
-    for (size_t i = 0; i < counts.size(); ++i)
-      s += fmt::format("{}k{}v{} x{}", i ? ", " : "", counts[i].first.k_bits, counts[i].first.v_bits, counts[i].second);
-    s += "]";
-  }
-  s += fmt::format(" block={} sinks={} {}", o.block_tokens, o.sinks, rounding_name(o.rounding));
-  if (o.rounding == Rounding::stochastic) s += fmt::format(" seed={}", o.seed);
-  if (o.recent_tokens > 0) s += fmt::format(" recent={}", o.recent_tokens);
-  if (!o.exact_prefill) s += " quantized-prefill";
-  if (o.attention != HackAttention::homomorphic) s += fmt::format(" {}", hack_attention_name(o.attention));
-  s += describe(o.select);
-  return s;
-}
-
 namespace {
 
 void check_select(const PageSelectOptions& select, KvMode mode) {
@@ -662,7 +617,7 @@ void PagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float*
   const AttentionPlan& p = c.plan;
   const PlanTask& t = p.tasks[index];
   const PlanItem& it = p.items[static_cast<size_t>(t.item)];
-  const LayerPages& lp = *static_cast<const LayerPages*>(c.ws.layers[static_cast<size_t>(t.item)]);
+  const LayerPages& lp = *c.ws.layers[static_cast<size_t>(t.item)];
   const std::span<const int> sel = p.selection_of(t.item, t.head_begin);
   const int* selection = t.head_end - t.head_begin == 1 && !sel.empty() ? sel.data() : nullptr;
   const bool alone = (index == 0 || !same_unit(p.tasks[index - 1], t)) &&
@@ -886,22 +841,6 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
   }
 }
 
-void PagedKvCache::read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const {
-  const size_t elems = static_cast<size_t>(std::max(n_tokens, 0)) * static_cast<size_t>(shape_.num_kv_heads) *
-                       static_cast<size_t>(shape_.head_dim);
-  if (exact_elem_bytes_ == 4) {
-    copy_exact_tokens(seq_id, layer, first_token, n_tokens, reinterpret_cast<std::byte*>(k),
-                      reinterpret_cast<std::byte*>(v));
-    return;
-  }
-  std::vector<uint16_t> kb(elems), vb(v ? elems : 0);
-  copy_exact_tokens(seq_id, layer, first_token, n_tokens, reinterpret_cast<std::byte*>(kb.data()),
-                    v ? reinterpret_cast<std::byte*>(vb.data()) : nullptr);
-  for (size_t i = 0; i < elems; ++i) k[i] = bf16_to_f32(kb[i]);
-  if (v)
-    for (size_t i = 0; i < elems; ++i) v[i] = bf16_to_f32(vb[i]);
-}
-
 void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   Sequence& s = get(seq_id);
@@ -967,6 +906,15 @@ std::span<const std::byte> PagedKvCache::hack_page(int seq_id, int layer, int in
   return {lp.pages[static_cast<size_t>(index)].data, pages_of(layer).page_bytes()};
 }
 
+std::span<const std::byte> PagedKvCache::host_hack_page(int seq_id, int layer, int index) const {
+  return hack_page(seq_id, layer, index);
+}
+
+void PagedKvCache::read_hack_page(int seq_id, int layer, int index, std::byte* page) const {
+  const std::span<const std::byte> bytes = hack_page(seq_id, layer, index);
+  std::memcpy(page, bytes.data(), bytes.size());
+}
+
 int PagedKvCache::page_ref_count(int seq_id, int layer, int index) const {
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   HACK_CHECK(index >= 0 && index < static_cast<int>(lp.pages.size()), "page_ref_count: no page {}", index);
@@ -1024,40 +972,6 @@ size_t PagedKvCache::release_free_slabs() {
 
 std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options) {
   return std::make_unique<PagedKvCache>(shape, options);
-}
-
-double bf16_kv_bytes_per_token(const KvShape& shape) {
-  KvCacheOptions bf16;
-  bf16.mode = KvMode::fp;
-  bf16.fp_dtype = DType::bf16;
-  KvShape full = shape;  // the model's bf16 KV: every head at head_dim
-  full.k_dims.clear();
-  full.v_dims.clear();
-  return kv_bytes_per_token(full, bf16);
-}
-
-double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options) {
-  double bytes = 0;
-  if (options.mode == KvMode::fp) {
-    for (int l = 0; l < shape.num_layers; ++l)
-      for (int h = 0; h < shape.num_kv_heads; ++h) bytes += shape.k_dim(l, h) + shape.v_dim(l, h);
-    return bytes * static_cast<double>(dtype_size(options.fp_dtype));
-  }
-  for (int l = 0; l < shape.num_layers; ++l) bytes += hack_page_layout(shape, options, l).bytes_per_token();
-  return bytes;
-}
-
-HackPageLayout hack_page_layout(const KvShape& shape, const KvCacheOptions& options, int layer) {
-  const HackLayerBits bits = options.layer_bits.empty() ? HackLayerBits{options.k_bits, options.v_bits}
-                                                        : options.layer_bits.at(static_cast<size_t>(layer));
-  HackPageParams params;
-  params.k_bits = bits.k_bits;
-  params.v_bits = bits.v_bits;
-  params.block_tokens = options.block_tokens;
-  params.k_group = options.k_group;
-  params.v_group = options.v_group;
-  for (int h = 0; h < shape.num_kv_heads; ++h) params.heads.push_back({shape.k_dim(layer, h), shape.v_dim(layer, h)});
-  return HackPageLayout(params);
 }
 
 }  // namespace hack

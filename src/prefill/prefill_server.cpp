@@ -102,7 +102,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const PrefillServerConfig& c) : config(c) {
-    rt = load_model_runtime(config.model, RuntimeParts{.engine = false, .cpu_only = true});
+    rt = load_model_runtime(config.model);  // one job at a time: one sequence per forward
     ucx = std::make_unique<net::UcxWorker>();
     HACK_CHECK(config.kv_connect == "auto" || config.kv_connect == "listener",
                "--kv-connect must be auto or listener, got '{}'", config.kv_connect);
@@ -154,7 +154,7 @@ struct PrefillServer::Impl {
     worker_has_prefix_cache = wo.prefix_cache.has_value();
     block_tokens = wo.kv.block_tokens;
     wo.constraints = rt->constraints.get();
-    worker = std::make_unique<PrefillWorker>(rt->model, *rt->pool, *ucx, wo);
+    worker = std::make_unique<PrefillWorker>(take_engine(*rt), *ucx, wo);
     endpoints = NodeEndpoints{config.secret, [this] { return to_json(health()); }, [this] { return metrics_text(); }};
     HttpServerOptions ho;
     ho.host = config.host;

@@ -41,13 +41,13 @@ std::vector<std::byte> done_payload(const SampleResult& first, uint64_t seed, in
 
 }  // namespace
 
-PrefillWorker::PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorker& ucx, PrefillWorkerOptions options)
-    : config_(model.config), ucx_(ucx), options_(std::move(options)) {
+PrefillWorker::PrefillWorker(EngineParts engine, net::UcxWorker& ucx, PrefillWorkerOptions options)
+    : config_(engine.backend->config()), ucx_(ucx), options_(std::move(options)) {
   HACK_CHECK(options_.send_timeout_s > 0, "prefill worker: send_timeout_s must be positive");
-  CpuEngine e = make_cpu_engine(model, pool, options_.kv, options_.engine);
-  kv_ = std::move(e.kv);
-  backend_ = std::move(e.backend);
-  engine_ = std::move(e.engine);
+  HACK_CHECK(engine.kv && engine.backend && engine.engine, "prefill worker: an engine with its KV and backend is required");
+  kv_ = std::move(engine.kv);
+  backend_ = std::move(engine.backend);
+  engine_ = std::move(engine.engine);
   HACK_CHECK(options_.send_retries >= 0, "prefill worker: send_retries must not be negative");
   net::KvSenderCallbacks sender_callbacks;
   // A failed send means the transport to that decode node broke, even when UCX has not (yet)

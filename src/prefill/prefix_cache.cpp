@@ -38,7 +38,7 @@ int PrefixCache::restorable_blocks(size_t prompt_tokens) const {
   return prompt_tokens == 0 ? 0 : static_cast<int>((prompt_tokens - 1) / static_cast<size_t>(block_tokens_));
 }
 
-void PrefixCache::restore_local_layer(PagedKvCache& cache, int seq_id, int layer,
+void PrefixCache::restore_local_layer(PagedKv& cache, int seq_id, int layer,
                                       std::span<const vault::BlockPtr> blocks,
                                       std::span<const KvBlockHeader> headers) {
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -48,7 +48,7 @@ void PrefixCache::restore_local_layer(PagedKvCache& cache, int seq_id, int layer
   }
 }
 
-PrefixRestoreResult PrefixCache::restore(PagedKvCache& cache, int seq_id, std::span<const BlockKey> keys) {
+PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys) {
   PrefixRestoreResult r;
   const double t0 = monotonic_s();
   std::vector<vault::BlockPtr> local;
@@ -153,7 +153,7 @@ void PrefixCache::begin_capture(std::span<const BlockKey> all_keys, int first_ne
   capture_slices_.assign(static_cast<size_t>(std::max(0, capture_end_ - capture_first_)), {});
 }
 
-void PrefixCache::capture_layer(const PagedKvCache& cache, int seq_id, int layer) {
+void PrefixCache::capture_layer(const PagedKv& cache, int seq_id, int layer) {
   for (int b = capture_first_; b < capture_end_; ++b) {
     auto& slices = capture_slices_[static_cast<size_t>(b - capture_first_)];
     HACK_CHECK(static_cast<int>(slices.size()) == layer, "prefix cache: layer {} captured out of order", layer);

@@ -1,10 +1,11 @@
 #include "hack/runtime/model_runtime.h"
 
-#include "hack/grammar/grammar_constraint.h"
-
+#include <algorithm>
 #include <filesystem>
 
+#include "hack/backend/cpu_engine.h"
 #include "hack/core/error.h"
+#include "hack/grammar/grammar_constraint.h"
 #include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
 #ifdef HACK_HAVE_CUDA
@@ -17,8 +18,9 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   flags.add_string("model", &c.model, "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
   flags.add_string("synthetic", &c.synthetic, "instead of --model: random weights of a named shape (benchmarks)");
   flags.add_string("device", &c.device,
-                   "cpu or cuda (cuda: hack-run only so far; bf16 weights and a paged KV pool on GPU 0, pages of "
-                   "--hack-block tokens; --kv fp, or --kv hack with --hack-recent 0 and no --kv-select)");
+                   "cpu or cuda (cuda: bf16 weights and a pre-allocated paged KV pool on GPU 0, pages of --hack-block "
+                   "tokens, sized by --kv-capacity-mb or else max-model-len; --kv fp, or --kv hack with --hack-recent 0 "
+                   "and no --kv-select; what the device cannot run yet is refused by name)");
   flags.add_int("threads", &c.threads, "compute threads; 0 = all cores");
   flags.add_string("weights-memory", &c.weights_memory,
                    "where the CPU backend reads the weight matrices: huge-pages (copied into memory advised for "
@@ -90,19 +92,31 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (rt.name.empty()) rt.name = std::filesystem::path(c.model).lexically_normal().parent_path().filename().string();
 }
 
-void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, ModelRuntime& rt) {
+void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, int max_sequences, ModelRuntime& rt) {
 #ifdef HACK_HAVE_CUDA
   HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
+  HACK_CHECK(max_sequences > 0, "--device cuda: sequences per forward must be positive, got {}", max_sequences);
+  HACK_CHECK(!keep_options_from(c.kv).enabled(),
+             "--device cuda: --kv-keep-ratio / --kv-keep-tokens (static eviction) run on --device cpu only so far");
   CudaBackendOptions bo;
-  bo.max_batch_tokens = c.prefill_chunk;
-  bo.max_sequences = 1;
+  // A decode step carries one token per sequence beside at most one prefill chunk.
+  bo.max_batch_tokens = c.prefill_chunk + (max_sequences > 1 ? max_sequences : 0);
+  bo.max_sequences = max_sequences;
+  bo.max_logit_rows = std::max(bo.max_logit_rows, max_sequences);
   CudaKvOptions ko;
   ko.page_tokens = c.kv.hack_block;
   if (rt.kv_options.mode == KvMode::hack) ko.hack = rt.kv_options;  // CudaPagedKvCache refuses what it cannot run
-  // --kv hack puts the sinks in a page of their own: one page more.
-  ko.num_pages = CudaPagedKvCache::pages_for(device_kv_tokens > 0 ? device_kv_tokens : rt.max_model_len,
-                                             c.kv.hack_block) +
-                 (ko.hack ? 1 : 0);
+  int tokens = device_kv_tokens > 0 ? device_kv_tokens : rt.max_model_len;
+  if (device_kv_tokens <= 0 && rt.kv_options.capacity_bytes > 0) {
+    // --kv-capacity-mb: as many pages as its bytes buy (a page's bf16 rows and HACK page in every layer).
+    const size_t per_page = cuda_kv_page_bytes(kv_shape(rt.model), ko);
+    tokens = static_cast<int>(std::min<size_t>(rt.kv_options.capacity_bytes / per_page, size_t{1} << 24)) *
+             c.kv.hack_block;
+    HACK_CHECK(tokens > 0, "--kv-capacity-mb {} holds no page of the device KV pool ({} bytes a page)",
+               c.kv_capacity_mb, per_page);
+  }
+  // --kv hack puts the sinks in a page of their own: one page more per sequence.
+  ko.num_pages = CudaPagedKvCache::pages_for(tokens, c.kv.hack_block) + (ko.hack ? max_sequences : 0);
   auto kv = make_cuda_kv_cache(rt.model.config, ko);
   rt.backend = make_cuda_backend(rt.model, *kv, bo);
   rt.kv = std::move(kv);
@@ -110,6 +124,7 @@ void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, ModelRuntime&
 #else
   (void)c;
   (void)device_kv_tokens;
+  (void)max_sequences;
   (void)rt;
   fail("--device cuda: this build has no CUDA (configure on a machine with nvcc, HACK_CUDA=AUTO|ON)");
 #endif
@@ -123,8 +138,6 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
   HACK_CHECK(c.max_model_len >= 0, "--max-model-len must not be negative, got {}", c.max_model_len);
   auto rt = std::make_unique<ModelRuntime>();
   rt->device = parse_device(c.device);
-  HACK_CHECK(rt->device == DeviceKind::cpu || !parts.cpu_only,
-             "--device {}: the daemons serve on the CPU backend only so far (hack-run has --device cuda)", c.device);
   load_model(c, *rt);
   if (Model::wants_huge_pages(c.weights_memory) && rt->device == DeviceKind::cpu) rt->model.place_in_huge_pages();
   (void)cpu::parse_matmul_precision(c.matmul_precision);  // refused before a node binds its ports
@@ -133,7 +146,7 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, Ru
   const KeepOptions keep = keep_options_from(c.kv);  // refused early, before a node binds its ports
   HACK_CHECK(!keep.enabled() || !rt->model.fdc, "--kv-keep-ratio / --kv-keep-tokens cannot be combined with --fdc yet");
   rt->pool = std::make_unique<ThreadPool>(c.threads);
-  if (parts.engine) build_engine(c, *rt);
+  if (parts.engine) build_engine(c, *rt, 0, parts.device_max_sequences);
   return rt;
 }
 
@@ -150,17 +163,25 @@ std::string kv_format(const ModelRuntime& rt) {
   return fmt::format("{} fdc={}", describe(bytes), fdc);
 }
 
-void build_engine(const ModelRuntimeConfig& c, ModelRuntime& rt, int device_kv_tokens) {
+void build_engine(const ModelRuntimeConfig& c, ModelRuntime& rt, int device_kv_tokens, int device_max_sequences) {
   HACK_CHECK(rt.engine == nullptr, "build_engine: the runtime already has an engine");
   if (rt.device == DeviceKind::cuda) {
-    build_cuda(c, device_kv_tokens, rt);
+    build_cuda(c, device_kv_tokens, device_max_sequences, rt);
     return;
   }
   CpuEngine e = make_cpu_engine(rt.model, *rt.pool, rt.kv_options, engine_options_from(c));
-  rt.paged_kv = e.kv.get();
   rt.kv = std::move(e.kv);
   rt.backend = std::move(e.backend);
   rt.engine = std::move(e.engine);
+}
+
+EngineParts take_engine(ModelRuntime& rt) {
+  HACK_CHECK(rt.engine != nullptr, "take_engine: the runtime has no engine (build_engine first)");
+  EngineParts parts;
+  parts.kv = std::move(rt.kv);
+  parts.backend = std::move(rt.backend);
+  parts.engine = std::move(rt.engine);
+  return parts;
 }
 
 }  // namespace hack

@@ -12,10 +12,12 @@
 #include "hack/core/thread_pool.h"
 #include "hack/kernels/cpu/matmul.h"
 #include "hack/kv/kv_cache.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 #include "hack/model/weights.h"
 
 namespace hack {
+
+class PagedKvCache;
 
 /// The KV cache shape a model needs (without FDC).
 KvShape kv_shape(const ModelConfig& config);

@@ -14,15 +14,21 @@
 /// of the sequence's HACK table, byte for byte what the CPU cache writes (cuda::
 /// hack_quantize_blocks). A block closes at the first append after it fills, outside a
 /// prefill (close_blocks, called by the backend before a decode step), or at end_prefill.
+/// Blocks close per layer (a prefill node exports a layer as soon as its prefill is done), so
+/// closed counts are kept per layer; a decode step closes every layer up to the same block.
 /// Decode attends to sinks + HACK pages + the one bf16 block being filled
 /// (cuda::hack_decode_attention); a prefill attends to bf16 only (nothing is quantized
 /// inside a prefill). The bf16 pages of closed blocks stay reserved: the device pool does
 /// not yet give them back, so --kv hack saves no device memory today, only bytes read.
 ///
-/// KvCache::append speaks of host fp32 pointers and is implemented as a synchronous upload
-/// (tests, restoring KV; --kv fp only); the CUDA backend, which owns this cache, writes K/V
-/// on the device with the kv_append kernel and then calls commit_append, and runs attention
-/// there.
+/// It is a PagedKv (kv/paged_kv.h), so the nodes serve from it: host fp32 appends (restoring
+/// KV, importing exact tokens) and HACK pages in and out go through synchronous copies on the
+/// legacy default stream, which orders with the backend's blocking stream both ways. The CUDA
+/// backend, which owns this cache, writes K/V on the device with the kv_append kernel and then
+/// calls commit_append, and runs attention there. Imported HACK pages have no bf16 rows
+/// behind them: their tokens are attended to as codes and cannot be read back exactly (as on
+/// the CPU). Not offered on the device yet, refused by name: append observers (a decode node's
+/// vault recording), static eviction (keep_tokens).
 #pragma once
 
 #include <optional>
@@ -34,7 +40,8 @@
 #include "hack/kernels/cuda/ops.h"
 #include "hack/kernels/hack_page_geometry.h"
 #include "hack/kv/kv_cache.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/kv_options.h"
+#include "hack/kv/paged_kv.h"
 
 namespace hack {
 
@@ -47,7 +54,7 @@ struct CudaKvOptions {
   std::optional<KvCacheOptions> hack;
 };
 
-class CudaPagedKvCache final : public KvCache {
+class CudaPagedKvCache final : public PagedKv {
  public:
   CudaPagedKvCache(const KvShape& shape, const CudaKvOptions& options);
 
@@ -60,8 +67,30 @@ class CudaPagedKvCache final : public KvCache {
   void remove_sequence(int seq_id) override;
   bool has_sequence(int seq_id) const override;
   int length(int seq_id, int layer) const override;
-  /// Host fp32 K/V -> bf16 pages, synchronously (not the backend's path; see the file comment).
+  /// Host fp32 K/V -> bf16 rows, synchronously (not the backend's path; see the file comment).
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
+  void keep_tokens(int seq_id, int layer, const std::vector<int>& kept) override;
+
+  // PagedKv (kv/paged_kv.h).
+  const KvCacheOptions& options() const override { return kv_options_; }
+  /// Page units (a page's bf16 rows and its HACK page, every layer) of max_tokens, in bytes:
+  /// capacity and reservations count whole page units, so a byte comparison is a page count.
+  size_t sequence_bytes(int max_tokens) const override;
+  /// Takes more pages from the pool; false (nothing changed) when too few are free.
+  bool try_extend_sequence(int seq_id, int max_tokens) override;
+  size_t release_free_slabs() override { return 0; }  // the pool is allocated once
+  void set_append_observer(int seq_id, KvAppendObserver* observer) override;
+  void close_pending_blocks(int seq_id) override;
+  void close_pending_blocks(int seq_id, int layer) override;
+  int pending_block_count(int seq_id, int layer) const override;
+  int hack_page_count(int seq_id, int layer) const override;
+  std::span<const std::byte> host_hack_page(int, int, int) const override { return {}; }
+  void read_hack_page(int seq_id, int layer, int index, std::byte* page) const override;
+  void peek_block_page(int seq_id, int layer, int block, std::byte* page) const override;
+  void append_hack_page(int layer, int seq_id, const void* bytes, size_t size) override;
+  DType exact_dtype() const override { return DType::bf16; }
+  void copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k,
+                         std::byte* v) const override;
   KvCacheStats stats() const override;
   /// --kv hack: nothing closes in between; end_prefill closes every full block.
   void begin_prefill(int seq_id) override;
@@ -75,7 +104,7 @@ class CudaPagedKvCache final : public KvCache {
   cuda::PagedKvLayer layer(int layer) const;
   /// Page ids of the sequence, in token order (covering its max_tokens).
   std::span<const int> page_table(int seq_id) const;
-  int max_tokens(int seq_id) const;
+  int max_tokens(int seq_id) const override;
   /// Records that n_tokens were written at [start_pos, start_pos + n_tokens) of `layer` on
   /// the device; checks start_pos == length and the reservation.
   void commit_append(int layer, int seq_id, int start_pos, int n_tokens);
@@ -94,17 +123,17 @@ class CudaPagedKvCache final : public KvCache {
   int sinks() const { return is_hack() ? options_.hack->sinks : 0; }
   /// Blocks of Π tokens after the sinks that `length` tokens fill.
   int full_blocks(int length) const;
-  /// Blocks of the sequence quantized so far (the same in every layer).
+  /// Blocks of the sequence quantized so far in every layer (the fewest of any layer).
   int closed_blocks(int seq_id) const;
   bool prefilling(int seq_id) const;
-  /// Quantizes blocks [closed_blocks, upto) of every layer (each must be full) on the
+  /// Quantizes each layer's blocks [its closed count, upto) (each must be full) on the
   /// legacy default stream, which orders with the backend's blocking stream both ways.
   void close_blocks(int seq_id, int upto);
   /// HACK page ids of the sequence, one per block it may fill, in block order.
   std::span<const int> hack_page_table(int seq_id) const;
   /// Device address of HACK page `page` of `layer` (64-byte aligned).
   void* hack_page(int layer, int page) const;
-  const HackPageLayout& hack_layout(int layer) const { return layouts_.at(static_cast<size_t>(layer)); }
+  const HackPageLayout& hack_layout(int layer) const override { return layouts_.at(static_cast<size_t>(layer)); }
   const HackPageGeometry& hack_geometry(int layer) const { return geometries_.at(static_cast<size_t>(layer)); }
   /// Device address of bf16 page `page` of `layer` (its K section; V follows all heads' K).
   const uint16_t* exact_page(int layer, int page) const;
@@ -115,12 +144,21 @@ class CudaPagedKvCache final : public KvCache {
     std::vector<int> pages;
     std::vector<int> lengths;  // [layer]
     std::vector<int> hack_pages;  // --kv hack: one per block
-    int closed = 0;               // --kv hack: blocks quantized (every layer)
+    std::vector<int> closed;      // [layer] --kv hack: blocks quantized (or imported as HACK pages)
     bool prefilling = false;
   };
   const Sequence& get(int seq_id) const;
   Sequence& get(int seq_id);
   void init_hack(const KvCacheOptions& hack);
+  // Quantizes blocks [from, upto) of one layer of s into their HACK pages.
+  void close_layer(Sequence& s, int seq_id, int layer, int upto);
+  // Quantizes n full bf16 blocks of one layer on the device (legacy stream, synchronous upload
+  // of the arguments): args = k_src[n], v_src[n], pages[n] (device addresses), first_tokens[n].
+  void quantize_blocks(int layer, const std::vector<uint64_t>& args, int n) const;
+  // Device address of the bf16 row of token `pos` of the sequence in `layer`, K (or V) of `head`.
+  const uint16_t* exact_row(const Sequence& s, int layer, int pos, int head, bool value) const;
+  // Pages of the pool a sequence of max_tokens holds (bf16 rows; HACK pages are fewer).
+  int pages_needed(int max_tokens) const { return pages_for(rows_for(max_tokens), options_.page_tokens); }
 
   KvShape shape_;
   CudaKvOptions options_;
@@ -135,8 +173,14 @@ class CudaPagedKvCache final : public KvCache {
   Buffer headers_;                             // device: per layer its page header template, at header_offset_
   std::vector<size_t> header_offset_;
   std::vector<int> hack_free_;                 // free HACK page ids (a stack)
-  Buffer close_args_;                          // device: close_blocks' pointer arrays, grown on demand
+  mutable Buffer close_args_;                  // device: quantize_blocks' argument arrays, grown on demand
+  mutable Buffer scratch_page_;                // device: one HACK page peek_block_page quantizes into
+  KvCacheOptions kv_options_;                  // options(): the HACK options, or fp bf16 pages of Π
   std::unordered_map<int, Sequence> sequences_;
 };
+
+/// Bytes of one page unit of a device KV pool for `shape` under `options`: the page's bf16 rows
+/// and (--kv hack) its HACK page, in every layer (what --kv-capacity-mb buys pages by).
+size_t cuda_kv_page_bytes(const KvShape& shape, const CudaKvOptions& options);
 
 }  // namespace hack

@@ -91,16 +91,14 @@ class Engine {
   int evict_kept_ = 0;
 };
 
-/// A paged KV cache, the CPU backend over it and an engine over both: what a tool or a test
-/// needs to run a model over one cache configuration.
-struct CpuEngine {
-  std::unique_ptr<PagedKvCache> kv;
+/// A paged KV, the backend computing over it and an engine over both, on either device: what
+/// a node's worker owns (built by runtime/model_runtime.h build_engine or make_cpu_engine_parts).
+/// Members are destroyed engine first, then backend, then KV.
+struct EngineParts {
+  std::unique_ptr<PagedKv> kv;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
 };
-/// The cache is shaped for `model`; `model` and `pool` must outlive the result.
-CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options,
-                          EngineOptions options = {});
 
 struct GenerationStats {
   int prompt_tokens = 0;

@@ -1,6 +1,6 @@
 /// @file decode_scheduler.h
 /// @brief Continuous batching for a decode node: one engine thread owns the Engine and its
-/// PagedKvCache; requests arrive from I/O threads through a queue, get KV either from a
+/// paged KV (either device); requests arrive from I/O threads through a queue, get KV either from a
 /// prefill node (messages imported between steps) or by a local prefill, and every running
 /// request advances one token per step in one batched forward.
 ///
@@ -42,7 +42,7 @@
 #include "hack/backend/engine.h"
 #include "hack/core/error.h"
 #include "hack/kv/kv_stream.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 #include "hack/model/sampler.h"
 
 namespace hack::server {
@@ -136,7 +136,7 @@ class DecodeScheduler {
  public:
   /// The scheduler takes over `engine` (and its cache, which must be `kv`) on its own
   /// thread; nothing else may touch them until it is destroyed.
-  DecodeScheduler(Engine& engine, PagedKvCache& kv, DecodeSchedulerOptions options = {});
+  DecodeScheduler(Engine& engine, PagedKv& kv, DecodeSchedulerOptions options = {});
   /// Fails every open request ("decode node shutting down") and joins the thread.
   ~DecodeScheduler();
   DecodeScheduler(const DecodeScheduler&) = delete;
@@ -187,7 +187,7 @@ class DecodeScheduler {
   void trim_idle_memory();
 
   Engine& engine_;
-  PagedKvCache& kv_;
+  PagedKv& kv_;
   DecodeSchedulerOptions options_;
   int vocab_ = 0;
   size_t capacity_bytes_ = 0;  // the cache's budget (fixed), readable from any thread

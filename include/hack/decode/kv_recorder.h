@@ -18,7 +18,7 @@
 
 #include "hack/kv/block_key.h"
 #include "hack/kv/kv_block.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 
 namespace hack::server {
 

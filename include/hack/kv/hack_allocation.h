@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/kv_options.h"
 
 namespace hack {
 

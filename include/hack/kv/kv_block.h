@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "hack/core/dtype.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 
 namespace hack {
 
@@ -89,11 +89,11 @@ bool verify_kv_block_layer(const KvBlockHeader& header, int layer, std::span<con
 
 /// Encodes tokens [first_token, first_token + tokens) of one layer of a sequence into a
 /// slice (appended to `out`). The tokens must be stored exactly in the cache
-/// (PagedKvCache::copy_exact_tokens / read_exact_tokens): fp mode always, hack mode before
+/// (PagedKv::copy_exact_tokens / read_exact_tokens): fp mode always, hack mode before
 /// they are quantized (a prefill node encodes in the layer callback of its last chunk).
 /// exact copies cache.exact_dtype() elements bit for bit: assemble with that dtype.
 /// Throws hack::Error (`out` unchanged) for a token not stored exactly.
-void encode_kv_block_layer(const PagedKvCache& cache, int seq_id, int layer, int first_token, int tokens,
+void encode_kv_block_layer(const PagedKv& cache, int seq_id, int layer, int first_token, int tokens,
                            BlockCodec codec, std::vector<std::byte>& out);
 /// The same from f32 K/V ([tokens][heads][head_dim] each); exact converts to `dtype`.
 void encode_kv_block_layer(const float* k, const float* v, int tokens, int num_kv_heads, int head_dim,
@@ -112,7 +112,7 @@ void decode_kv_block_layer(const KvBlockHeader& header, std::span<const std::byt
 /// then appends its tokens. Throws hack::Error (the cache unchanged) on any mismatch.
 /// `scratch` is reused between calls. exact into a bf16 cache stores the block's bf16 bits
 /// (bf16 → f32 → bf16 is the identity, except that a signalling NaN comes back quiet).
-void restore_kv_block_layer(PagedKvCache& cache, int seq_id, int layer, const KvBlockHeader& header,
+void restore_kv_block_layer(PagedKv& cache, int seq_id, int layer, const KvBlockHeader& header,
                             std::span<const std::byte> slice, std::vector<float>& scratch);
 
 /// Signal-to-noise ratio in dB of `approx` against `exact` (10·log10(Σx² / Σ(x − y)²));

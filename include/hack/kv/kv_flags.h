@@ -7,7 +7,7 @@
 #include <string>
 
 #include "hack/core/flags.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/kv_options.h"
 #include "hack/kv/static_eviction.h"
 
 namespace hack {

@@ -1,5 +1,5 @@
 /// @file kv_stream.h
-/// @brief What a prefill node sends of one (sequence, layer) of a PagedKvCache, and how a
+/// @brief What a prefill node sends of one (sequence, layer) of a PagedKv, and how a
 /// decode node applies it, so that the decode node's sequence ends up with exactly the
 /// state (same bytes) the prefill node's has after prefill plus close_pending_blocks —
 /// which is the state a single-process run reaches at its next append (DESIGN.md §3.1).
@@ -33,7 +33,7 @@
 #include <span>
 #include <vector>
 
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 
 namespace hack {
 
@@ -92,7 +92,7 @@ using KvEmitFn = std::function<void(KvMessageKind kind, std::span<const std::byt
 /// pending blocks, then emits everything left, exact tokens last; the layer is then done
 /// and a further call for it throws. `emit` sees payloads valid only during the call; an
 /// exception it throws propagates (the cursor then still counts that message as unsent).
-void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExportCursor& cursor,
+void export_layer(PagedKv& cache, int seq_id, int layer, bool final, KvExportCursor& cursor,
                   const KvEmitFn& emit);
 
 /// Applies one message to (seq_id, layer) of a decode-side cache: a HACK page through
@@ -100,11 +100,11 @@ void export_layer(PagedKvCache& cache, int seq_id, int layer, bool final, KvExpo
 /// validated first (kind, sizes, dtype, layer, dims, position = the layer's length,
 /// capacity, that exact tokens never fill a quantizable block); a bad message throws
 /// hack::Error and leaves the cache unchanged.
-void import_message(PagedKvCache& cache, int seq_id, int layer, KvMessageKind kind, std::span<const std::byte> payload);
+void import_message(PagedKv& cache, int seq_id, int layer, KvMessageKind kind, std::span<const std::byte> payload);
 
 /// An exact message of tokens [first_token, first_token + n_tokens) of a layer, as
 /// export_layer builds it (exposed for tests and tools).
-std::vector<std::byte> encode_exact_tokens(const PagedKvCache& cache, int seq_id, int layer, int first_token,
+std::vector<std::byte> encode_exact_tokens(const PagedKv& cache, int seq_id, int layer, int first_token,
                                            int n_tokens);
 
 }  // namespace hack

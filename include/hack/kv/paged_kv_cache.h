@@ -33,76 +33,32 @@
 #include "hack/kv/attention_plan.h"
 #include "hack/kv/hack_page.h"
 #include "hack/kv/kv_cache.h"
+#include "hack/kv/kv_options.h"
 #include "hack/kv/page_pool.h"
+#include "hack/kv/paged_kv.h"
 #include "hack/kv/page_selection.h"
 
 namespace hack {
 
-enum class KvMode { fp, hack };
-
-/// How attention reads closed HACK blocks. `homomorphic` is the product: INT8 Q and P
-/// against the codes (DESIGN.md §3.1). `dequantized` expands each block to f32 and attends
-/// in fp32 — slower, for the fidelity ablation that separates the error of the KV codes
-/// from the error of requantizing Q and P.
-enum class HackAttention { homomorphic, dequantized };
-
-/// Code bits of one layer's HACK pages.
-struct HackLayerBits {
-  int k_bits = 2;
-  int v_bits = 2;
-  bool operator==(const HackLayerBits&) const = default;
-};
-
-/// Everything `--kv`, `--hack-*` choose. Defaults are the documented flag defaults.
-struct KvCacheOptions {
-  KvMode mode = KvMode::hack;
-  int k_bits = 2;               ///< --hack-k-bits: K code bits, 2, 4 or 8
-  int v_bits = 2;               ///< --hack-v-bits: V code bits, 2, 4 or 8
-  int block_tokens = 64;        ///< --hack-block Π: tokens per page, multiple of 16
-  int sinks = 4;                ///< --hack-sinks: leading tokens kept in bf16
-  Rounding rounding = Rounding::nearest;  ///< --hack-rounding
-  uint64_t seed = 0;            ///< stochastic rounding seed
-  size_t capacity_bytes = 0;    ///< pool budget, 0 = unbounded
-  DType fp_dtype = DType::bf16; ///< fp mode page element type: bf16 or f32
-  int k_group = 64;             ///< largest K partition (Q quantization group), channels
-  int v_group = 64;             ///< largest V partition, channels (capped at Π)
-  std::vector<HackLayerBits> layer_bits;  ///< per layer (a calibrated allocation); empty =
-                                          ///< k_bits/v_bits in every layer
-  int recent_tokens = 0;        ///< --hack-recent R: a block is quantized only once all its
-                                ///< tokens are older than the newest R (KIVI's residual)
-  bool exact_prefill = true;    ///< prefill attends to the whole prompt exactly (begin_prefill)
-  HackAttention attention = HackAttention::homomorphic;
-  std::optional<CpuIsa> isa;    ///< kernel ISA; default cpu_isa()
-  PageSelectOptions select;     ///< --kv-select-*: MPCache page selection in decode (hack mode)
-};
-
-KvMode parse_kv_mode(std::string_view name);        ///< "fp" | "hack"
-Rounding parse_rounding(std::string_view name);     ///< "nearest" | "stochastic"
-std::string_view kv_mode_name(KvMode mode);
-std::string_view rounding_name(Rounding rounding);
-std::string_view hack_attention_name(HackAttention attention);
-/// One line for logs and quality tables: "hack k2v2 block=64 sinks=4 nearest", "fp f32 block=64".
-std::string describe(const KvCacheOptions& options);
-
-/// Sees every token a sequence's append() stores (after validation), e.g. a decode node that
-/// keeps the exact KV of a conversation for the vault after the cache has quantized it. Runs
-/// on the appending thread; appends of different sequences may run concurrently, so one
-/// observer serves one sequence.
-class KvAppendObserver {
- public:
-  virtual ~KvAppendObserver() = default;
-  /// k, v: [n_tokens][num_kv_heads][head_dim] f32 of positions [start_pos, start_pos + n_tokens).
-  virtual void on_append(int layer, int start_pos, int n_tokens, const float* k, const float* v) = 0;
+/// The page table of one (sequence, layer) of a PagedKvCache (host pages).
+struct CpuLayerPages {
+  PageRef sink;                  ///< hack: bf16 [K|V][head][sinks][dim]
+  std::vector<PageRef> pages;    ///< hack: HACK pages; fp: fp pages (last may be partial)
+  std::vector<PageRef> pending;  ///< hack: full bf16 blocks of the latest append, to quantize
+  PageRef open;                  ///< hack: bf16 [K|V][head][Π][dim], the block being filled
+  int length = 0;
+  int layer = 0;                 ///< which layer (its page layout and pool)
 };
 
 /// Caller-owned scratch of PagedKvCache::run, grown on first use and reused after (so a
 /// decode step allocates nothing once the batch shape has been seen).
 struct AttentionWorkspace {
-  std::vector<float> floats;        ///< the plan's softmax states, then per thread: scaled q, kernel work
-  std::vector<const void*> layers;  ///< per plan item: its page table in the running layer
+  std::vector<float> floats;                ///< the plan's softmax states, then per thread: scaled q, kernel work
+  std::vector<const CpuLayerPages*> layers; ///< [plan items]: the item's page table in the running layer
 };
 
-class PagedKvCache final : public KvCache {
+/// The CPU's PagedKv: host page pools (huge-page slabs) and the CPU attention runner.
+class PagedKvCache final : public PagedKv {
  public:
   PagedKvCache(const KvShape& shape, const KvCacheOptions& options);
   ~PagedKvCache() override;
@@ -118,9 +74,9 @@ class PagedKvCache final : public KvCache {
   void remove_sequence(int seq_id) override;
   /// Grows a sequence's reservation to max_tokens (never shrinks it). False, with nothing
   /// changed, when the budget cannot hold the difference.
-  bool try_extend_sequence(int seq_id, int max_tokens);
+  bool try_extend_sequence(int seq_id, int max_tokens) override;
   /// Bytes add_sequence(…, max_tokens) reserves (for admission decisions).
-  size_t sequence_bytes(int max_tokens) const { return reserve_bytes_for(max_tokens); }
+  size_t sequence_bytes(int max_tokens) const override { return reserve_bytes_for(max_tokens); }
   bool has_sequence(int seq_id) const override;
   int length(int seq_id, int layer) const override;
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
@@ -149,19 +105,19 @@ class PagedKvCache final : public KvCache {
   KvCacheStats stats() const override;
   /// Gives back to the system the memory of every page-pool slab that holds no page now
   /// (PagePool::release_free_slabs); returns the bytes given back. For an idle owner.
-  size_t release_free_slabs();
+  size_t release_free_slabs() override;
   /// Between these, appends quantize nothing (options().exact_prefill); end_prefill closes
   /// the blocks that left the recent window, as close_pending_blocks does.
   void begin_prefill(int seq_id) override;
   void end_prefill(int seq_id) override;
 
-  const KvCacheOptions& options() const { return options_; }
+  const KvCacheOptions& options() const override { return options_; }
   /// Replaces the page-selection options; a backend built afterwards selects with them. The
   /// stored pages do not depend on them, so one prefilled sequence (forked) can be decoded
   /// under several selections (the fidelity bench's passkey rows share one prefill).
   void set_select_options(const PageSelectOptions& select);
   /// Layout of one layer's HACK pages (hack mode; layers differ under a bit allocation).
-  const HackPageLayout& hack_layout(int layer = 0) const { return layouts_[static_cast<size_t>(layer)]; }
+  const HackPageLayout& hack_layout(int layer = 0) const override { return layouts_[static_cast<size_t>(layer)]; }
   /// K/V code bits of a layer (hack mode).
   HackLayerBits layer_bits(int layer) const;
   CpuIsa isa() const { return kernels_->isa; }
@@ -182,31 +138,26 @@ class PagedKvCache final : public KvCache {
   /// does), e.g. before exporting a prefilled sequence's pages. No-op in fp mode. The result
   /// is the state the next append would produce before storing its tokens (same page bytes).
   /// A block [b, b + Π) is quantized once b + Π ≤ length − recent_tokens.
-  void close_pending_blocks(int seq_id);
+  void close_pending_blocks(int seq_id) override;
   /// The same for one layer (so a layer can be exported as soon as its prefill is done).
-  void close_pending_blocks(int seq_id, int layer);
+  void close_pending_blocks(int seq_id, int layer) override;
   /// Blocks of a layer that are full but not yet quantized (hack mode; 0 in fp mode): those
   /// of the latest append, of a prefill in progress, or inside the recent window.
-  int pending_block_count(int seq_id, int layer) const;
+  int pending_block_count(int seq_id, int layer) const override;
   /// Tokens the sequence was opened for (add_sequence's max_tokens).
-  int max_tokens(int seq_id) const;
+  int max_tokens(int seq_id) const override;
   /// Sets (or with nullptr clears) the sequence's append observer; it must outlive the
   /// sequence or be cleared first. remove_sequence forgets it.
-  void set_append_observer(int seq_id, KvAppendObserver* observer);
-
+  void set_append_observer(int seq_id, KvAppendObserver* observer) override;
   /// Element type of tokens kept exactly: bf16 in hack mode (sinks, pending and open
   /// blocks), the fp page type (bf16 or f32) in fp mode.
-  DType exact_dtype() const;
-  /// Copies tokens [first_token, first_token + n_tokens) of a layer that are stored
-  /// exactly, converted to f32. k, v: [n_tokens][num_kv_heads][head_dim]. Valid for sink,
-  /// pending and open-block tokens (hack mode) and every token (fp mode); throws
-  /// hack::Error for a token that is quantized or not stored.
-  void read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const override;
+  DType exact_dtype() const override;
   /// Rebuilds the layer from its kept tokens (exact, as appended; KvCache::keep_tokens).
   /// hack mode: only between begin_prefill and end_prefill (nothing quantized yet).
   void keep_tokens(int seq_id, int layer, const std::vector<int>& kept) override;
   /// The same without conversion: k, v receive exact_dtype() elements (bit copies); v may be null.
-  void copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k, std::byte* v) const;
+  void copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k,
+                         std::byte* v) const override;
 
   /// The page block `block` (tokens [sinks + block·Π, sinks + (block + 1)·Π)) of a layer
   /// will be once quantized — byte for byte, as quantization is a pure function of the
@@ -214,28 +165,23 @@ class PagedKvCache final : public KvCache {
   /// a block already quantized, its stored page; for a full exact block, quantized into
   /// `page` while the cache keeps attending to the exact tokens (a prefill node streams
   /// pages of an exact prefill this way before the prefill ends).
-  void peek_block_page(int seq_id, int layer, int block, std::byte* page) const;
+  void peek_block_page(int seq_id, int layer, int block, std::byte* page) const override;
 
   /// Full HACK pages of a sequence's layer, as opaque bytes (hack mode).
-  int hack_page_count(int seq_id, int layer) const;
+  int hack_page_count(int seq_id, int layer) const override;
   /// The closed HACK pages of a sequence's layer, in order (hack mode; valid until the next
   /// append or removal). Page selection reads their K ranges through these.
   std::span<const PageRef> hack_pages(int seq_id, int layer) const;
   std::span<const std::byte> hack_page(int seq_id, int layer, int index) const;
+  std::span<const std::byte> host_hack_page(int seq_id, int layer, int index) const override;
+  void read_hack_page(int seq_id, int layer, int index, std::byte* page) const override;
   int page_ref_count(int seq_id, int layer, int index) const;
   /// Appends a received HACK page (validated: layout, layer, first token) as the next
   /// closed block; the sequence's open block must be empty and its sinks complete.
-  void append_hack_page(int layer, int seq_id, const void* bytes, size_t size);
+  void append_hack_page(int layer, int seq_id, const void* bytes, size_t size) override;
 
  private:
-  struct LayerPages {
-    PageRef sink;                  // hack: bf16 [K|V][head][sinks][dim]
-    std::vector<PageRef> pages;    // hack: HACK pages; fp: fp pages (last may be partial)
-    std::vector<PageRef> pending;  // hack: full bf16 blocks of the latest append, to quantize
-    PageRef open;                  // hack: bf16 [K|V][head][Π][dim], the block being filled
-    int length = 0;
-    int layer = 0;                 // which layer (its page layout and pool)
-  };
+  using LayerPages = CpuLayerPages;
   struct Sequence {
     int max_tokens = 0;
     bool prefilling = false;       // begin_prefill .. end_prefill: appends quantize nothing
@@ -328,14 +274,5 @@ class PagedKvCache final : public KvCache {
 
 /// The paged cache for `--kv fp|hack`.
 std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options);
-
-/// KV bytes per token (all layers) of closed blocks for a shape and options, without
-/// building a cache (for tables and the bench).
-double kv_bytes_per_token(const KvShape& shape, const KvCacheOptions& options);
-/// The same for an uncompressed bf16 cache: what compression ratios are quoted against.
-double bf16_kv_bytes_per_token(const KvShape& shape);
-/// The HACK page layout of `layer` under `options` (its bits, or the allocation's, Π, the
-/// K/V groups and the shape's per-head dims): what the CPU and the device caches write.
-HackPageLayout hack_page_layout(const KvShape& shape, const KvCacheOptions& options, int layer);
 
 }  // namespace hack

@@ -1,5 +1,5 @@
 /// @file prefill_worker.h
-/// @brief The prefill node's engine loop: one thread owns an Engine over a PagedKvCache and
+/// @brief The prefill node's engine loop: one thread owns an Engine over a paged KV (either device) and
 /// runs prefill jobs in FIFO order. Each layer's KV is exported (kv/kv_stream.h) and sent
 /// to the job's decode node (net/kv_transfer.h) from the layer callback, so the transfer
 /// of layer l overlaps the compute of layers l+1..; then the first token is sampled, sent
@@ -28,7 +28,7 @@
 #include "hack/backend/backend.h"
 #include "hack/backend/engine.h"
 #include "hack/core/error.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 #include "hack/model/sampler.h"
 #include "hack/net/kv_transfer.h"
 #include "hack/net/ucx_worker.h"
@@ -121,9 +121,11 @@ struct PrefillWorkerStats {
 
 class PrefillWorker {
  public:
-  /// model, pool and ucx must outlive the worker; the worker is the only user of pool.
-  /// Builds its cache, the CPU backend over it, the sender, and starts the engine thread.
-  PrefillWorker(const Model& model, ThreadPool& pool, net::UcxWorker& ucx, PrefillWorkerOptions options);
+  /// Takes over `engine` (its KV, built with options.kv, and the backend over it, on either
+  /// device: runtime/model_runtime.h build_engine or make_cpu_engine_parts); ucx and what the
+  /// engine was built from (model, thread pool) must outlive the worker. Builds the sender
+  /// and starts the engine thread.
+  PrefillWorker(EngineParts engine, net::UcxWorker& ucx, PrefillWorkerOptions options);
   /// Fails queued jobs ("shutting down"), lets the running one finish its current layer
   /// and fail likewise, and joins the thread.
   ~PrefillWorker();
@@ -143,7 +145,7 @@ class PrefillWorker {
   int64_t queue_tokens() const;
   PrefillWorkerStats stats() const;
   /// The cache (for tests and metrics; touched by the engine thread only while jobs run).
-  const PagedKvCache& kv() const { return *kv_; }
+  const PagedKv& kv() const { return *kv_; }
 
  private:
   struct Queued {
@@ -166,7 +168,7 @@ class PrefillWorker {
   const ModelConfig& config_;
   net::UcxWorker& ucx_;
   PrefillWorkerOptions options_;
-  std::unique_ptr<PagedKvCache> kv_;
+  std::unique_ptr<PagedKv> kv_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<net::KvSender> sender_;

@@ -33,7 +33,7 @@
 
 #include "hack/kv/block_key.h"
 #include "hack/kv/kv_block.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 #include "hack/model/weights.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/net/vault_client.h"
@@ -79,12 +79,12 @@ class PrefixCache {
   int restorable_blocks(size_t prompt_tokens) const;
   /// Restores the longest cached prefix of `keys` into `seq_id` of `cache` (empty, its prefill
   /// bracket open). Throws hack::Error only for a local problem (the cache refusing a block).
-  PrefixRestoreResult restore(PagedKvCache& cache, int seq_id, std::span<const BlockKey> keys);
+  PrefixRestoreResult restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys);
 
   /// Capture of a prompt's new blocks while it is prefilled: begin, then capture_layer in
   /// each layer's callback of the last chunk (tokens exact then), then finish.
   void begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks);
-  void capture_layer(const PagedKvCache& cache, int seq_id, int layer);
+  void capture_layer(const PagedKv& cache, int seq_id, int layer);
   /// Stores the captured blocks locally and in the vault. Returns how many.
   int finish_capture();
 
@@ -92,7 +92,7 @@ class PrefixCache {
   const BlockKey& root() const { return root_; }
 
  private:
-  void restore_local_layer(PagedKvCache& cache, int seq_id, int layer, std::span<const vault::BlockPtr> blocks,
+  void restore_local_layer(PagedKv& cache, int seq_id, int layer, std::span<const vault::BlockPtr> blocks,
                            std::span<const KvBlockHeader> headers);
   void store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value);
   // Into the local LRU (its checksum computed here); a block of this cache's codec.

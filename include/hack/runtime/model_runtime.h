@@ -16,7 +16,7 @@
 #include "hack/core/flags.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/kv_flags.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/paged_kv.h"
 #include "hack/model/weights.h"
 #include "hack/tokenizer/tokenizer.h"
 
@@ -45,8 +45,10 @@ void add_served_name_flag(FlagSet& flags, ModelRuntimeConfig& config);
 
 /// What to build beyond the weights, the tokenizer and the pool.
 struct RuntimeParts {
-  bool engine = true;     ///< the cache, the backend and the engine (build_engine); a prefill node's worker builds its own
-  bool cpu_only = false;  ///< refuse --device cuda (the nodes: they export and import the CPU cache's pages)
+  bool engine = true;  ///< the cache, the backend and the engine (build_engine)
+  /// --device cuda: sequences one forward may carry (a decode node's --max-batch; the device
+  /// backend sizes its plan and workspace for it). The CPU backend has no such bound.
+  int device_max_sequences = 1;
 };
 
 struct ModelRuntime {
@@ -61,8 +63,7 @@ struct ModelRuntime {
   DeviceKind device = DeviceKind::cpu;
   KvCacheOptions kv_options;
   std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<KvCache> kv;       ///< the backend's cache
-  PagedKvCache* paged_kv = nullptr;  ///< kv on the CPU (whose pages the nodes export and import)
+  std::unique_ptr<PagedKv> kv;       ///< the backend's paged KV (host or device pages)
   std::unique_ptr<Backend> backend;  ///< built over kv
   std::unique_ptr<Engine> engine;
 };
@@ -71,8 +72,12 @@ struct ModelRuntime {
 std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& config, RuntimeParts parts = {});
 
 /// Builds the cache, the backend over it and the engine of a runtime loaded without them.
-/// device_kv_tokens: --device cuda, tokens the device KV pool holds (0 = max_model_len).
-void build_engine(const ModelRuntimeConfig& config, ModelRuntime& runtime, int device_kv_tokens = 0);
+/// device_kv_tokens: --device cuda, tokens the device KV pool holds (0 = --kv-capacity-mb's
+/// worth when set, else max_model_len); device_max_sequences: RuntimeParts's.
+void build_engine(const ModelRuntimeConfig& config, ModelRuntime& runtime, int device_kv_tokens = 0,
+                  int device_max_sequences = 1);
+/// Moves the runtime's KV, backend and engine out (for a node's worker, which owns them).
+EngineParts take_engine(ModelRuntime& runtime);
 
 /// What the bytes of a node's KV depend on beyond the model: the cache options and the FDC
 /// artifact and ranks ("hack k2v2 block=64 sinks=4 nearest fdc=none"). Prefill and decode

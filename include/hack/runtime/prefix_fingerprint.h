@@ -9,7 +9,7 @@
 #include "hack/core/dtype.h"
 #include "hack/kv/block_key.h"
 #include "hack/kv/kv_block.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/kv_options.h"
 #include "hack/model/weights.h"
 
 namespace hack {

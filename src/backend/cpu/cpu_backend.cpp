@@ -8,6 +8,7 @@
 
 #include "hack/model/rope.h"
 #include "hack/backend/backend.h"
+#include "hack/backend/cpu_engine.h"
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/ops.h"
 #include "hack/kernels/cpu/matmul.h"

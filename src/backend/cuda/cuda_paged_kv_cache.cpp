@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "hack/backend/cuda_check.h"
 #include "hack/core/dtype.h"
@@ -26,7 +27,25 @@ CudaPagedKvCache::CudaPagedKvCache(const KvShape& shape, const CudaKvOptions& op
   HACK_CUDA_CHECK(cudaMemset(pool_.data(), 0, bytes));
   free_.reserve(static_cast<size_t>(options.num_pages));
   for (int p = options.num_pages - 1; p >= 0; --p) free_.push_back(p);
-  if (options.hack) init_hack(*options.hack);
+  if (options.hack) {
+    init_hack(*options.hack);
+    kv_options_ = *options.hack;
+  } else {
+    kv_options_.mode = KvMode::fp;
+    kv_options_.fp_dtype = DType::bf16;
+    kv_options_.block_tokens = options.page_tokens;
+  }
+  kv_options_.capacity_bytes = static_cast<size_t>(options.num_pages) * cuda_kv_page_bytes(shape, options);
+}
+
+size_t cuda_kv_page_bytes(const KvShape& shape, const CudaKvOptions& options) {
+  // A page's bf16 rows: [K|V][kv_heads][Π][head_dim] in every layer.
+  size_t bytes = 2 * static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(options.page_tokens) *
+                 static_cast<size_t>(shape.head_dim) * sizeof(uint16_t) * static_cast<size_t>(shape.num_layers);
+  if (options.hack)
+    for (int l = 0; l < shape.num_layers; ++l)
+      bytes += (hack_page_layout(shape, *options.hack, l).page_bytes() + 63) / 64 * 64;
+  return bytes;
 }
 
 void CudaPagedKvCache::init_hack(const KvCacheOptions& o) {
@@ -85,7 +104,10 @@ int CudaPagedKvCache::full_blocks(int length) const {
   return length <= sinks() ? 0 : (length - sinks()) / options_.page_tokens;
 }
 
-int CudaPagedKvCache::closed_blocks(int seq_id) const { return get(seq_id).closed; }
+int CudaPagedKvCache::closed_blocks(int seq_id) const {
+  const std::vector<int>& closed = get(seq_id).closed;
+  return *std::min_element(closed.begin(), closed.end());
+}
 
 bool CudaPagedKvCache::prefilling(int seq_id) const { return get(seq_id).prefilling; }
 
@@ -116,61 +138,62 @@ void CudaPagedKvCache::end_prefill(int seq_id) {
   Sequence& s = get(seq_id);
   if (!s.prefilling) return;
   s.prefilling = false;
-  close_blocks(seq_id, full_blocks(s.lengths.front()));
+  close_pending_blocks(seq_id);
 }
 
 void CudaPagedKvCache::close_blocks(int seq_id, int upto) {
   Sequence& s = get(seq_id);
   HACK_CHECK(is_hack(), "device KV cache: close_blocks needs --kv hack");
-  const int from = s.closed;
+  for (int l = 0; l < shape_.num_layers; ++l) close_layer(s, seq_id, l, upto);
+}
+
+void CudaPagedKvCache::close_layer(Sequence& s, int seq_id, int layer, int upto) {
+  const size_t l = static_cast<size_t>(layer);
+  const int from = s.closed[l];
   if (upto <= from) return;
-  for (int l = 0; l < shape_.num_layers; ++l)
-    HACK_CHECK(full_blocks(s.lengths[static_cast<size_t>(l)]) >= upto,
-               "device KV cache: sequence {} layer {}: block {} is not full ({} tokens)", seq_id, l, upto - 1,
-               s.lengths[static_cast<size_t>(l)]);
+  HACK_CHECK(full_blocks(s.lengths[l]) >= upto, "device KV cache: sequence {} layer {}: block {} is not full ({} tokens)",
+             seq_id, layer, upto - 1, s.lengths[l]);
   const int n = upto - from;
-  const size_t L = static_cast<size_t>(shape_.num_layers), N = static_cast<size_t>(n);
-  // One upload: per layer k_src[n], v_src[n], pages[n]; then first_tokens[n].
-  std::vector<uint64_t> args(L * 3 * N + N);
+  const size_t N = static_cast<size_t>(n);
   const size_t v_offset = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(options_.page_tokens) *
                           static_cast<size_t>(shape_.head_dim);
   const int S = sinks(), P = options_.page_tokens;
-  for (size_t l = 0; l < L; ++l) {
-    uint64_t* a = args.data() + l * 3 * N;
-    for (int i = 0; i < n; ++i) {
-      const int b = from + i;
-      const uint16_t* exact = exact_page(static_cast<int>(l), s.pages[static_cast<size_t>((S > 0 ? 1 : 0) + b)]);
-      a[i] = reinterpret_cast<uint64_t>(exact);
-      a[N + static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(exact + v_offset);
-      a[2 * N + static_cast<size_t>(i)] =
-          reinterpret_cast<uint64_t>(hack_page(static_cast<int>(l), s.hack_pages[static_cast<size_t>(b)]));
-    }
+  std::vector<uint64_t> args(4 * N);
+  for (int i = 0; i < n; ++i) {
+    const int b = from + i;
+    const uint16_t* exact = exact_page(layer, s.pages[static_cast<size_t>((S > 0 ? 1 : 0) + b)]);
+    args[static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(exact);
+    args[N + static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(exact + v_offset);
+    args[2 * N + static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(hack_page(layer, s.hack_pages[static_cast<size_t>(b)]));
+    args[3 * N + static_cast<size_t>(i)] = static_cast<uint64_t>(S + b * P);
   }
-  for (int i = 0; i < n; ++i) args[L * 3 * N + static_cast<size_t>(i)] = static_cast<uint64_t>(S + (from + i) * P);
-  const size_t bytes = args.size() * sizeof(uint64_t);
+  quantize_blocks(layer, args, n);
+  s.closed[l] = upto;
+}
+
+void CudaPagedKvCache::quantize_blocks(int layer, const std::vector<uint64_t>& args, int n) const {
+  const size_t bytes = args.size() * sizeof(uint64_t), N = static_cast<size_t>(n);
   if (close_args_.bytes() < bytes)
     close_args_ = Buffer::allocate(MemoryKind::device, std::max(bytes, size_t{4096}), options_.device);
-  // Synchronous on the legacy stream: the previous close's kernels have read their arrays.
+  // Synchronous on the legacy stream: the previous quantization's kernels have read their arrays.
   HACK_CUDA_CHECK(cudaMemcpy(close_args_.data(), args.data(), bytes, cudaMemcpyHostToDevice));
   const auto* dev = static_cast<const uint64_t*>(close_args_.data());
   const KvCacheOptions& o = *options_.hack;
-  for (size_t l = 0; l < L; ++l) {
-    cuda::HackQuantizeBlocks q;
-    q.blocks = n;
-    q.bf16 = true;
-    q.k_src = reinterpret_cast<const void* const*>(dev + l * 3 * N);
-    q.v_src = reinterpret_cast<const void* const*>(dev + l * 3 * N + N);
-    q.pages = reinterpret_cast<void* const*>(dev + l * 3 * N + 2 * N);
-    q.token_stride = static_cast<size_t>(shape_.head_dim);
-    q.head_stride = static_cast<size_t>(P) * static_cast<size_t>(shape_.head_dim);
-    q.first_tokens = reinterpret_cast<const int64_t*>(dev + L * 3 * N);
-    q.header = static_cast<const uint8_t*>(headers_.data()) + header_offset_[l];
-    q.stochastic = o.rounding == Rounding::stochastic;
-    q.seed = o.seed;
-    q.layer = static_cast<int>(l);
-    cuda::hack_quantize_blocks(geometries_[l], q, nullptr);
-  }
-  s.closed = upto;
+  const size_t l = static_cast<size_t>(layer);
+  cuda::HackQuantizeBlocks q;
+  q.blocks = n;
+  q.bf16 = true;
+  q.k_src = reinterpret_cast<const void* const*>(dev);
+  q.v_src = reinterpret_cast<const void* const*>(dev + N);
+  q.pages = reinterpret_cast<void* const*>(dev + 2 * N);
+  q.token_stride = static_cast<size_t>(shape_.head_dim);
+  q.head_stride = static_cast<size_t>(options_.page_tokens) * static_cast<size_t>(shape_.head_dim);
+  q.first_tokens = reinterpret_cast<const int64_t*>(dev + 3 * N);
+  q.header = static_cast<const uint8_t*>(headers_.data()) + header_offset_[l];
+  q.stochastic = o.rounding == Rounding::stochastic;
+  q.seed = o.seed;
+  q.layer = layer;
+  cuda::hack_quantize_blocks(geometries_[l], q, nullptr);
 }
 
 size_t CudaPagedKvCache::page_bytes() const {
@@ -193,7 +216,7 @@ CudaPagedKvCache::Sequence& CudaPagedKvCache::get(int seq_id) {
 void CudaPagedKvCache::add_sequence(int seq_id, int max_tokens) {
   HACK_CHECK(!sequences_.contains(seq_id), "device KV cache: sequence {} already exists", seq_id);
   HACK_CHECK(max_tokens > 0, "device KV cache: sequence {} needs max_tokens > 0 (got {})", seq_id, max_tokens);
-  const int need = pages_for(rows_for(max_tokens), options_.page_tokens);
+  const int need = pages_needed(max_tokens);
   HACK_CHECK(need <= free_pages(),
              "device KV cache: sequence {} needs {} pages of {} tokens for {} tokens, {} of {} are free", seq_id, need,
              options_.page_tokens, max_tokens, free_pages(), options_.num_pages);
@@ -204,6 +227,7 @@ void CudaPagedKvCache::add_sequence(int seq_id, int max_tokens) {
   Sequence s;
   s.max_tokens = max_tokens;
   s.lengths.assign(static_cast<size_t>(shape_.num_layers), 0);
+  s.closed.assign(static_cast<size_t>(shape_.num_layers), 0);
   s.pages.reserve(static_cast<size_t>(need));
   for (int i = 0; i < need; ++i) {
     s.pages.push_back(free_.back());
@@ -261,44 +285,198 @@ void CudaPagedKvCache::commit_append(int layer, int seq_id, int start_pos, int n
 }
 
 void CudaPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
-  HACK_CHECK(!is_hack(), "device KV cache: host appends are for --kv fp; the HACK cache is written by the CUDA backend");
   const Sequence& s = get(seq_id);
   HACK_CHECK(start_pos == length(seq_id, layer), "device KV cache: sequence {} layer {}: append at {} but length is {}",
              seq_id, layer, start_pos, length(seq_id, layer));
-  HACK_CHECK(start_pos + n_tokens <= s.max_tokens, "device KV cache: sequence {}: {} + {} tokens exceed its reservation of {}",
-             seq_id, start_pos, n_tokens, s.max_tokens);
-  const cuda::PagedKvLayer view = this->layer(layer);
-  const size_t hd = static_cast<size_t>(shape_.head_dim);
-  const size_t kvd = static_cast<size_t>(shape_.num_kv_heads) * hd;
-  const size_t head_elems = static_cast<size_t>(options_.page_tokens) * hd;
-  std::vector<uint16_t> row(hd);
+  HACK_CHECK(n_tokens >= 0 && start_pos + n_tokens <= s.max_tokens,
+             "device KV cache: sequence {}: {} + {} tokens exceed its reservation of {}", seq_id, start_pos, n_tokens,
+             s.max_tokens);
+  const size_t H = static_cast<size_t>(shape_.num_kv_heads), hd = static_cast<size_t>(shape_.head_dim);
+  const size_t pitch = static_cast<size_t>(options_.page_tokens) * hd * sizeof(uint16_t);  // head to head in a page
+  std::vector<uint16_t> rows(H * hd);  // one token's K (or V), every head, as bf16
   for (int t = 0; t < n_tokens; ++t) {
-    const int pos = start_pos + t;
-    const size_t page = static_cast<size_t>(s.pages[static_cast<size_t>(pos / options_.page_tokens)]);
-    const size_t r = static_cast<size_t>(pos % options_.page_tokens);
     for (int which = 0; which < 2; ++which) {
-      const float* src = (which == 0 ? k : v) + static_cast<size_t>(t) * kvd;
-      for (size_t h = 0; h < static_cast<size_t>(shape_.num_kv_heads); ++h) {
-        for (size_t d = 0; d < hd; ++d) row[d] = f32_to_bf16(src[h * hd + d]);
-        cuda::bf16* dst = view.data + ((page * 2 + static_cast<size_t>(which)) * static_cast<size_t>(shape_.num_kv_heads) + h) *
-                                          head_elems +
-                          r * hd;
-        HACK_CUDA_CHECK(cudaMemcpy(dst, row.data(), hd * sizeof(uint16_t), cudaMemcpyHostToDevice));
-      }
+      const float* src = (which == 0 ? k : v) + static_cast<size_t>(t) * H * hd;
+      for (size_t i = 0; i < H * hd; ++i) rows[i] = f32_to_bf16(src[i]);
+      // Heads of one token lie a page's head stride apart: one 2-D copy for all of them.
+      HACK_CUDA_CHECK(cudaMemcpy2D(const_cast<uint16_t*>(exact_row(s, layer, start_pos + t, 0, which == 1)), pitch,
+                                   rows.data(), hd * sizeof(uint16_t), hd * sizeof(uint16_t), H,
+                                   cudaMemcpyHostToDevice));
     }
   }
   commit_append(layer, seq_id, start_pos, n_tokens);
 }
 
+const uint16_t* CudaPagedKvCache::exact_row(const Sequence& s, int layer, int pos, int head, bool value) const {
+  const int P = options_.page_tokens;
+  const int row = cuda::kv_row(pos, P, sinks());
+  const size_t H = static_cast<size_t>(shape_.num_kv_heads), hd = static_cast<size_t>(shape_.head_dim);
+  const uint16_t* page = exact_page(layer, s.pages.at(static_cast<size_t>(row / P)));
+  return page + ((value ? H : 0) + static_cast<size_t>(head)) * static_cast<size_t>(P) * hd +
+         static_cast<size_t>(row % P) * hd;
+}
+
+void CudaPagedKvCache::keep_tokens(int, int, const std::vector<int>&) {
+  fail("device KV cache: static eviction (--kv-keep-*) is not offered on --device cuda yet; use --device cpu");
+}
+
+size_t CudaPagedKvCache::sequence_bytes(int max_tokens) const {
+  return static_cast<size_t>(pages_needed(max_tokens)) * cuda_kv_page_bytes(shape_, options_);
+}
+
+bool CudaPagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
+  Sequence& s = get(seq_id);
+  if (max_tokens <= s.max_tokens) return true;
+  const int more = pages_needed(max_tokens) - static_cast<int>(s.pages.size());
+  const int more_hack = is_hack() ? full_blocks(max_tokens) - static_cast<int>(s.hack_pages.size()) : 0;
+  if (more > free_pages() || more_hack > static_cast<int>(hack_free_.size())) return false;
+  for (int i = 0; i < more; ++i) {
+    s.pages.push_back(free_.back());
+    free_.pop_back();
+  }
+  for (int i = 0; i < more_hack; ++i) {
+    s.hack_pages.push_back(hack_free_.back());
+    hack_free_.pop_back();
+  }
+  s.max_tokens = max_tokens;
+  return true;
+}
+
+void CudaPagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) {
+  (void)get(seq_id);
+  HACK_CHECK(observer == nullptr,
+             "device KV cache: append observers (a decode node recording exact KV for the vault) are not offered on "
+             "--device cuda yet");
+}
+
+void CudaPagedKvCache::close_pending_blocks(int seq_id) {
+  if (!is_hack()) return;
+  Sequence& s = get(seq_id);
+  for (int l = 0; l < shape_.num_layers; ++l) close_layer(s, seq_id, l, full_blocks(s.lengths[static_cast<size_t>(l)]));
+}
+
+void CudaPagedKvCache::close_pending_blocks(int seq_id, int layer) {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
+  if (!is_hack()) return;
+  Sequence& s = get(seq_id);
+  close_layer(s, seq_id, layer, full_blocks(s.lengths[static_cast<size_t>(layer)]));
+}
+
+int CudaPagedKvCache::pending_block_count(int seq_id, int layer) const {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
+  if (!is_hack()) return 0;
+  const Sequence& s = get(seq_id);
+  return full_blocks(s.lengths[static_cast<size_t>(layer)]) - s.closed[static_cast<size_t>(layer)];
+}
+
+int CudaPagedKvCache::hack_page_count(int seq_id, int layer) const {
+  HACK_CHECK(is_hack(), "device KV cache: HACK pages exist only with --kv hack");
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
+  return get(seq_id).closed[static_cast<size_t>(layer)];
+}
+
+void CudaPagedKvCache::read_hack_page(int seq_id, int layer, int index, std::byte* page) const {
+  HACK_CHECK(index >= 0 && index < hack_page_count(seq_id, layer),
+             "device KV cache: sequence {} layer {} has no closed page {}", seq_id, layer, index);
+  const Sequence& s = get(seq_id);
+  HACK_CUDA_CHECK(cudaMemcpy(page, hack_page(layer, s.hack_pages[static_cast<size_t>(index)]),
+                             hack_layout(layer).page_bytes(), cudaMemcpyDeviceToHost));
+}
+
+void CudaPagedKvCache::peek_block_page(int seq_id, int layer, int block, std::byte* page) const {
+  HACK_CHECK(is_hack(), "device KV cache: peek_block_page needs --kv hack");
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
+  const Sequence& s = get(seq_id);
+  const size_t l = static_cast<size_t>(layer);
+  HACK_CHECK(block >= 0 && block < full_blocks(s.lengths[l]), "device KV cache: sequence {} layer {} has no full block {}",
+             seq_id, layer, block);
+  if (block < s.closed[l]) {
+    read_hack_page(seq_id, layer, block, page);
+    return;
+  }
+  // A full bf16 block: quantized into a scratch page (the same kernel as close, so the same bytes).
+  const size_t stride = *std::max_element(hack_stride_.begin(), hack_stride_.end());
+  if (scratch_page_.bytes() < stride) scratch_page_ = Buffer::allocate(MemoryKind::device, stride, options_.device);
+  const int S = sinks(), P = options_.page_tokens;
+  const uint16_t* exact = exact_page(layer, s.pages[static_cast<size_t>((S > 0 ? 1 : 0) + block)]);
+  const size_t v_offset = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(P) *
+                          static_cast<size_t>(shape_.head_dim);
+  const std::vector<uint64_t> args{reinterpret_cast<uint64_t>(exact), reinterpret_cast<uint64_t>(exact + v_offset),
+                                   reinterpret_cast<uint64_t>(scratch_page_.data()),
+                                   static_cast<uint64_t>(S + block * P)};
+  quantize_blocks(layer, args, 1);
+  HACK_CUDA_CHECK(cudaMemcpy(page, scratch_page_.data(), hack_layout(layer).page_bytes(), cudaMemcpyDeviceToHost));
+}
+
+void CudaPagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, size_t size) {
+  HACK_CHECK(is_hack(), "device KV cache: append_hack_page needs --kv hack");
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
+  hack_layout(layer).validate(bytes, size);
+  Sequence& s = get(seq_id);
+  const size_t l = static_cast<size_t>(layer);
+  const int P = options_.page_tokens;
+  const int64_t expected = sinks() + static_cast<int64_t>(s.closed[l]) * P;
+  HACK_CHECK(s.lengths[l] == expected,
+             "append_hack_page: sequence {} layer {} holds {} tokens, a block starts at {}", seq_id, layer,
+             s.lengths[l], expected);
+  HACK_CHECK(HackPageLayout::page_layer(bytes) == layer && HackPageLayout::page_first_token(bytes) == expected,
+             "append_hack_page: page is layer {} token {}, expected layer {} token {}", HackPageLayout::page_layer(bytes),
+             HackPageLayout::page_first_token(bytes), layer, expected);
+  HACK_CHECK(s.lengths[l] + P <= s.max_tokens && static_cast<size_t>(s.closed[l]) < s.hack_pages.size(),
+             "sequence {}: {} tokens exceed its capacity of {}", seq_id, s.lengths[l] + P, s.max_tokens);
+  HACK_CUDA_CHECK(cudaMemcpy(hack_page(layer, s.hack_pages[static_cast<size_t>(s.closed[l])]), bytes, size,
+                             cudaMemcpyHostToDevice));
+  ++s.closed[l];
+  s.lengths[l] += P;
+}
+
+void CudaPagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k,
+                                         std::byte* v) const {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
+  HACK_CHECK(n_tokens >= 0, "copy_exact_tokens: negative token count {}", n_tokens);
+  const Sequence& s = get(seq_id);
+  const size_t l = static_cast<size_t>(layer);
+  const int S = sinks(), P = options_.page_tokens;
+  // Check the whole range first so nothing is written for a bad one.
+  for (int pos = first_token; pos < first_token + n_tokens; ++pos) {
+    HACK_CHECK(pos >= 0 && pos < s.lengths[l], "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer,
+               pos, s.lengths[l]);
+    HACK_CHECK(!is_hack() || pos < S || (pos - S) / P >= s.closed[l],
+               "sequence {} layer {}: token {} lies in a quantized block", seq_id, layer, pos);
+  }
+  // Whole pages come to the host once; rows are picked from them.
+  const size_t H = static_cast<size_t>(shape_.num_kv_heads), hd = static_cast<size_t>(shape_.head_dim);
+  const size_t head_elems = static_cast<size_t>(P) * hd, row_bytes = hd * sizeof(uint16_t);
+  std::vector<uint16_t> page(2 * H * head_elems);  // [K|V][kv_head][Π][head_dim]
+  int loaded = -1;
+  for (int i = 0; i < n_tokens; ++i) {
+    const int row = cuda::kv_row(first_token + i, P, S);
+    if (row / P != loaded) {
+      loaded = row / P;
+      HACK_CUDA_CHECK(cudaMemcpy(page.data(), exact_page(layer, s.pages[static_cast<size_t>(loaded)]), page_bytes(),
+                                 cudaMemcpyDeviceToHost));
+    }
+    const size_t r = static_cast<size_t>(row % P);
+    for (size_t h = 0; h < H; ++h) {
+      const size_t dst = (static_cast<size_t>(i) * H + h) * row_bytes;
+      std::memcpy(k + dst, page.data() + h * head_elems + r * hd, row_bytes);
+      if (v != nullptr) std::memcpy(v + dst, page.data() + (H + h) * head_elems + r * hd, row_bytes);
+    }
+  }
+}
+
 KvCacheStats CudaPagedKvCache::stats() const {
   KvCacheStats st;
   st.sequences = static_cast<int64_t>(sequences_.size());
+  const size_t unit = cuda_kv_page_bytes(shape_, options_);
   for (const auto& [id, s] : sequences_) {
     st.tokens += s.lengths.front();
+    st.bytes_reserved += s.pages.size() * unit;
     st.bytes_used += s.pages.size() * page_bytes() * static_cast<size_t>(shape_.num_layers);
     for (size_t l = 0; l < hack_stride_.size(); ++l) st.bytes_used += s.hack_pages.size() * hack_stride_[l];
   }
-  st.bytes_capacity = pool_.bytes() + hack_pool_.bytes();
+  st.bytes_capacity = static_cast<size_t>(options_.num_pages) * unit;  // page units, as sequence_bytes counts
+  st.bytes_pooled = pool_.bytes() + hack_pool_.bytes();
   return st;
 }
 

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/thread_pool.h"
 #include "hack/model/weights.h"

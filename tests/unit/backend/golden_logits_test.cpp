@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hack/backend/backend.h"
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/safetensors.h"

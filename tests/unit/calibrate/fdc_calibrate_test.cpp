@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/calibrate/fdc_calibrate.h"
 #include "hack/core/thread_pool.h"

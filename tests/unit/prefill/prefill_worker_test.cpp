@@ -16,6 +16,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/kv_stream.h"
@@ -188,7 +189,7 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
     wo.kv = o;
     wo.engine.prefill_chunk_tokens = 64;
     Outcomes outcomes;
-    PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
 
     // The decode node: its cache, one sequence per request, opened before the KV arrives.
     PagedKvCache decode_kv(f.shape, o);
@@ -310,7 +311,7 @@ TEST_CASE("prefill worker: cancel a queued and a running job", "[server][prefill
   wo.kv = kv_options(KvMode::hack);
   wo.engine.prefill_chunk_tokens = 64;
   Outcomes outcomes;
-  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
   auto job_of = [&](uint64_t id, int length) { return greedy_job(id, length, f.cfg.vocab_size, port, outcomes); };
   REQUIRE(worker.submit(job_of(1, 3500)).is_ok());  // 55 chunks: long enough to be caught running
   REQUIRE(worker.submit(job_of(2, 100)).is_ok());
@@ -365,7 +366,7 @@ TEST_CASE("prefill worker: losing the decode node fails the job and frees its KV
   // (CI under ASan once aborted after such an attempt). The retry has its own test below.
   wo.send_retries = 0;
   Outcomes outcomes;
-  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
   PrefillJob job;
   job.request_id = 5;
   job.tokens = test::random_prompt(3500, f.cfg.vocab_size, 5);
@@ -401,7 +402,7 @@ TEST_CASE("prefill worker: pages a stalled decode node still holds are freed onc
   wo.engine.prefill_chunk_tokens = 64;
   wo.send_timeout_s = 1.0;  // the job gives up on a node that takes nothing
   Outcomes outcomes;
-  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
   auto job_of = [&](uint64_t id, uint16_t port) { return greedy_job(id, 1500, f.cfg.vocab_size, port, outcomes); };
 
   // Node A is stalled (its progress thread held) before the job dials it.
@@ -440,7 +441,7 @@ std::pair<std::vector<Messages>, std::vector<PrefillResult>> run_prompts(Fixture
   net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
   net::KvReceiver receiver(rx_worker, inbox.callbacks());
   const uint16_t port = rx_worker.listen("127.0.0.1", 0);
-  PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
   Outcomes outcomes;
   std::vector<Messages> got;
   std::vector<PrefillResult> results;
@@ -568,7 +569,7 @@ TEST_CASE("prefill worker: a decode node restarted on its port behind a stale en
     wo.engine.prefill_chunk_tokens = 64;
     wo.send_retries = retries;
     Outcomes outcomes;
-    PrefillWorker worker(f.model, f.prefill_pool, tx_worker, wo);
+    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
     auto job_of = [&](uint64_t id) { return greedy_job(id, 200, f.cfg.vocab_size, port, outcomes); };
     REQUIRE(worker.submit(job_of(1)).is_ok());
     REQUIRE(outcomes.wait(1, net::test::kWaitS));

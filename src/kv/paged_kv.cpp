@@ -1,0 +1,29 @@
+// What every paged KV implementation shares (include/hack/kv/paged_kv.h).
+#include "hack/kv/paged_kv.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "hack/core/dtype.h"
+
+namespace hack {
+
+void PagedKv::read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const {
+  const KvShape& s = shape();
+  const size_t elems =
+      static_cast<size_t>(std::max(n_tokens, 0)) * static_cast<size_t>(s.num_kv_heads) * static_cast<size_t>(s.head_dim);
+  if (exact_dtype() == DType::f32) {
+    copy_exact_tokens(seq_id, layer, first_token, n_tokens, reinterpret_cast<std::byte*>(k),
+                      reinterpret_cast<std::byte*>(v));
+    return;
+  }
+  std::vector<uint16_t> kb(elems), vb(v ? elems : 0);
+  copy_exact_tokens(seq_id, layer, first_token, n_tokens, reinterpret_cast<std::byte*>(kb.data()),
+                    v ? reinterpret_cast<std::byte*>(vb.data()) : nullptr);
+  for (size_t i = 0; i < elems; ++i) k[i] = bf16_to_f32(kb[i]);
+  if (v)
+    for (size_t i = 0; i < elems; ++i) v[i] = bf16_to_f32(vb[i]);
+}
+
+}  // namespace hack
