@@ -13,6 +13,7 @@
 #include "hack/net/listener_probe.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/net/vault_client.h"
+#include "hack/decode/event_outbox.h"
 #include "hack/decode/kv_recorder.h"
 #include "hack/runtime/prefix_fingerprint.h"
 #include "hack/node/node_address.h"
@@ -69,6 +70,9 @@ struct DecodeServer::Impl {
   std::atomic<bool> ready{false};
   std::atomic<bool> stopping{false};
   std::thread probe_thread;
+  // Token events leave the engine thread here; JSON, SSE and metrics run on its output thread.
+  // Declared before the scheduler: a scheduler shutting down still posts its requests' failures.
+  std::unique_ptr<EventOutbox> outbox;
   std::unique_ptr<DecodeScheduler> scheduler;
   std::unique_ptr<net::KvReceiver> receiver;
   std::atomic<net::KvReceiver*> receiver_for_callbacks{nullptr};  // `receiver`, for its own callbacks
@@ -115,6 +119,7 @@ struct DecodeServer::Impl {
       so.record_block_tokens = rt->kv_options.block_tokens;
       so.on_finished_kv = [this](const FinishedKv& f) { store_finished(f); };
     }
+    outbox = std::make_unique<EventOutbox>();
     scheduler = std::make_unique<DecodeScheduler>(*rt->engine, *rt->kv, so);
     // With a secret, KV is accepted only sealed with it (net/wire.h WireAuth); without one, from anyone who
     // reaches the UCX port, as before.
@@ -164,6 +169,7 @@ struct DecodeServer::Impl {
     receiver_for_callbacks.store(nullptr);
     receiver.reset();  // no more KV callbacks
     scheduler.reset(); // fails what is still open
+    outbox.reset();    // ...and those failures reach their streams
     vault.reset();
     worker.reset();
   }
@@ -324,7 +330,8 @@ struct DecodeServer::Impl {
                      .remote_kv = job.remote_kv, .generated = std::move(job.generated)};
     const auto t0 = std::chrono::steady_clock::now();
     auto last = std::make_shared<std::chrono::steady_clock::time_point>(t0);
-    const Status st = scheduler->submit(std::move(dr), [this, id, res, t0, last](const DecodeEvent& e) {
+    // Runs on the outbox's output thread, never on the engine thread.
+    DecodeEventFn on_event = [this, id, res, t0, last](const DecodeEvent& e) {
       NodeEvent ne;
       switch (e.kind) {
         case DecodeEventKind::accepted:
@@ -364,7 +371,8 @@ struct DecodeServer::Impl {
         std::lock_guard lock(streams_mutex);
         streams.erase(id);
       }
-    });
+    };
+    const Status st = scheduler->submit(std::move(dr), outbox->relay(std::move(on_event)));
     if (!st) {
       res->send_event(to_json(NodeEvent{.kind = NodeEventKind::error, .message = st.message()}));
       res->end();
