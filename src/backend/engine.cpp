@@ -175,14 +175,30 @@ void Engine::evict_layer(int seq_id, int layer) {
 }
 
 void Engine::decode(std::span<const int> seq_ids, std::span<const int> tokens, std::vector<float>& logits) {
+  step(seq_ids, tokens, nullptr, logits);
+}
+
+void Engine::step(std::span<const int> seq_ids, std::span<const int> tokens, const PrefillPiece* piece,
+                  std::vector<float>& logits) {
   HACK_CHECK(seq_ids.size() == tokens.size(), "decode: {} sequences but {} tokens", seq_ids.size(), tokens.size());
   chunks_.clear();
   for (size_t i = 0; i < seq_ids.size(); ++i) {
     const SequenceState& st = state(seq_ids[i]);
     chunks_.push_back(SequenceChunk{seq_ids[i], st.position - st.evicted, tokens.subspan(i, 1), false, st.evicted});
   }
+  if (piece != nullptr) {
+    HACK_CHECK(!piece->tokens.empty(), "sequence {}: empty prefill piece", piece->seq_id);
+    const SequenceState& st = state(piece->seq_id);
+    HACK_CHECK(st.evicted == 0, "sequence {}: a pruned sequence cannot take a prefill piece", piece->seq_id);
+    if (piece->first) kv_.begin_prefill(piece->seq_id);
+    chunks_.push_back(SequenceChunk{piece->seq_id, st.position, piece->tokens, false, 0});
+  }
   backend_.forward(chunks_, logits);
   for (int id : seq_ids) ++state(id).position;
+  if (piece != nullptr) {
+    state(piece->seq_id).position += static_cast<int>(piece->tokens.size());
+    if (piece->last) kv_.end_prefill(piece->seq_id);
+  }
 }
 
 GenerationResult generate(Engine& engine, int seq_id, std::span<const int> prompt, const SamplingParams& params,

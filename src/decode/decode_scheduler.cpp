@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 }
 
 struct DecodeScheduler::Request {
-  enum class State { waiting, receiving, running };
+  enum class State { waiting, receiving, recomputing, running };
 
   DecodeRequest req;
   DecodeEventFn on_event;
@@ -33,6 +33,8 @@ struct DecodeScheduler::Request {
   int next_token = -1;            // input of the next decode step
   Clock::time_point admitted_at;
   std::unique_ptr<KvRecorder> recorder;  // options_.record_block_tokens > 0
+  std::vector<int> recompute;     // recomputing: the tokens whose KV is being recomputed
+  size_t recomputed = 0;          // recomputing: of them, run so far
 };
 
 struct DecodeScheduler::Command {
@@ -167,7 +169,8 @@ void DecodeScheduler::run() {
   for (;;) {
     admit();  // a step may have freed KV for the waiting head
     const bool decodable = std::any_of(running_.begin(), running_.end(), [&](uint64_t id) {
-      return requests_.at(id)->state == Request::State::running;
+      const Request::State s = requests_.at(id)->state;
+      return s == Request::State::running || s == Request::State::recomputing;
     });
     const bool receiving = !running_.empty() && !decodable;
     bool idle_long = false;
@@ -333,6 +336,12 @@ bool DecodeScheduler::admit_one(Request& r) {
   try {
     std::vector<int> tokens = r.req.prompt;
     tokens.insert(tokens.end(), r.generated.begin(), r.generated.end() - (recompute ? 1 : 0));
+    if (recompute && options_.recompute_chunk_tokens > 0 && !engine_.evicts(static_cast<int>(tokens.size()))) {
+      r.state = Request::State::recomputing;  // step() runs it piece by piece beside the decode tokens
+      r.recompute = std::move(tokens);
+      r.recomputed = 0;
+      return true;
+    }
     engine_.prefill(seq, tokens, logits_);
     if (r.recorder && kv_.length(seq, 0) < engine_.position(seq)) {  // pruned (--kv-keep-*): not recordable
       kv_.set_append_observer(seq, nullptr);
@@ -428,19 +437,48 @@ void DecodeScheduler::step() {
   batch.resize(kept);
   // A later grow may have preempted an earlier member.
   std::erase_if(batch, [](Request* r) { return r->state != Request::State::running; });
-  if (batch.empty()) return;
+  // One piece of the oldest recompute rides along (its reservation was made at admission).
+  Request* recomputing = nullptr;
+  for (uint64_t id : running_) {
+    Request* r = requests_.at(id).get();
+    if (r->state == Request::State::recomputing) {
+      recomputing = r;
+      break;
+    }
+  }
+  if (batch.empty() && recomputing == nullptr) return;
   for (Request* r : batch) {
     batch_ids_.push_back(r->seq_id);
     batch_tokens_.push_back(r->next_token);
   }
+  Engine::PrefillPiece piece;
+  if (recomputing != nullptr) {
+    Request& r = *recomputing;
+    const size_t n = std::min(r.recompute.size() - r.recomputed, static_cast<size_t>(options_.recompute_chunk_tokens));
+    piece = {r.seq_id, std::span<const int>(r.recompute).subspan(r.recomputed, n), r.recomputed == 0,
+             r.recomputed + n == r.recompute.size()};
+  }
   try {
-    engine_.decode(batch_ids_, batch_tokens_, logits_);
+    engine_.step(batch_ids_, batch_tokens_, recomputing ? &piece : nullptr, logits_);
   } catch (const Error& e) {
     for (Request* r : batch) fail(*r, fmt::format("decode step failed: {}", e.what()));
+    if (recomputing) fail(*recomputing, fmt::format("recompute after preemption failed: {}", e.what()));
     return;
   }
   ++steps_;
   if (options_.test_step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_step_delay_ms));
+  if (recomputing != nullptr) {
+    Request& r = *recomputing;
+    ++recompute_pieces_;
+    if (!batch.empty()) ++recompute_pieces_batched_;
+    r.recomputed += piece.tokens.size();
+    if (piece.last) {  // its KV is whole again: it decodes from the next step on
+      r.state = Request::State::running;
+      r.next_token = r.generated.back();
+      r.recompute = {};
+      r.recomputed = 0;
+    }
+  }
   const size_t vocab = static_cast<size_t>(vocab_);
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
@@ -551,6 +589,8 @@ void DecodeScheduler::publish_stats() {
   s.sequences = kv.sequences;
   s.preemptions = preemptions_;
   s.steps = steps_;
+  s.recompute_pieces = recompute_pieces_;
+  s.recompute_pieces_batched = recompute_pieces_batched_;
   s.finished = finished_;
   s.failed = failed_;
   s.idle_trims = idle_trims_;

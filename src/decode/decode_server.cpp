@@ -37,6 +37,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
   flags.add_int("max-batch", &c.max_batch, "running requests per decode step at most");
   flags.add_int("reserve-ahead", &c.reserve_ahead_tokens, "KV reservation step in tokens beyond a request's length");
+  flags.add_int("recompute-chunk-tokens", &c.recompute_chunk_tokens,
+                "a preempted request's KV is recomputed this many tokens per decode step, in the same forward as "
+                "the running streams (they keep their pace); 0 = all at once on readmission");
   flags.add_float("kv-timeout", &c.kv_timeout_s, "seconds an admitted request waits for its KV from prefill");
   flags.add_float("ready-probe-timeout", &c.ready_probe_timeout_s,
                   "seconds a self-probe of the UCX listener waits for its message (repeated until one passes; "
@@ -102,7 +105,10 @@ struct DecodeServer::Impl {
                               .reserve_ahead_tokens = config.reserve_ahead_tokens,
                               .kv_wait_timeout_s = config.kv_timeout_s,
                               .test_step_delay_ms = config.test_step_delay_ms,
+                              .recompute_chunk_tokens = config.recompute_chunk_tokens,
                               .idle_trim_s = config.idle_trim_s};
+    HACK_CHECK(config.recompute_chunk_tokens >= 0, "--recompute-chunk-tokens must not be negative, got {}",
+               config.recompute_chunk_tokens);
     so.constraints = rt->constraints.get();
     if (!config.vault.address.empty()) {
       // A finished request's blocks past its prompt's last full block go to the vault, keyed

@@ -67,6 +67,20 @@ class Engine {
   /// One decode step: tokens[i] is the next token of seq_ids[i]; logits [n][vocab].
   void decode(std::span<const int> seq_ids, std::span<const int> tokens, std::vector<float>& logits);
 
+  /// One piece of a prompt prefilled across several forwards (chunked prefill beside decode):
+  /// `first` opens the prefill bracket, `last` closes it. No static eviction: a caller checks
+  /// evicts() and prefills such a prompt whole.
+  struct PrefillPiece {
+    int seq_id = 0;
+    std::span<const int> tokens;
+    bool first = false;
+    bool last = false;
+  };
+  /// One forward of a decode step (as decode()) and, when `piece` is given, one piece of a
+  /// prompt, batched together: logits [n decode rows][vocab], then the piece's last-token row.
+  void step(std::span<const int> seq_ids, std::span<const int> tokens, const PrefillPiece* piece,
+            std::vector<float>& logits);
+
  private:
   Backend& backend_;
   KvCache& kv_;

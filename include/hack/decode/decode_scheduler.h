@@ -20,6 +20,9 @@
 ///   - Idle trim: once no request has been open for `idle_trim_s`, the free slabs of the page
 ///     pools and malloc's free pages go back to the system, so RSS follows the load instead of
 ///     keeping the high-water mark of the busiest burst (pools and allocator arenas only grow).
+///     The recompute runs in pieces of `recompute_chunk_tokens`, one per decode step and in
+///     the same forward as the running streams' tokens (chunked prefill beside decode), so
+///     the streams keep their pace instead of waiting for the whole recompute.
 ///   Recomputed KV is computed by prefill, not by the decode steps that first produced it,
 ///   so after a preemption the rounding of later tokens may differ from an unpreempted run
 ///   (as in vLLM's recompute mode); greedy equality with hack-run holds without preemption.
@@ -65,6 +68,10 @@ struct DecodeSchedulerOptions {
   int reserve_ahead_tokens = 64;    ///< reservation step beyond the current length
   double kv_wait_timeout_s = 120;   ///< an admitted request waiting for remote KV fails after this
   int test_step_delay_ms = 0;       ///< tests: sleep this long after each decode step (long streams on a tiny model)
+  /// A preempted request's KV is recomputed this many tokens per decode step, batched with the
+  /// running streams' tokens; 0 = the whole recompute at once when it is readmitted (every
+  /// running stream waits for it). A prompt that static eviction prunes is recomputed at once.
+  int recompute_chunk_tokens = 16;
   double idle_trim_s = 1.0;         ///< idle this long after requests: free memory back to the system (0 = never)
   /// > 0: keep each sequence's exact KV from its prompt's last full `record_block_tokens`
   /// block on (decode/kv_recorder.h) and hand it to on_finished_kv when the request finishes
@@ -123,6 +130,8 @@ struct DecodeSchedulerStats {
   int64_t sequences = 0;         ///< sequences open in the cache
   uint64_t preemptions = 0;
   uint64_t steps = 0;
+  uint64_t recompute_pieces = 0;            ///< pieces of recomputes run (recompute_chunk_tokens)
+  uint64_t recompute_pieces_batched = 0;    ///< of them, in the same forward as running streams' tokens
   uint64_t finished = 0;
   uint64_t failed = 0;
   uint64_t idle_trims = 0;       ///< times the idle node gave free memory back (idle_trim_s)
@@ -208,6 +217,7 @@ class DecodeScheduler {
   std::vector<uint64_t> running_;  // admission order
   int next_seq_id_ = 1;
   uint64_t preemptions_ = 0, steps_ = 0, finished_ = 0, failed_ = 0, idle_trims_ = 0;
+  uint64_t recompute_pieces_ = 0, recompute_pieces_batched_ = 0;
   bool trim_due_ = false;  // a request arrived since the last idle trim
   std::vector<Request*> step_batch_;  // reused by step(): no allocation once warm
   std::vector<int> batch_ids_, batch_tokens_;

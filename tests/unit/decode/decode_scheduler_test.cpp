@@ -305,6 +305,9 @@ TEST_CASE("a migrated request (prompt + tokens generated elsewhere) continues th
 TEST_CASE("KV pressure preempts, recomputes and still finishes every request", "[server][scheduler]") {
   // Room for one and a half of the eight requests' full length: two are admitted (their
   // bf16 open blocks dominate) and the first HACK page either of them adds overflows.
+  // Recomputes run in pieces beside the running streams' tokens, or (0) all at once.
+  const int chunk = GENERATE(16, 0);
+  INFO("recompute_chunk_tokens " << chunk);
   const KvCacheOptions probe = kv_options(KvMode::hack);
   Node sizing(probe);
   const size_t one = sizing.kv->sequence_bytes(64 + 200);
@@ -312,7 +315,8 @@ TEST_CASE("KV pressure preempts, recomputes and still finishes every request", "
   Collector events;
   DecodeSchedulerStats st;
   {
-    DecodeScheduler scheduler(node.engine, *node.kv, DecodeSchedulerOptions{.reserve_ahead_tokens = 16});
+    DecodeScheduler scheduler(node.engine, *node.kv,
+                              DecodeSchedulerOptions{.reserve_ahead_tokens = 16, .recompute_chunk_tokens = chunk});
     for (uint64_t id = 1; id <= 8; ++id) {
       SamplingParams p = greedy(200);
       p.ignore_eos = true;
@@ -327,12 +331,56 @@ TEST_CASE("KV pressure preempts, recomputes and still finishes every request", "
   }
   CHECK(st.preemptions > 0);
   CHECK(st.finished == 8);
+  if (chunk > 0) {
+    CHECK(st.recompute_pieces >= 2 * st.preemptions);  // a recompute of 64+ tokens takes several pieces
+  } else {
+    CHECK(st.recompute_pieces == 0);
+  }
   for (uint64_t id = 1; id <= 8; ++id) {
     const Outcome o = events.get(id);
     INFO("request " << id << ": " << o.error);
     CHECK(o.error.empty());
     CHECK(o.tokens.size() == 200);
     CHECK(o.reason == FinishReason::length);
+  }
+  CHECK(node.kv->stats().bytes_used == 0);
+}
+
+TEST_CASE("a recompute runs in pieces beside a stream that keeps decoding", "[server][scheduler]") {
+  // Request 3 is admitted last and preempted when the reservations grow; it is readmitted when
+  // request 1 ends, while request 2 (longer) still decodes: its recompute then shares steps
+  // with request 2's tokens, and request 2 gets a token every one of those steps.
+  // fp pages (64 tokens) make the budget a page count: 8 pages, and three reservations of
+  // length + 16 pass it near 48 tokens each, long before request 1 ends at 120.
+  Node sizing(kv_options(KvMode::fp));
+  const size_t room = sizing.kv->sequence_bytes(64 + 60) + sizing.kv->sequence_bytes(64 + 300);
+  Node node(kv_options(KvMode::fp, room));
+  Collector events;
+  DecodeSchedulerStats st;
+  const int max_tokens[] = {120, 300, 200};
+  {
+    DecodeScheduler scheduler(node.engine, *node.kv,
+                              DecodeSchedulerOptions{.reserve_ahead_tokens = 16, .recompute_chunk_tokens = 8});
+    for (uint64_t id = 1; id <= 3; ++id) {
+      SamplingParams p = greedy(max_tokens[id - 1]);
+      p.ignore_eos = true;
+      REQUIRE(scheduler.submit(DecodeRequest{.id = id, .prompt = prompt_of(64, static_cast<int>(id)), .params = p,
+                                             .eos_ids = tiny_model().config.eos_token_ids, .remote_kv = false},
+                               events.sink(id))
+                  .is_ok());
+    }
+    REQUIRE(events.wait_done(3, 300));
+    REQUIRE(scheduler.wait_idle(5));
+    st = scheduler.stats();
+  }
+  CHECK(st.preemptions > 0);
+  CHECK(st.finished == 3);
+  CHECK(st.recompute_pieces_batched > 0);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    const Outcome o = events.get(id);
+    INFO("request " << id << ": " << o.error);
+    CHECK(o.error.empty());
+    CHECK(static_cast<int>(o.tokens.size()) == max_tokens[id - 1]);
   }
   CHECK(node.kv->stats().bytes_used == 0);
 }
