@@ -113,6 +113,19 @@ void require_close(const std::vector<float>& got, const std::vector<float>& want
   REQUIRE(diff <= kImportRelTol * mag);
 }
 
+// Four greedy steps of sequence kSeq on both engines from `token`, the cpu's choice fed to both:
+// each step's logits within kImportRelTol.
+void decode_both(Engine& cpu, Engine& gpu, int token) {
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> a, b;
+    cpu.decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), a);
+    gpu.decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), b);
+    INFO("decode step " << step);
+    require_close(b, a);
+    token = static_cast<int>(std::max_element(a.begin(), a.end()) - a.begin());
+  }
+}
+
 std::vector<int> prompt_of(int n, int vocab) {
   std::vector<int> ids;
   for (int i = 0; i < n; ++i) ids.push_back((i * 97 + 13) % vocab);
@@ -150,15 +163,7 @@ TEST_CASE("paged kv: cpu-exported pages imported into the device give the cpu's 
         REQUIRE(std::equal(page.begin(), page.end(), want.begin(), want.end()));
       }
     }
-    int token = 5;
-    for (int step = 0; step < 4; ++step) {
-      std::vector<float> a, b;
-      cpu.engine->decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), a);
-      gpu.engine->decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), b);
-      INFO("decode step " << step);
-      require_close(b, a);
-      token = static_cast<int>(std::max_element(a.begin(), a.end()) - a.begin());
-    }
+    decode_both(*cpu.engine, *gpu.engine, 5);
   }
 
   SECTION("device prefill -> cpu decode") {
@@ -166,15 +171,7 @@ TEST_CASE("paged kv: cpu-exported pages imported into the device give the cpu's 
     gpu.engine->prefill(0, prompt, logits);
     const std::vector<Message> messages = export_all(*gpu.kv, 0);
     import_all(*cpu.engine, *cpu.kv, 0, max_tokens, messages);
-    int token = 7;
-    for (int step = 0; step < 4; ++step) {
-      std::vector<float> a, b;
-      cpu.engine->decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), a);
-      gpu.engine->decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), b);
-      INFO("decode step " << step);
-      require_close(b, a);
-      token = static_cast<int>(std::max_element(a.begin(), a.end()) - a.begin());
-    }
+    decode_both(*cpu.engine, *gpu.engine, 7);
   }
 }
 
