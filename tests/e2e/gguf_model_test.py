@@ -1,5 +1,5 @@
-"""`--model FILE.gguf` end to end (model/gguf_model.h): hack-run and a cluster (router,
-prefill and decode nodes) given SmolLM2-135M-Instruct's own Q4_1 GGUF file convert it once
+"""`--model FILE.gguf` end to end (model/gguf_model.h): hack-run, hack-calibrate and a
+cluster (router, prefill and decode nodes) given SmolLM2-135M-Instruct's own Q4_1 GGUF file convert it once
 into FILE.gguf.hf/ beside it and then serve exactly what the converted directory serves;
 processes started together convert it once between them; a changed file is converted again;
 and what cannot be served is refused with a message naming the problem.
@@ -95,6 +95,19 @@ class GgufModelTest(unittest.TestCase):
         _, log = greedy(copy)
         self.assertIn("converting", log)
         self.assertEqual(sorted(n for n in os.listdir(_tmp) if n.startswith("together.gguf.hf.tmp")), [])
+
+    def test_calibrate_writes_into_the_converted_directory(self):
+        copy = os.path.join(_tmp, "calib.gguf")
+        shutil.copyfile(GGUF, copy)
+        argv = [cluster.binary("hack-calibrate"), "--fdc", "--model", copy, "--calib-tokens", "512",
+                "--calib-seq-len", "256", "--windows", "1", "--prefill-tokens", "64", "--decode-tokens", "16",
+                "--threads", "1", "--fdc-rate", "0.1"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.isfile(copy + ".hf/fdc.safetensors"), r.stderr)
+        r = hack_run(copy, "--fdc", "auto", "--prompt", "Hi", "--max-tokens", "3", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(json.loads(r.stdout)["ids"]), 3)
 
     def test_refusals_name_the_problem(self):
         r = hack_run(os.path.join(_tmp, "absent.gguf"), "--prompt", "x")
