@@ -23,6 +23,7 @@
 #include "hack/core/read_file.h"
 #include "hack/model/config.h"
 #include "hack/model/generation_config.h"
+#include "hack/model/gguf_model.h"
 #include "hack/router/api_keys.h"
 #include "hack/http/http_server.h"
 #include "hack/node/metrics.h"
@@ -42,7 +43,8 @@ void add_router_flags(FlagSet& flags, RouterConfig& c) {
   flags.add_int("port", &c.port, "port of the public API (0 = any free port)");
   flags.add_list("prefill", &c.prefill, "prefill node host:port (repeat the flag or give a comma list)");
   flags.add_list("decode", &c.decode, "decode node host:port (repeat the flag or give a comma list)");
-  flags.add_string("model", &c.model, "model directory: tokenizer.json, chat template, config.json");
+  flags.add_string("model", &c.model, "model directory: tokenizer.json, chat template, config.json; or the GGUF file "
+                   "the nodes load (its converted directory, model/gguf_model.h)");
   flags.add_string("served-model-name", &c.served_name, "model name clients use; default: the directory name");
   flags.add_string("chat-template", &c.chat_template, "Jinja file overriding the model's chat template");
   flags.add_string("tool-parser", &c.tool_parser,
@@ -1270,7 +1272,19 @@ struct RouterServer::Impl {
   }
 };
 
-RouterServer::RouterServer(const RouterConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+namespace {
+
+// --model FILE.gguf: the directory the nodes convert it into, served under the file's name.
+RouterConfig with_model_resolved(RouterConfig c) {
+  if (c.model.empty()) return c;
+  if (c.served_name.empty()) c.served_name = model_path_name(c.model);
+  c.model = resolve_model_path(c.model).string();
+  return c;
+}
+
+}  // namespace
+
+RouterServer::RouterServer(const RouterConfig& config) : impl_(std::make_unique<Impl>(with_model_resolved(config))) {}
 RouterServer::~RouterServer() = default;
 int RouterServer::port() const { return impl_->http->port(); }
 

@@ -8,6 +8,7 @@
 #include "hack/grammar/grammar_constraint.h"
 #include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
+#include "hack/model/gguf_model.h"
 #ifdef HACK_HAVE_CUDA
 #include "hack/backend/cuda_backend.h"
 #endif
@@ -15,7 +16,9 @@
 namespace hack {
 
 void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
-  flags.add_string("model", &c.model, "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
+  flags.add_string("model", &c.model,
+                   "Hugging Face model directory (config.json, safetensors, tokenizer.json), or a llama/qwen2 GGUF "
+                   "file, converted once into FILE.gguf.hf/ beside it");
   flags.add_string("synthetic", &c.synthetic, "instead of --model: random weights of a named shape (benchmarks)");
   flags.add_string("device", &c.device,
                    "cpu or cuda (cuda: bf16 weights and a pre-allocated paged KV pool on GPU 0, pages of --hack-block "
@@ -92,6 +95,16 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (rt.name.empty()) rt.name = std::filesystem::path(c.model).lexically_normal().parent_path().filename().string();
 }
 
+// --model FILE.gguf loads the directory it is converted into (model/gguf_model.h), served under
+// the file's name; a missing --model path is named here rather than as a missing config.json.
+ModelRuntimeConfig with_model_resolved(const ModelRuntimeConfig& given) {
+  if (given.model.empty()) return given;
+  ModelRuntimeConfig c = given;
+  if (c.served_name.empty()) c.served_name = model_path_name(c.model);
+  c.model = resolve_model_path(c.model).string();
+  return c;
+}
+
 void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, int max_sequences, ModelRuntime& rt) {
 #ifdef HACK_HAVE_CUDA
   HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
@@ -132,8 +145,9 @@ void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, int max_seque
 
 }  // namespace
 
-std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& c, RuntimeParts parts) {
-  HACK_CHECK(c.model.empty() != c.synthetic.empty(), "give exactly one of --model DIR or --synthetic NAME");
+std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& given, RuntimeParts parts) {
+  HACK_CHECK(given.model.empty() != given.synthetic.empty(), "give exactly one of --model DIR or --synthetic NAME");
+  const ModelRuntimeConfig c = with_model_resolved(given);
   HACK_CHECK(c.prefill_chunk > 0, "--prefill-chunk must be positive, got {}", c.prefill_chunk);
   HACK_CHECK(c.max_model_len >= 0, "--max-model-len must not be negative, got {}", c.max_model_len);
   auto rt = std::make_unique<ModelRuntime>();

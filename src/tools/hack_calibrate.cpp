@@ -17,6 +17,7 @@
 #include "hack/core/thread_pool.h"
 #include "hack/kv/hack_allocation.h"
 #include "hack/kv/kv_flags.h"
+#include "hack/model/gguf_model.h"
 #include "hack/model/weights.h"
 #include "hack/tokenizer/tokenizer.h"
 
@@ -270,7 +271,8 @@ int run(int argc, char** argv) {
                       "fdc.safetensors beside the model. --fdc scores FDC alone over an fp32 cache unless --kv is "
                       "given (--kv hack: FDC + HACK).",
                       "HACK_CALIBRATE");
-  flags.add_string("model", &c.model, "Hugging Face model directory");
+  flags.add_string("model", &c.model, "Hugging Face model directory, or a llama/qwen2 GGUF file (converted once into "
+                   "FILE.gguf.hf/ beside it, where the outputs then go)");
   flags.add_bool("hack", &c.hack, "calibrate HACK bit widths per layer");
   flags.add_bool("fdc", &c.fdc, "calibrate FDC (dimensionality compression) ranks per KV head");
   flags.add_string("text", &c.text, "calibration text (keep it apart from any text you test on); the decode-path "
@@ -300,6 +302,7 @@ int run(int argc, char** argv) {
   hack::setup_logging("warn");
   HACK_CHECK(c.hack != c.fdc, "give one of --hack and --fdc");
   HACK_CHECK(!c.model.empty(), "--model is required");
+  c.model = hack::resolve_model_path(c.model).string();  // FILE.gguf: its converted directory
   HACK_CHECK(c.windows > 0 && c.prefill_tokens > 0 && c.decode_tokens > 0, "--windows, --prefill-tokens and "
              "--decode-tokens must be positive");
   HACK_CHECK(c.max_kl >= 0, "--max-kl must not be negative");

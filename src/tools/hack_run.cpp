@@ -13,6 +13,7 @@
 #include "hack/core/read_file.h"
 #include "hack/grammar/grammar.h"
 #include "hack/grammar/json_schema.h"
+#include "hack/model/gguf_model.h"
 #include "hack/runtime/model_runtime.h"
 #include "hack/tokenizer/chat_template.h"
 #include "hack/tokenizer/tokenizer.h"
@@ -94,12 +95,13 @@ std::string render_chat(const RunConfig& c, const hack::Tokenizer& tokenizer) {
     hack::fail("{}: malformed JSON: {}", c.chat_file, e.what());
   }
   HACK_CHECK(messages.is_array() && !messages.empty(), "{}: expected a non-empty JSON list of messages", c.chat_file);
+  const std::string model_dir = hack::resolve_model_path(c.runtime.model).string();  // FILE.gguf: converted
   const std::optional<std::string> source = !c.chat_template.empty()
                                                 ? hack::read_file(c.chat_template, "chat template")
-                                                : hack::find_chat_template(c.runtime.model, /*has_tools=*/false);
+                                                : hack::find_chat_template(model_dir, /*has_tools=*/false);
   HACK_CHECK(source.has_value(), "{} has no chat template: pass --chat-template FILE", c.runtime.model);
   const hack::ChatTemplate tmpl =
-      hack::ChatTemplate::parse(*source, c.chat_template.empty() ? c.runtime.model : c.chat_template);
+      hack::ChatTemplate::parse(*source, c.chat_template.empty() ? model_dir : c.chat_template);
   hack::ChatRenderOptions ro;
   ro.add_generation_prompt = true;
   if (!tokenizer.bos_token().empty()) ro.bos_token = tokenizer.bos_token();

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "hack/backend/backend.h"
@@ -19,8 +18,8 @@
 #include "hack/backend/engine.h"
 #include "hack/model/safetensors.h"
 #include "hack/model/weights.h"
-#include "hack/tokenizer/chat_template.h"
 #include "hack/tokenizer/tokenizer.h"
+#include "support/model_goldens.h"
 #include "support/test_support.h"
 
 using namespace hack;
@@ -39,10 +38,7 @@ fs::path model_dir() {
 fs::path golden_dir() { return test::fixtures_dir() / "smollm2"; }
 
 const nlohmann::ordered_json& goldens() {
-  static const nlohmann::ordered_json g = [] {
-    std::ifstream in(golden_dir() / "goldens.json");
-    return nlohmann::ordered_json::parse(in);
-  }();
+  static const nlohmann::ordered_json g = test::load_goldens(golden_dir() / "goldens.json");
   return g;
 }
 
@@ -73,6 +69,8 @@ TEST_CASE("SmolLM2: last-position logits and greedy chats match transformers", "
   REQUIRE(vocab == 49152);
   auto logits_file = SafetensorsFile::open(golden_dir() / "logits.safetensors");
 
+  std::vector<int> all_ids(vocab);
+  for (size_t v = 0; v < vocab; ++v) all_ids[v] = static_cast<int>(v);
   int seq = 0;
   for (size_t p = 0; p < g["prompts"].size(); ++p, ++seq) {
     const auto& prompt = g["prompts"][p];
@@ -80,65 +78,23 @@ TEST_CASE("SmolLM2: last-position logits and greedy chats match transformers", "
     INFO("prompt " << prompt["name"].get<std::string>() << " (" << ids.size() << " tokens)");
     Tensor golden = logits_file->tensor("logits_" + std::to_string(p));
     REQUIRE(golden.numel() == static_cast<int64_t>(vocab));
-    const float* ref = golden.data<float>();
+    const std::vector<float> ref(golden.data<float>(), golden.data<float>() + vocab);
 
-    engine.add_sequence(seq, static_cast<int>(ids.size()) + 1);
-    std::vector<float> ours;
-    engine.prefill(seq, ids, ours);
-    engine.remove_sequence(seq);
+    const std::vector<float> ours = test::prefill_logits(engine, seq, ids);
     REQUIRE(ours.size() == vocab);
-
-    float max_ref = 0, max_diff = 0;
-    for (size_t v = 0; v < vocab; ++v) {
-      max_ref = std::max(max_ref, std::fabs(ref[v]));
-      max_diff = std::max(max_diff, std::fabs(ours[v] - ref[v]));
-    }
-    const auto top1 = static_cast<int>(std::max_element(ours.begin(), ours.end()) - ours.begin());
+    float max_ref = 0;
+    for (float x : ref) max_ref = std::max(max_ref, std::fabs(x));
+    const float max_diff = test::max_abs_diff_at(ours, all_ids, ref);
     INFO("max|Δ| " << max_diff << " max|logit| " << max_ref << " (max|Δ|/max|logit| " << max_diff / max_ref << ")");
     CHECK(max_diff <= 1e-4f * max_ref);
-    CHECK(top1 == prompt["top1"].get<int>());
-
-    const auto& f32 = prompt["fp32_weights"];
-    CHECK(top1 == f32["top_ids"][0].get<int>());
-    float max_top_diff = 0;
-    for (size_t k = 0; k < f32["top_ids"].size(); ++k)
-      max_top_diff = std::max(max_top_diff, std::fabs(ours[f32["top_ids"][k].get<size_t>()] -
-                                                      f32["top_logits"][k].get<float>()));
-    INFO("top-64 vs fp32 weights: max|Δ| " << max_top_diff);
-    CHECK(max_top_diff <= 0.2f);
+    CHECK(test::argmax(ours) == prompt["top1"].get<int>());
+    test::check_fp32_weight_top(ours, prompt["fp32_weights"], 0.2f);
   }
 
   // Chats rendered by transformers' apply_chat_template; 32 greedy tokens with EOS suppressed
   // (HF min_new_tokens), then without suppression: the reply must stop at the EOS that
   // transformers' argmax chose (natural_end).
-  const std::vector<int> eos{g["eos_token_id"].get<int>()};
-  for (const auto& chat : g["chats"]) {
-    INFO("chat " << chat["name"].get<std::string>());
-    const std::vector<int> ids = chat["ids"].get<std::vector<int>>();
-    const std::vector<int> greedy = chat["greedy"].get<std::vector<int>>();
-    REQUIRE(greedy.size() == 32);
-    SamplingParams sp;
-    sp.temperature = 0;
-    sp.max_tokens = sp.min_tokens = static_cast<int>(greedy.size());
-    engine.add_sequence(++seq, static_cast<int>(ids.size() + greedy.size()) + 1);
-    GenerationResult out = generate(engine, seq, ids, sp, eos);
-    engine.remove_sequence(seq);
-    CHECK(out.tokens == greedy);
-
-    sp.min_tokens = 0;
-    engine.add_sequence(++seq, static_cast<int>(ids.size() + greedy.size()) + 1);
-    out = generate(engine, seq, ids, sp, eos);
-    engine.remove_sequence(seq);
-    if (chat["natural_end"].is_null()) {
-      CHECK(out.tokens == greedy);
-      CHECK(out.finish_reason == FinishReason::length);
-    } else {
-      std::vector<int> expected(greedy.begin(), greedy.begin() + chat["natural_end"].get<int>());
-      expected.push_back(eos[0]);
-      CHECK(out.tokens == expected);
-      CHECK(out.finish_reason == FinishReason::stop);
-    }
-  }
+  test::check_greedy_chats(engine, g["chats"], g["eos_token_id"].get<int>(), seq);
 }
 
 TEST_CASE("SmolLM2: the converted tokenizer.json encodes and decodes as transformers does", "[e2e][smollm2][tokenizer]") {
@@ -147,31 +103,9 @@ TEST_CASE("SmolLM2: the converted tokenizer.json encodes and decodes as transfor
   REQUIRE(tok.bos_token() == "<|im_start|>");
   REQUIRE(tok.eos_token() == "<|im_end|>");
   REQUIRE_FALSE(tok.add_bos_token());
-  size_t n = 0;
-  auto check = [&](const std::string& text, const std::vector<int>& ids, bool add_special) {
-    INFO("text " << nlohmann::json(text).dump());
-    CHECK(tok.encode(text, add_special) == ids);
-    CHECK(tok.decode(ids, /*skip_special_tokens=*/false) == text);
-    ++n;
-  };
-  for (const auto& c : g["tokenizer_cases"]) check(c["text"], c["ids"], true);
-  for (const auto& p : g["prompts"]) check(p["text"], p["ids"], true);
-  for (const auto& c : g["chats"]) check(c["rendered"], c["ids"], false);
-  REQUIRE(n >= 400);
+  REQUIRE(test::check_tokenizer_goldens(tok, g) >= 400);
 }
 
 TEST_CASE("SmolLM2: our Jinja renders the GGUF's chat template exactly as transformers", "[e2e][smollm2][chat]") {
-  const fs::path dir = model_dir();
-  const Tokenizer tok = Tokenizer::load(dir);
-  const std::optional<std::string> source = find_chat_template(dir, /*has_tools=*/false);
-  REQUIRE(source.has_value());
-  const ChatTemplate tmpl = ChatTemplate::parse(*source, dir.string());
-  ChatRenderOptions ro;
-  ro.add_generation_prompt = true;
-  ro.bos_token = tok.bos_token();
-  ro.eos_token = tok.eos_token();
-  for (const auto& chat : goldens()["chats"]) {
-    INFO("chat " << chat["name"].get<std::string>());
-    CHECK(tmpl.render(chat["messages"], ro) == chat["rendered"].get<std::string>());
-  }
+  test::check_chat_renders(model_dir(), goldens());
 }

@@ -105,6 +105,29 @@ TEST_CASE("tool calls: hermes text without calls passes through, a partial marke
   check_every_split(ToolParserKind::hermes, "no calls <here> <tool_cal at all <");
 }
 
+// Qwen2.5-Coder-1.5B (Q4_K_M), asked with tool_choice auto, often answers with the call as a
+// ```json block instead of <tool_call> tags. vLLM's hermes parser (Hermes2ProToolParser) looks
+// only for <tool_call>: text without the tag is returned whole as content, and so is it here —
+// the client gets the block as text, finish_reason "stop", no tool_calls. Guessing calls out of
+// prose would turn every JSON example a model writes into a call nobody asked for.
+TEST_CASE("tool calls: hermes leaves a ```json fenced call without <tool_call> tags as content") {
+  const std::string fenced =
+      "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n```";
+  for (const std::string& text : {fenced, "Sure:\n" + fenced + "\nDone.", std::string("{\"name\": \"f\", \"arguments\": {}}")}) {
+    const Assembled a = parse_whole(ToolParserKind::hermes, text);
+    CHECK(a.calls.empty());
+    CHECK(a.content == text);
+    check_every_split(ToolParserKind::hermes, text);
+  }
+  // the same block inside tags is a call
+  const Assembled tagged = parse_whole(ToolParserKind::hermes, "<tool_call>\n" + fenced.substr(8, fenced.size() - 12) +
+                                                                   "\n</tool_call>");
+  REQUIRE(tagged.calls.size() == 1);
+  CHECK(tagged.calls[0].name == "get_weather");
+  CHECK(args_of(tagged.calls[0]) == nlohmann::json{{"city", "Paris"}, {"unit", "celsius"}});
+  CHECK(tagged.content.empty());
+}
+
 TEST_CASE("tool calls: hermes arguments stream in pieces once the name is known") {
   ToolCallParser p(ToolParserKind::hermes);
   ToolParseStep s = p.feed("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": ");
