@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hack/backend/backend.h"
+#include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/model/safetensors.h"
 #include "hack/model/weights.h"
