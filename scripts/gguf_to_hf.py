@@ -143,9 +143,31 @@ def hf_tensor_name(name: str) -> str | None:
     return None
 
 
+class Progress:
+    """How far a long step is, on stderr: a bar redrawn in place on a terminal, else a plain
+    line at every quarter (logs stay short and readable)."""
+
+    def __init__(self, what: str, total: int):
+        self.what, self.total, self.tty = what, total, sys.stderr.isatty()
+        self.next_quarter = 1
+
+    def update(self, done: int) -> None:
+        if self.tty:
+            width = 30
+            filled = width * done // max(self.total, 1)
+            end = "\n" if done >= self.total else ""
+            print(f"\r{self.what} [{'#' * filled}{' ' * (width - filled)}] {done}/{self.total}", end=end,
+                  file=sys.stderr, flush=True)
+        elif done * 4 >= self.next_quarter * self.total:
+            self.next_quarter = done * 4 // max(self.total, 1) + 1
+            print(f"{self.what}: {done}/{self.total}", file=sys.stderr, flush=True)
+
+
 def convert_tensors(reader: GGUFReader, n_head: int, n_kv_head: int):
     """Yields (hf name, shape, bf16 bits) for every tensor, in file order."""
-    for t in reader.tensors:
+    progress = Progress("gguf_to_hf: tensors", len(reader.tensors))
+    progress.update(0)
+    for done, t in enumerate(reader.tensors, 1):
         ggml_type = int(t.tensor_type)
         if ggml_type not in GGML_TYPE_NAMES:
             raise ConversionError(f"tensor {t.name}: type {t.tensor_type.name} is not supported "
@@ -166,6 +188,7 @@ def convert_tensors(reader: GGUFReader, n_head: int, n_kv_head: int):
         elif t.name.endswith("attn_k.weight"):
             w = unpermute_rope_rows(w, n_kv_head)
         yield hf, shape, to_bf16_bits(w)
+        progress.update(done)
 
 
 def write_safetensors(path: Path, tensors) -> list[str]:
