@@ -51,7 +51,10 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  # The runtime set skips recommended packages (python3-pip would pull python3-dev and more).
+  no_recommends=()
+  if [ "$SET" = runtime ]; then no_recommends=(--no-install-recommends); fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${no_recommends[@]}" "${missing[@]}"
 else
   echo "install-deps: Debian packages present"
 fi
