@@ -319,7 +319,7 @@ TEST_CASE("responses events: text streams as one message item between created an
   CHECK(r["text"]["format"]["type"] == "text");
 }
 
-TEST_CASE("responses events: tool calls are function_call items; whitespace between them is no message") {
+TEST_CASE("responses events: tool calls are function_call items, whitespace between them is no message") {
   ResponsesRequest req = parse_ok(R"({"input": "x", "tools": [{"type": "function", "name": "get_weather"}]})");
   const Translated t = translate(
       chat_stream({text_delta("Sure."), call_delta(0, "call_a", "get_weather", "{\"city\": "),
@@ -357,7 +357,7 @@ TEST_CASE("responses events: tool calls are function_call items; whitespace betw
   CHECK(t.response["tool_choice"] == "auto");
 }
 
-TEST_CASE("responses events: cut off by max_output_tokens is incomplete; an error event fails the response") {
+TEST_CASE("responses events: cut off by max_output_tokens is incomplete, an error event fails the response") {
   SECTION("length") {
     const Translated t = translate(chat_stream({text_delta("Once upon"), finish_delta(FinishReason::length)}));
     CHECK(t.types.back() == "response.incomplete");

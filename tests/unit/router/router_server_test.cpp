@@ -607,7 +607,7 @@ nlohmann::json without_ids(nlohmann::json response) {
 
 }  // namespace
 
-TEST_CASE("/v1/responses through the router: the whole Response is the stream's last event; refusals keep it serving",
+TEST_CASE("/v1/responses through the router: the whole Response is the stream's last event, refusals keep it serving",
           "[server][router]") {
   QuietLogs quiet;
   const std::string text =
