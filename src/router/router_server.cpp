@@ -30,6 +30,7 @@
 #include "hack/router/node_client.h"
 #include "hack/node/node_protocol.h"
 #include "hack/router/openai_protocol.h"
+#include "hack/router/responses_api.h"
 #include "hack/router/routing.h"
 #include "hack/router/stop_strings.h"
 #include "hack/router/tool_calls.h"
@@ -584,7 +585,8 @@ struct RouterServer::Impl {
       return;
     }
     const bool known = path == "/v1/models" || path.starts_with("/v1/models/") || path == "/v1/completions" ||
-                       path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize";
+                       path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize" ||
+                       path == "/v1/responses" || path.starts_with("/v1/responses/");
     if (!known) {
       send_error(*res, not_found_error(path));
       return;
@@ -593,6 +595,15 @@ struct RouterServer::Impl {
       metrics.count_request_error("unauthorized");
       send_error(*res, unauthorized_error());
       return;
+    }
+    if (path == "/v1/responses" || path.starts_with("/v1/responses/")) {  // runs as a chat request (responses_api.h)
+      auto route = route_responses(req, res);
+      if (auto* e = std::get_if<ProtocolError>(&route)) {
+        metrics.count_request_error("invalid_request");
+        return send_error(*res, *e);
+      }
+      req.body = std::move(std::get<ResponsesRoute>(route).chat_body);
+      return start_request(std::move(req), std::get<ResponsesRoute>(route).responder, Endpoint::kChatCompletions);
     }
     if (path == "/v1/models") {
       if (req.method != "GET") return send_error(*res, method_error(req.method, path));

@@ -585,3 +585,104 @@ TEST_CASE("tool calls through the router: streamed deltas assemble to the whole 
     CHECK(nlohmann::json::parse(r.body)["choices"][0]["message"]["content"] == text);
   }
 }
+
+namespace {
+
+HttpClientRequest responses_request(int port, const nlohmann::json& body) {
+  HttpClientRequest r = completion_request(port, body.dump());
+  r.target = "/v1/responses";
+  return r;
+}
+
+// A Response without what is random per response: its id, its items' ids and call ids.
+nlohmann::json without_ids(nlohmann::json response) {
+  response.erase("id");
+  response.erase("created_at");
+  for (auto& item : response["output"]) {
+    item.erase("id");
+    item.erase("call_id");
+  }
+  return response;
+}
+
+}  // namespace
+
+TEST_CASE("/v1/responses through the router: the whole Response is the stream's last event, refusals keep it serving",
+          "[server][router]") {
+  QuietLogs quiet;
+  const std::string text =
+      "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>";
+  FakeNodeOptions options{.token_interval = std::chrono::milliseconds(1)};
+  const hack::Tokenizer tokenizer = hack::Tokenizer::load(model_dir());
+  options.script = tokenizer.encode(text, /*add_special_tokens=*/false);
+  REQUIRE(tokenizer.decode(options.script, true) == text);
+  FakeNode prefill("prefill", options), decode("decode", options);
+  RouterServer router(router_config(prefill, decode));
+  nlohmann::json body = {
+      {"model", "hack-tiny"},
+      {"instructions", "Call tools."},
+      {"input", "Weather in Paris?"},
+      {"tools", nlohmann::json::parse(R"([{"type": "function", "name": "get_weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}])")},
+      {"max_output_tokens", 200}};
+
+  const HttpResponse r = http_request(responses_request(router.port(), body));
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  const nlohmann::json whole = nlohmann::json::parse(r.body);
+  CHECK(std::string(whole["id"]).starts_with("resp_"));
+  CHECK(whole["object"] == "response");
+  CHECK(whole["status"] == "completed");
+  CHECK(whole["model"] == "hack-tiny");
+  CHECK(whole["instructions"] == "Call tools.");
+  CHECK(whole["max_output_tokens"] == 200);
+  const nlohmann::json& out = whole["output"];
+  REQUIRE(out.size() == 3);
+  CHECK(out[0]["type"] == "message");
+  CHECK(out[0]["content"][0]["text"] == "Sure.");
+  CHECK(out[1]["type"] == "function_call");
+  CHECK(out[1]["name"] == "get_weather");
+  CHECK(nlohmann::json::parse(out[1]["arguments"].get<std::string>()) == nlohmann::json{{"city", "Paris"}});
+  CHECK(std::string(out[1]["call_id"]).starts_with("call_"));
+  CHECK(out[2]["name"] == "get_time");
+  CHECK(whole["usage"]["output_tokens"] == options.script.size());
+  CHECK(whole["usage"]["input_tokens"].get<int>() > 0);
+  CHECK(whole["usage"]["total_tokens"] ==
+        whole["usage"]["input_tokens"].get<int>() + whole["usage"]["output_tokens"].get<int>());
+
+  body["stream"] = true;
+  std::vector<nlohmann::json> events;
+  const HttpResponse s = http_stream(responses_request(router.port(), body), [&](std::string_view data) {
+    events.push_back(nlohmann::json::parse(data));
+    return true;
+  });
+  REQUIRE(s.status == 200);
+  REQUIRE(events.size() > 4);
+  for (size_t i = 0; i < events.size(); ++i) CHECK(events[i]["sequence_number"] == i);
+  CHECK(events.front()["type"] == "response.created");
+  CHECK(events.back()["type"] == "response.completed");
+  CHECK(without_ids(events.back()["response"]) == without_ids(whole));
+
+  // Refused with a 400 in the standard error shape; the router keeps serving.
+  HttpClientRequest get = responses_request(router.port(), {});
+  get.method = "GET";
+  get.body.clear();
+  get.target = "/v1/responses/resp_123";
+  const HttpResponse stored = http_request(get);
+  CHECK(stored.status == 400);
+  CHECK(nlohmann::json::parse(stored.body)["error"]["code"] == "unsupported_parameter");
+  const HttpResponse previous = http_request(
+      responses_request(router.port(), {{"input", "x"}, {"previous_response_id", whole["id"]}}));
+  CHECK(previous.status == 400);
+  CHECK(nlohmann::json::parse(previous.body)["error"]["param"] == "previous_response_id");
+  // The chat path's own 400s name the Responses field (messages → input).
+  const HttpResponse too_long = http_request(
+      responses_request(router.port(), {{"input", "x"}, {"max_output_tokens", 100000000}}));
+  CHECK(too_long.status == 400);
+  const nlohmann::json err = nlohmann::json::parse(too_long.body)["error"];
+  CHECK(err["code"] == "context_length_exceeded");
+  CHECK(err["param"] == "input");
+  body["stream"] = false;
+  CHECK(http_request(responses_request(router.port(), body)).status == 200);
+}
