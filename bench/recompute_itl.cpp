@@ -1,13 +1,14 @@
 // bench/recompute_itl: what a long recompute costs the streams a decode node is running
 // (issue 35: p99 inter-token latency of 8 streams while a 2K-token recompute is admitted ≤ 2×
 // their median).
-//   recompute_itl --model DIR [--streams 8] [--long-prompt 2048] [--chunks 0,16] [--threads 0]
+//   recompute_itl --model DIR [--streams 8] [--long-prompt 2048] [--chunks 0,16] [--budget adaptive|fixed]
 // The decode scheduler's engine thread runs one forward per step; a running stream's
 // inter-token gap is the time of the steps between its tokens. This drives the same Engine
 // calls the scheduler makes (DecodeScheduler::step): `streams` sequences decode one token per
 // step while a `long-prompt`-token sequence is recomputed, either all at once before the next
-// step (chunk 0: Engine::prefill, the old admit_one) or in pieces of `chunk` tokens inside the
-// steps (Engine::step with a PrefillPiece). Reported: the streams' gap without a recompute
+// step (chunk 0: Engine::prefill, the old admit_one) or in pieces of at most `chunk` tokens inside
+// the steps (Engine::step with a PrefillPiece), sized by RecomputeBudget as the scheduler sizes
+// them (--budget adaptive) or all `chunk` tokens (--budget fixed). Reported: the streams' gap without a recompute
 // (median of plain decode steps), and over the recompute the median, p99 and max gap and the
 // time until the recompute is done.
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "hack/core/cpu_features.h"
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
+#include "hack/decode/recompute_budget.h"
 #include "hack/model/weights.h"
 
 namespace {
@@ -48,7 +50,7 @@ std::vector<int> parse_ints(const std::string& list) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_dir, chunks_flag = "0,16";
+  std::string model_dir, chunks_flag = "0,16", budget = "adaptive";
   int streams = 8, long_prompt = 2048, threads = 0, plain_steps = 16;
   hack::FlagSet flags("recompute_itl", "Running streams' inter-token gaps while a long sequence is recomputed.",
                       "HACK_RECOMPUTE_ITL");
@@ -58,6 +60,9 @@ int main(int argc, char** argv) {
   flags.add_string("chunks", &chunks_flag, "recompute chunk sizes to compare (0 = all at once, the old behaviour)");
   flags.add_int("threads", &threads, "compute threads; 0 = all cores");
   flags.add_int("plain-steps", &plain_steps, "decode steps without a recompute, for the baseline gap");
+  flags.add_string("budget", &budget,
+                   "adaptive (pieces of at most `chunk` tokens, sized by RecomputeBudget as the decode scheduler "
+                   "does) or fixed (every piece `chunk` tokens)");
   try {
     if (!flags.parse(argc, argv)) return 0;
     HACK_CHECK(!model_dir.empty(), "--model is required");
@@ -81,11 +86,14 @@ int main(int argc, char** argv) {
         ids.push_back(s);
         tokens.push_back(s % vocab);
       }
+      HACK_CHECK(budget == "adaptive" || budget == "fixed", "--budget must be adaptive or fixed, got '{}'", budget);
+      hack::server::RecomputeBudget pieces(std::max(chunk, 1));
       std::vector<double> plain;
       for (int i = 0; i < plain_steps; ++i) {
         const auto t0 = Clock::now();
         e.engine->step(ids, tokens, nullptr, logits);
         plain.push_back(ms_since(t0));
+        pieces.record(plain.back() / 1000, 0, streams);
       }
       const int long_seq = streams + 1;
       e.engine->add_sequence(long_seq, long_prompt + 64);
@@ -99,21 +107,23 @@ int main(int argc, char** argv) {
         gaps.push_back(ms_since(t0));
       } else {
         for (size_t done = 0; done < longp.size();) {
-          const size_t n = std::min(longp.size() - done, static_cast<size_t>(chunk));
+          const int want = budget == "adaptive" ? pieces.next_piece(streams) : chunk;
+          const size_t n = std::min(longp.size() - done, static_cast<size_t>(want));
           const hack::Engine::PrefillPiece piece{long_seq, std::span<const int>(longp).subspan(done, n), done == 0,
                                                  done + n == longp.size()};
           const auto t0 = Clock::now();
           e.engine->step(ids, tokens, &piece, logits);
           gaps.push_back(ms_since(t0));
+          pieces.record(gaps.back() / 1000, static_cast<int>(n), streams);
           done += n;
         }
       }
       const double total = ms_since(t_start);
       const double median = quantile(plain, 0.5);
       const auto worst = std::max_element(gaps.begin(), gaps.end());
-      std::printf("chunk %4d: plain step %.1f ms | over the recompute (%zu steps, %.2f s): gap median %.1f, p99 %.1f, "
+      std::printf("%s chunk %4d: plain step %.1f ms | over the recompute (%zu steps, %.2f s): gap median %.1f, p99 %.1f, "
                   "max %.1f ms (step %td); p99 / plain median %.2f\n",
-                  chunk, median, gaps.size(), total / 1000, quantile(gaps, 0.5), quantile(gaps, 0.99), *worst,
+                  chunk == 0 ? "all at once" : budget.c_str(), chunk, median, gaps.size(), total / 1000, quantile(gaps, 0.5), quantile(gaps, 0.99), *worst,
                   worst - gaps.begin() + 1, quantile(gaps, 0.99) / median);
     }
   } catch (const std::exception& e) {

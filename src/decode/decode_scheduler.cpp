@@ -66,8 +66,14 @@ struct DecodeScheduler::Command {
 };
 
 DecodeScheduler::DecodeScheduler(Engine& engine, PagedKv& kv, DecodeSchedulerOptions options)
-    : engine_(engine), kv_(kv), options_(options), vocab_(engine.config().vocab_size) {
+    : engine_(engine),
+      kv_(kv),
+      options_(options),
+      vocab_(engine.config().vocab_size),
+      recompute_budget_(std::max(options.recompute_chunk_tokens, 1)) {
   HACK_CHECK(&engine.kv() == &kv, "DecodeScheduler: the engine must run on the given cache");
+  HACK_CHECK(options_.recompute_chunk_tokens >= 0, "recompute_chunk_tokens must not be negative, got {}",
+             options_.recompute_chunk_tokens);
   HACK_CHECK(options_.max_batch > 0, "max_batch must be positive, got {}", options_.max_batch);
   HACK_CHECK(options_.reserve_ahead_tokens > 0, "reserve_ahead_tokens must be positive, got {}",
              options_.reserve_ahead_tokens);
@@ -454,12 +460,16 @@ void DecodeScheduler::step() {
   Engine::PrefillPiece piece;
   if (recomputing != nullptr) {
     Request& r = *recomputing;
-    const size_t n = std::min(r.recompute.size() - r.recomputed, static_cast<size_t>(options_.recompute_chunk_tokens));
+    const int budget = recompute_budget_.next_piece(static_cast<int>(batch.size()));
+    const size_t n = std::min(r.recompute.size() - r.recomputed, static_cast<size_t>(budget));
     piece = {r.seq_id, std::span<const int>(r.recompute).subspan(r.recomputed, n), r.recomputed == 0,
              r.recomputed + n == r.recompute.size()};
   }
+  const auto t_step = Clock::now();
   try {
     engine_.step(batch_ids_, batch_tokens_, recomputing ? &piece : nullptr, logits_);
+    recompute_budget_.record(std::chrono::duration<double>(Clock::now() - t_step).count(),
+                             recomputing ? static_cast<int>(piece.tokens.size()) : 0, static_cast<int>(batch.size()));
   } catch (const Error& e) {
     for (Request* r : batch) fail(*r, fmt::format("decode step failed: {}", e.what()));
     if (recomputing) fail(*recomputing, fmt::format("recompute after preemption failed: {}", e.what()));

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "hack/backend/engine.h"
+#include "hack/decode/recompute_budget.h"
 #include "hack/core/error.h"
 #include "hack/kv/kv_stream.h"
 #include "hack/kv/paged_kv.h"
@@ -68,9 +69,11 @@ struct DecodeSchedulerOptions {
   int reserve_ahead_tokens = 64;    ///< reservation step beyond the current length
   double kv_wait_timeout_s = 120;   ///< an admitted request waiting for remote KV fails after this
   int test_step_delay_ms = 0;       ///< tests: sleep this long after each decode step (long streams on a tiny model)
-  /// A preempted request's KV is recomputed this many tokens per decode step, batched with the
-  /// running streams' tokens; 0 = the whole recompute at once when it is readmitted (every
-  /// running stream waits for it). A prompt that static eviction prunes is recomputed at once.
+  /// A preempted request's KV is recomputed at most this many tokens per decode step, batched
+  /// with the running streams' tokens, and fewer when that keeps a step within 2× a plain
+  /// decode step (decode/recompute_budget.h, measured as the node runs); 0 = the whole
+  /// recompute at once when it is readmitted (every running stream waits for it). A prompt
+  /// that static eviction prunes is recomputed at once.
   int recompute_chunk_tokens = 16;
   double idle_trim_s = 1.0;         ///< idle this long after requests: free memory back to the system (0 = never)
   /// > 0: keep each sequence's exact KV from its prompt's last full `record_block_tokens`
@@ -222,6 +225,7 @@ class DecodeScheduler {
   std::vector<Request*> step_batch_;  // reused by step(): no allocation once warm
   std::vector<int> batch_ids_, batch_tokens_;
   std::vector<float> logits_;
+  RecomputeBudget recompute_budget_;  // recompute_chunk_tokens > 0: piece sizes
   std::thread thread_;
 };
 
