@@ -119,6 +119,8 @@ hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions 
     else if (key == "coarse") o.select.coarse_ratio = std::stod(val);
     else if (key == "dense") o.select.dense_layers = std::stoi(val);
     else if (key == "share") o.select.share_layers = std::stoi(val);
+    else if (key == "select-min-tokens") o.select.min_tokens = std::stoi(val);
+    else if (key == "select-min-context") o.select.min_context = std::stoi(val);
     // MPCache static eviction (kv/static_eviction.h): "keep=0.2 keep-recent=32 keep-scope=layer".
     else if (key == "keep") keep.ratio = std::stof(val);
     else if (key == "keep-tokens") keep.tokens = std::stoi(val);

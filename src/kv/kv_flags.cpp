@@ -47,6 +47,11 @@ void add_kv_flags(FlagSet& flags, KvFlags& c) {
   flags.add_int("kv-select-dense", &c.kv_select_dense, "leading layers that attend to every page");
   flags.add_int("kv-select-share", &c.kv_select_share,
                 "layers (after the dense ones) that share one selection, made in the first of them");
+  flags.add_int("kv-select-min-tokens", &c.kv_select_min_tokens,
+                "page selection's floor: the budget never falls below this many tokens (0 = no floor; the default "
+                "kept the short-prompt passkeys that a 20 % budget loses, bench/RESULTS.md)");
+  flags.add_int("kv-select-min-context", &c.kv_select_min_context,
+                "page selection is off for contexts shorter than this many tokens (0 = always on)");
   flags.add_float("kv-keep-ratio", &c.kv_keep_ratio,
                   "MPCache static eviction in prefill: keep this fraction of the prompt's tokens — the sinks "
                   "(--hack-sinks), the newest --kv-keep-recent and those the last --kv-keep-window of the prompt's "
@@ -92,6 +97,8 @@ KvCacheOptions kv_options_from(const KvFlags& c, const std::string& model_dir, i
   o.select.coarse_ratio = c.kv_select_coarse;
   o.select.dense_layers = c.kv_select_dense;
   o.select.share_layers = c.kv_select_share;
+  o.select.min_tokens = c.kv_select_min_tokens;
+  o.select.min_context = c.kv_select_min_context;
   validate(o.select);
   HACK_CHECK(!o.select.enabled() || o.mode == KvMode::hack, "--kv-select-ratio / --kv-select-tokens need --kv hack");
   std::string file;

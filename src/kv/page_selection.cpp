@@ -38,6 +38,8 @@ void validate(const PageSelectOptions& o) {
   HACK_CHECK(o.coarse_ratio > 0 && o.coarse_ratio <= 1, "--kv-select-coarse must be in (0, 1], got {}", o.coarse_ratio);
   HACK_CHECK(o.dense_layers >= 0, "--kv-select-dense must not be negative, got {}", o.dense_layers);
   HACK_CHECK(o.share_layers >= 1, "--kv-select-share must be at least 1, got {}", o.share_layers);
+  HACK_CHECK(o.min_tokens >= 0, "--kv-select-min-tokens must not be negative, got {}", o.min_tokens);
+  HACK_CHECK(o.min_context >= 0, "--kv-select-min-context must not be negative, got {}", o.min_context);
 }
 
 std::string describe(const PageSelectOptions& o) {
@@ -48,6 +50,8 @@ std::string describe(const PageSelectOptions& o) {
   if (o.score == PageScore::quest || o.score == PageScore::mpcache)
     s += fmt::format(" group={} coarse={:g}", o.group_pages, o.coarse_ratio);
   s += fmt::format(" dense={} share={}", o.dense_layers, o.share_layers);
+  if (o.min_tokens > 0) s += fmt::format(" min-tokens={}", o.min_tokens);
+  if (o.min_context > 0) s += fmt::format(" min-context={}", o.min_context);
   return s;
 }
 
@@ -130,8 +134,11 @@ int PageSelector::choose(const PagedKvCache& kv, const AttentionPlan& plan, int 
   sc.reserve(static_cast<size_t>(kv.max_tokens(it.seq_id) / T + 3), 0, 0);
   if (closed > 0) must += segs[static_cast<size_t>(first_closed + closed - 1)].tokens;
   const int context = it.start_pos + it.n_tokens;
-  const double budget = options_.tokens > 0 ? options_.tokens : std::ceil(options_.ratio * context);
-  const int k = std::clamp(static_cast<int>(std::lround((budget - must) / T)), 0, C);
+  const double budget = std::max(options_.tokens > 0 ? options_.tokens : std::ceil(options_.ratio * context),
+                                 static_cast<double>(options_.min_tokens));
+  // Below the floor's context everything is kept.
+  const int k = context < options_.min_context ? C
+                                               : std::clamp(static_cast<int>(std::lround((budget - must) / T)), 0, C);
 
   sc.keep.assign(static_cast<size_t>(C), 0);
   if (k == C) {

@@ -35,6 +35,11 @@ struct KvFlags {
   float kv_select_coarse = 0.5f;    ///< fraction of groups the coarse level keeps
   int kv_select_dense = 2;          ///< leading layers that attend to everything
   int kv_select_share = 2;          ///< layers sharing one selection
+  /// Selection's floor (PageSelectOptions::min_tokens / min_context), measured on SmolLM2 and
+  /// Qwen2.5-Coder-1.5B with the held-out passkey probe at 400–1K tokens (bench/RESULTS.md
+  /// "Selection floor"): a 20 % budget of such a prompt is three pages and loses the key.
+  int kv_select_min_tokens = 512;
+  int kv_select_min_context = 1024;
   // MPCache static eviction in prefill (kv/static_eviction.h); off unless a budget is given.
   float kv_keep_ratio = 0;          ///< fraction of the prompt's tokens kept, (0, 1]
   int kv_keep_tokens = 0;           ///< budget in tokens

@@ -45,6 +45,11 @@ struct PageSelectOptions {
   int dense_layers = 2;       ///< --kv-select-dense: leading layers that attend to everything
   int share_layers = 2;       ///< --kv-select-share: layers that share one selection
   uint64_t seed = 0;          ///< the random baseline's stream
+  /// The floor (issue 33: a 20 % budget of a 1K prompt is three pages, too few to find a
+  /// passkey): the budget is never below `min_tokens`, and a context shorter than
+  /// `min_context` attends to every page. Defaults measured, see kv_flags.cpp.
+  int min_tokens = 0;         ///< --kv-select-min-tokens
+  int min_context = 0;        ///< --kv-select-min-context
   bool enabled() const { return ratio > 0 || tokens > 0; }
   bool operator==(const PageSelectOptions&) const = default;
 };

@@ -291,6 +291,37 @@ TEST_CASE("a planted key page is selected, sinks, exact blocks and the newest pa
     }
 }
 
+TEST_CASE("the selection floor: a budget of at least min_tokens, everything below min_context", "[kv][select]") {
+  const int T = 16, tokens = 600;
+  const KvShape shape{1, 2, 64, 3};
+  const KvStream data(tokens + 1, 2, 3, 64, 41);
+  struct Case {
+    int min_tokens, min_context;
+    int want_at_least, want_at_most;  // tokens each head attends to
+  };
+  // 5 % of 601 tokens is 31: two pages beside the sinks, open block and newest page.
+  for (const Case c : {Case{0, 0, 0, 31 + T}, Case{256, 0, 256 - T, 256 + T}, Case{0, 1024, tokens + 1, tokens + 1},
+                       Case{256, 601, 256 - T, 256 + T}}) {
+    PageSelectOptions so;
+    so.ratio = 0.05;
+    so.dense_layers = 0;
+    so.min_tokens = c.min_tokens;
+    so.min_context = c.min_context;
+    INFO("min_tokens " << c.min_tokens << " min_context " << c.min_context);
+    DecodeFixture f(shape, hack_options(T, so), tokens, {&data});
+    PageSelector selector(so);
+    AttentionPlan selected = f.plan;
+    selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size(), serial());
+    const std::span<const PlanSegment> segs = selected.segments_of(0);
+    for (int h = 0; h < 2; ++h) {
+      int seen = 0;
+      for (const int s : selected.selection_of(0, h)) seen += segs[static_cast<size_t>(s)].tokens;
+      REQUIRE(seen >= c.want_at_least);
+      REQUIRE(seen <= c.want_at_most);
+    }
+  }
+}
+
 TEST_CASE("a shared selection equals the per-layer one when adjacent layers agree", "[kv][select]") {
   const KvShape shape{4, 2, 64, 3};
   const KvStream a(900, 2, 3, 64, 41), b(900, 2, 3, 64, 42);
@@ -343,6 +374,8 @@ TEST_CASE("bad selection options are refused with the flag's name", "[kv][select
   refuses([](KvFlags& f) { f.kv_select_coarse = 0; }, "--kv-select-coarse");
   refuses([](KvFlags& f) { f.kv_select_share = 0; }, "--kv-select-share");
   refuses([](KvFlags& f) { f.kv_select_dense = -1; }, "--kv-select-dense");
+  refuses([](KvFlags& f) { f.kv_select_min_tokens = -1; }, "--kv-select-min-tokens");
+  refuses([](KvFlags& f) { f.kv_select_min_context = -1; }, "--kv-select-min-context");
   refuses([](KvFlags& f) { f.kv = "fp"; }, "--kv hack");
   KvFlags ok;
   ok.kv_select_ratio = 0.2f;
