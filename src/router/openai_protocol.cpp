@@ -674,18 +674,26 @@ ProtocolError internal_error(std::string message) {
   return make_error(500, std::move(message), "internal_server_error", std::nullopt);
 }
 
+std::optional<std::string> parse_json_body(std::string_view body, Json& out) {
+  struct TooDeep {};
+  const Json::parser_callback_t depth_limit = [](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxJsonDepth) throw TooDeep{};  // stops the parse at the first level too deep
+    return true;
+  };
+  try {
+    out = Json::parse(body.begin(), body.end(), depth_limit);
+  } catch (const TooDeep&) {
+    return fmt::format("JSON body nested deeper than {} levels", kMaxJsonDepth);
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number overflow
+    return fmt::format("Invalid JSON body: {}", e.what());
+  }
+  return std::nullopt;
+}
+
 ParseResult parse_request(std::string_view body, Endpoint endpoint, const ProtocolLimits& limits) {
   try {
-    const Json::parser_callback_t too_deep = [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) reject("", fmt::format("JSON body nested deeper than {} levels", kMaxJsonDepth));
-      return true;
-    };
     Json j;
-    try {
-      j = Json::parse(body.begin(), body.end(), too_deep);
-    } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number overflow
-      reject("", fmt::format("Invalid JSON body: {}", e.what()));
-    }
+    if (std::optional<std::string> error = parse_json_body(body, j)) reject("", std::move(*error));
     return parse_body(j, endpoint, limits);
   } catch (Rejected& r) {
     if (r.error.param && r.error.param->empty()) r.error.param.reset();

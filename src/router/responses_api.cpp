@@ -18,8 +18,6 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
-// Nesting deeper than this is refused before the DOM is built (as the chat parser does).
-constexpr int kMaxJsonDepth = 64;
 // OpenAI's bounds on metadata: 16 pairs, keys ≤ 64 characters, values ≤ 512.
 constexpr size_t kMaxMetadataPairs = 16;
 constexpr size_t kMaxMetadataKey = 64;
@@ -538,16 +536,8 @@ class ResponsesResponder final : public Responder {
 
 ResponsesParseResult parse_responses_request(std::string_view body) {
   try {
-    const Json::parser_callback_t too_deep = [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) reject("", fmt::format("JSON body nested deeper than {} levels", kMaxJsonDepth));
-      return true;
-    };
     Json j;
-    try {
-      j = Json::parse(body.begin(), body.end(), too_deep);
-    } catch (const Json::exception& e) {
-      reject("", fmt::format("Invalid JSON body: {}", e.what()));
-    }
+    if (std::optional<std::string> error = parse_json_body(body, j)) reject("", std::move(*error));
     return parse_body(j);
   } catch (Rejected& r) {
     if (r.error.param && r.error.param->empty()) r.error.param.reset();

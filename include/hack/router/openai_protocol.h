@@ -134,6 +134,11 @@ using ParseResult = std::variant<CompletionRequest, ProtocolError>;
 /// unknown model give a ProtocolError (400, or 404 for the model).
 ParseResult parse_request(std::string_view body, Endpoint endpoint, const ProtocolLimits& limits);
 
+/// Parses a request body as JSON nested at most 64 levels (what every endpoint accepts) into
+/// `out`. Returns the message of a client error ("Invalid JSON body: …", "JSON body nested
+/// deeper than 64 levels"), or nullopt when `out` holds the body.
+std::optional<std::string> parse_json_body(std::string_view body, nlohmann::ordered_json& out);
+
 /// Messages as the chat template takes them (ChatTemplate::render).
 nlohmann::ordered_json chat_messages_json(const CompletionRequest& request);
 
