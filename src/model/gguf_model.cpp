@@ -190,4 +190,10 @@ std::string model_path_name(const fs::path& path) {
   return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
 }
 
+void resolve_model_flags(std::string& model, std::string& served_name) {
+  if (model.empty()) return;
+  if (served_name.empty()) served_name = model_path_name(model);
+  model = resolve_model_path(model).string();
+}
+
 }  // namespace hack

@@ -1287,9 +1287,7 @@ namespace {
 
 // --model FILE.gguf: the directory the nodes convert it into, served under the file's name.
 RouterConfig with_model_resolved(RouterConfig c) {
-  if (c.model.empty()) return c;
-  if (c.served_name.empty()) c.served_name = model_path_name(c.model);
-  c.model = resolve_model_path(c.model).string();
+  resolve_model_flags(c.model, c.served_name);
   return c;
 }
 

@@ -97,11 +97,8 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
 
 // --model FILE.gguf loads the directory it is converted into (model/gguf_model.h), served under
 // the file's name; a missing --model path is named here rather than as a missing config.json.
-ModelRuntimeConfig with_model_resolved(const ModelRuntimeConfig& given) {
-  if (given.model.empty()) return given;
-  ModelRuntimeConfig c = given;
-  if (c.served_name.empty()) c.served_name = model_path_name(c.model);
-  c.model = resolve_model_path(c.model).string();
+ModelRuntimeConfig with_model_resolved(ModelRuntimeConfig c) {
+  resolve_model_flags(c.model, c.served_name);
   return c;
 }
 

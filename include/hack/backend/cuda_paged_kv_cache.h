@@ -155,6 +155,9 @@ class CudaPagedKvCache final : public PagedKv {
   // Quantizes n full bf16 blocks of one layer on the device (legacy stream, synchronous upload
   // of the arguments): args = k_src[n], v_src[n], pages[n] (device addresses), first_tokens[n].
   void quantize_blocks(int layer, const std::vector<uint64_t>& args, int n) const;
+  // Writes slot i of n of quantize_blocks' arguments: block `block` of s in `layer` into `page`.
+  void put_block_args(const Sequence& s, int layer, int block, const void* page, std::vector<uint64_t>& args, int i,
+                      int n) const;
   // Device address of the bf16 row of token `pos` of the sequence in `layer`, K (or V) of `head`.
   const uint16_t* exact_row(const Sequence& s, int layer, int pos, int head, bool value) const;
   // Pages of the pool a sequence of max_tokens holds (bf16 rows; HACK pages are fewer).

@@ -29,4 +29,8 @@ std::filesystem::path resolve_model_path(const std::filesystem::path& path);
 /// its ".gguf" (models/qwen.gguf -> "qwen").
 std::string model_path_name(const std::filesystem::path& path);
 
+/// A `--model` / `--served-model-name` pair as loaded: `model` becomes resolve_model_path's
+/// directory, and an empty `served_name` the path's model_path_name. An empty `model` is left.
+void resolve_model_flags(std::string& model, std::string& served_name);
+
 }  // namespace hack

@@ -154,21 +154,24 @@ void CudaPagedKvCache::close_layer(Sequence& s, int seq_id, int layer, int upto)
   HACK_CHECK(full_blocks(s.lengths[l]) >= upto, "device KV cache: sequence {} layer {}: block {} is not full ({} tokens)",
              seq_id, layer, upto - 1, s.lengths[l]);
   const int n = upto - from;
-  const size_t N = static_cast<size_t>(n);
-  const size_t v_offset = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(options_.page_tokens) *
-                          static_cast<size_t>(shape_.head_dim);
-  const int S = sinks(), P = options_.page_tokens;
-  std::vector<uint64_t> args(4 * N);
-  for (int i = 0; i < n; ++i) {
-    const int b = from + i;
-    const uint16_t* exact = exact_page(layer, s.pages[static_cast<size_t>((S > 0 ? 1 : 0) + b)]);
-    args[static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(exact);
-    args[N + static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(exact + v_offset);
-    args[2 * N + static_cast<size_t>(i)] = reinterpret_cast<uint64_t>(hack_page(layer, s.hack_pages[static_cast<size_t>(b)]));
-    args[3 * N + static_cast<size_t>(i)] = static_cast<uint64_t>(S + b * P);
-  }
+  std::vector<uint64_t> args(4 * static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    put_block_args(s, layer, from + i, hack_page(layer, s.hack_pages[static_cast<size_t>(from + i)]), args, i, n);
   quantize_blocks(layer, args, n);
   s.closed[l] = upto;
+}
+
+void CudaPagedKvCache::put_block_args(const Sequence& s, int layer, int block, const void* page,
+                                      std::vector<uint64_t>& args, int i, int n) const {
+  const size_t N = static_cast<size_t>(n), at = static_cast<size_t>(i);
+  const size_t v_offset = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(options_.page_tokens) *
+                          static_cast<size_t>(shape_.head_dim);
+  const int S = sinks();
+  const uint16_t* exact = exact_page(layer, s.pages[static_cast<size_t>((S > 0 ? 1 : 0) + block)]);
+  args[at] = reinterpret_cast<uint64_t>(exact);
+  args[N + at] = reinterpret_cast<uint64_t>(exact + v_offset);
+  args[2 * N + at] = reinterpret_cast<uint64_t>(page);
+  args[3 * N + at] = static_cast<uint64_t>(S + block * options_.page_tokens);
 }
 
 void CudaPagedKvCache::quantize_blocks(int layer, const std::vector<uint64_t>& args, int n) const {
@@ -397,13 +400,8 @@ void CudaPagedKvCache::peek_block_page(int seq_id, int layer, int block, std::by
   // A full bf16 block: quantized into a scratch page (the same kernel as close, so the same bytes).
   const size_t stride = *std::max_element(hack_stride_.begin(), hack_stride_.end());
   if (scratch_page_.bytes() < stride) scratch_page_ = Buffer::allocate(MemoryKind::device, stride, options_.device);
-  const int S = sinks(), P = options_.page_tokens;
-  const uint16_t* exact = exact_page(layer, s.pages[static_cast<size_t>((S > 0 ? 1 : 0) + block)]);
-  const size_t v_offset = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(P) *
-                          static_cast<size_t>(shape_.head_dim);
-  const std::vector<uint64_t> args{reinterpret_cast<uint64_t>(exact), reinterpret_cast<uint64_t>(exact + v_offset),
-                                   reinterpret_cast<uint64_t>(scratch_page_.data()),
-                                   static_cast<uint64_t>(S + block * P)};
+  std::vector<uint64_t> args(4);
+  put_block_args(s, layer, block, scratch_page_.data(), args, 0, 1);
   quantize_blocks(layer, args, 1);
   HACK_CUDA_CHECK(cudaMemcpy(page, scratch_page_.data(), hack_layout(layer).page_bytes(), cudaMemcpyDeviceToHost));
 }
