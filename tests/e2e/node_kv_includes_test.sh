@@ -11,7 +11,10 @@ build=$1
 header=include/hack/kv/paged_kv_cache.h
 deps() { ninja -C "$build" -t deps "$1"; }
 control=src/CMakeFiles/hack_backend.dir/backend/cpu/cpu_backend.cpp.o
-deps "$control" | grep -qF "$header" || { echo "probe broken: $control does not list $header"; exit 1; }
+# Each listing is read whole into a variable before grep looks at it: `ninja -t deps | grep -q`
+# under pipefail fails whenever grep stops at the first match and ninja dies of SIGPIPE.
+cd_deps=$(deps "$control")
+grep -qF "$header" <<<"$cd_deps" || { echo "probe broken: $control does not list $header"; exit 1; }
 objs=$(ninja -C "$build" -t targets all | grep -oE '^src/CMakeFiles/hack_(decode|prefill|vault|node|net|router)\.dir/[^:]+\.o' | sort -u)
 [ -n "$objs" ] || { echo "no objects of the node libraries found in $build"; exit 1; }
 bad=0 n=0
