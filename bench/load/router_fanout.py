@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""router_fanout: N concurrent streaming clients through one hack-router (issue 35's "1,000
+concurrent streaming clients"): every stream must complete; the router's thread count and RSS
+are sampled from /proc every 50 ms (peak reported), and the clients' inter-token latency and
+TTFT percentiles are reported.
+
+Starts its own 1P1D cluster (tests/e2e/cluster.py: hack-tiny unless HACK_MODEL, binaries from
+HACK_BUILD_DIR or build/), or measures a running router with --url and --router-pid.
+Clients are raw asyncio HTTP/1.1 connections (standard library only, so 1,000 of them cost
+the client little CPU): POST /v1/completions with stream, ignore_eos, token-id prompts.
+
+  python3 bench/load/router_fanout.py --clients 1000 --prompt-tokens 32 --max-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "e2e"))
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(p / 100 * (len(xs) - 1)))))]
+
+
+class ProcSampler(threading.Thread):
+    """Peak Threads and VmRSS of one process, from /proc/PID/status."""
+
+    def __init__(self, pid, period_s=0.05):
+        super().__init__(daemon=True)
+        self.pid, self.period_s = pid, period_s
+        self.peak_threads = self.peak_rss_kb = 0
+        self.start_threads = self.start_rss_kb = None
+        self._halt = threading.Event()
+
+    def sample(self):
+        threads = rss = 0
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    threads = int(line.split()[1])
+                elif line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+        return threads, rss
+
+    def run(self):
+        while not self._halt.is_set():
+            try:
+                t, r = self.sample()
+            except OSError:
+                return
+            if self.start_threads is None:
+                self.start_threads, self.start_rss_kb = t, r
+            self.peak_threads = max(self.peak_threads, t)
+            self.peak_rss_kb = max(self.peak_rss_kb, r)
+            time.sleep(self.period_s)
+
+    def stop(self):
+        self._halt.set()
+        self.join()
+
+
+async def one_stream(host, port, body: bytes, timeout_s: float):
+    """Returns (ok, error, ttft_s, [itl_s], tokens)."""
+    t0 = time.perf_counter()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except Exception as e:  # noqa: BLE001 - any connect failure is this stream's error
+        return False, f"connect: {type(e).__name__}: {e}", None, [], 0
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (host.encode(), port, len(body)) + body)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
+        status = int(head.split(b" ", 2)[1])
+        if status != 200:
+            rest = await asyncio.wait_for(reader.read(), timeout_s)
+            return False, f"HTTP {status}: {rest[:200]!r}", None, [], 0
+        first = last = None
+        itl = []
+        tokens = 0
+        done = False
+        buf = b""
+        while not done:
+            chunk = await asyncio.wait_for(reader.read(65536), timeout_s)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                for line in event.split(b"\n"):
+                    line = line.strip()
+                    # chunked framing: size lines and the final 0 are not data lines
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        continue
+                    msg = json.loads(data)
+                    if "error" in msg:
+                        return False, f"error event: {msg['error']}", None, itl, tokens
+                    if msg.get("choices"):
+                        now = time.perf_counter()
+                        tokens += 1
+                        if first is None:
+                            first = now
+                        else:
+                            itl.append(now - last)
+                        last = now
+        if not done:
+            return False, "stream ended without [DONE]", None, itl, tokens
+        return True, "", (first - t0) if first else None, itl, tokens
+    except Exception as e:  # noqa: BLE001
+        return False, f"{type(e).__name__}: {e}", None, [], 0
+    finally:
+        writer.close()
+
+
+async def run_clients(args, host, port):
+    rng = random.Random(args.seed)
+    bodies = []
+    for _ in range(args.clients):
+        prompt = [rng.randrange(100, 400) for _ in range(args.prompt_tokens)]
+        bodies.append(json.dumps({"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens,
+                                  "temperature": 0, "ignore_eos": True, "stream": True}).encode())
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one_stream(host, port, b, args.timeout) for b in bodies))
+    return results, time.perf_counter() - t0
+
+
+def model_id(host, port):
+    import urllib.request
+    with urllib.request.urlopen(f"http://{host}:{port}/v1/models", timeout=10) as r:
+        return json.load(r)["data"][0]["id"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=1000)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-batch", type=int, default=256, help="the started decode node's --max-batch")
+    p.add_argument("--router-flag", action="append", default=[], help="extra hack-router flag (repeatable)")
+    p.add_argument("--url", help="http://host:port of a running router (else a cluster is started)")
+    p.add_argument("--router-pid", type=int, help="with --url: the router's pid, for threads and RSS")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.clients + 256)), hard))
+
+    cluster = None
+    if args.url:
+        host, port = args.url.split("//")[-1].rstrip("/").split(":")
+        port = int(port)
+        pid = args.router_pid
+    else:
+        from cluster import Cluster
+        cluster = Cluster(prefill=1, decode=1, decode_flags=["--max-batch", str(args.max_batch)],
+                          router_flags=args.router_flag)
+        host, port = "127.0.0.1", cluster.router.port
+        pid = cluster.router.proc.pid
+    try:
+        args.model = model_id(host, port)
+        sampler = ProcSampler(pid) if pid else None
+        if sampler:
+            sampler.start()
+        results, wall = asyncio.run(run_clients(args, host, port))
+        if sampler:
+            sampler.stop()
+        ok = [r for r in results if r[0]]
+        errors = [r[1] for r in results if not r[0]]
+        itl = [x for r in ok for x in r[3]]
+        ttft = [r[2] for r in ok if r[2] is not None]
+        out = {
+            "clients": args.clients, "completed": len(ok), "failed": len(errors),
+            "chunks": sum(r[4] for r in ok), "wall_s": round(wall, 3),
+            "itl_ms": {k: round(1000 * pct(itl, q), 2) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))},
+            "ttft_ms": {k: round(1000 * pct(ttft, q), 1) for k, q in (("p50", 50), ("p99", 99), ("max", 100))},
+        }
+        if sampler:
+            out["router_threads"] = {"idle": sampler.start_threads, "peak": sampler.peak_threads}
+            out["router_rss_mb"] = {"idle": round(sampler.start_rss_kb / 1024, 1),
+                                    "peak": round(sampler.peak_rss_kb / 1024, 1)}
+        if cluster:
+            h = cluster.decode[0].health()
+            out["decode_after"] = {k: h.get(k) for k in ("running", "waiting", "kv_bytes_used") if k in h}
+        if errors:
+            out["first_errors"] = sorted(set(errors))[:5]
+        print(json.dumps(out, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return 0 if not errors else 1
+    finally:
+        if cluster:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
