@@ -25,6 +25,8 @@
 
 #include "hack/core/error.h"
 #include "hack/http/sse.h"
+#include "src/http/cancel_access.h"
+#include "src/http/client_message.h"
 
 namespace hack::server {
 
@@ -33,23 +35,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
-
-namespace detail {
-struct CancelAccess {
-  /// Registers `abort` for the call's lifetime; false if already cancelled.
-  static bool attach(HttpCancel& c, std::function<void()> abort, uint64_t& id) {
-    std::lock_guard lock(c.mu_);
-    if (c.cancelled_) return false;
-    id = c.next_id_++;
-    c.aborts_.emplace(id, std::move(abort));
-    return true;
-  }
-  static void detach(HttpCancel& c, uint64_t id) {
-    std::lock_guard lock(c.mu_);
-    c.aborts_.erase(id);
-  }
-};
-}  // namespace detail
 
 void HttpCancel::cancel() {
   std::lock_guard lock(mu_);
@@ -70,16 +55,9 @@ std::string HttpResponse::header(std::string_view name) const {
 
 namespace {
 
-constexpr uint64_t kMaxResponseBodyBytes = uint64_t{1} << 30;
-constexpr size_t kMaxPendingEventBytes = size_t{64} << 20;  // one SSE event may not grow past this
-
-std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
+using detail::header_map;
+using detail::kMaxPendingEventBytes;
+using detail::kMaxResponseBodyBytes;
 
 struct OpResult {
   bool done = false;
@@ -165,25 +143,7 @@ class ClientCall {
   /// Starts writing the request; the response is read concurrently so that an early answer
   /// (413 while the body is still going out) is seen instead of a write error.
   void start_write() {
-    auto verb = http::string_to_verb(req_.method);
-    if (verb == http::verb::unknown) {
-      request_.method_string(req_.method);
-    } else {
-      request_.method(verb);
-    }
-    request_.target(req_.target);
-    request_.version(11);
-    request_.set(http::field::host, where_);
-    request_.set(http::field::user_agent, "hackserve");
-    request_.set(http::field::connection, "close");
-    if (!req_.body.empty() && !req_.content_type.empty()) request_.set(http::field::content_type, req_.content_type);
-    for (const auto& [name, value] : req_.headers) {
-      HACK_CHECK(name.find_first_of("\r\n:") == std::string::npos && value.find_first_of("\r\n") == std::string::npos,
-                 "http {}: header '{}' has a CR, LF or ':'", where_, name);
-      request_.set(name, value);
-    }
-    request_.body() = req_.body;
-    request_.prepare_payload();
+    request_ = detail::client_message(req_, where_, /*keep_alive=*/false);
     http::async_write(socket_, request_, completion(write_));
   }
 
@@ -226,19 +186,6 @@ class ClientCall {
   std::chrono::steady_clock::time_point deadline_;
 };
 
-template <class Fields>
-std::map<std::string, std::string> header_map(const Fields& fields) {
-  std::map<std::string, std::string> out;
-  for (const auto& f : fields) {
-    auto [it, inserted] = out.try_emplace(lower(sv(f.name_string())), sv(f.value()));
-    if (!inserted) {
-      it->second += ", ";
-      it->second.append(f.value().data(), f.value().size());
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 HttpResponse http_request(const HttpClientRequest& req, HttpCancel* cancel) {
@@ -247,7 +194,7 @@ HttpResponse http_request(const HttpClientRequest& req, HttpCancel* cancel) {
   call.connect();
   call.start_write();
   http::response_parser<http::string_body> parser;
-  parser.header_limit(1 << 20);
+  parser.header_limit(detail::kMaxResponseHeaderBytes);
   parser.body_limit(kMaxResponseBodyBytes);
   OpResult read;
   http::async_read(call.socket(), call.buffer(), parser, completion(read));
@@ -270,7 +217,7 @@ HttpResponse http_stream(const HttpClientRequest& req, const std::function<bool(
   call.set_deadline(req.timeout_s);
   call.start_write();
   http::response_parser<http::buffer_body> parser;
-  parser.header_limit(1 << 20);
+  parser.header_limit(detail::kMaxResponseHeaderBytes);
   parser.body_limit(std::numeric_limits<std::uint64_t>::max());  // not boost::none: Beast 1.74 then rejects any Content-Length
   OpResult head;
   http::async_read_header(call.socket(), call.buffer(), parser, completion(head));
@@ -280,7 +227,7 @@ HttpResponse http_stream(const HttpClientRequest& req, const std::function<bool(
   HttpResponse out;
   out.status = static_cast<int>(parser.get().result_int());
   out.headers = header_map(parser.get());
-  bool sse = out.status == 200 && lower(out.header("content-type")).rfind("text/event-stream", 0) == 0;
+  bool sse = detail::is_event_stream(out);
 
   SseParser sse_parser;
   std::vector<std::string> events;

@@ -1,5 +1,9 @@
+#include "hack/router/async_node_call.h"  // first: Asio's coroutine support (http/coro.h)
 #include "hack/router/router_server.h"
 
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -27,7 +31,6 @@
 #include "hack/router/api_keys.h"
 #include "hack/http/http_server.h"
 #include "hack/node/metrics.h"
-#include "hack/router/node_client.h"
 #include "hack/node/node_protocol.h"
 #include "hack/router/openai_protocol.h"
 #include "hack/router/responses_api.h"
@@ -68,7 +71,10 @@ void add_router_flags(FlagSet& flags, RouterConfig& c) {
                   "send a prompt to the prefill node that last got its prefix when that node's queue is within "
                   "this many tokens of the shortest (its prefix cache likely holds it); 0 = shortest queue only");
   flags.add_int("prefix-block-tokens", &c.prefix_block_tokens, "block size of the nodes' prefix caches (their --hack-block)");
-  flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads");
+  flags.add_int("http-threads", &c.http_threads, "HTTP I/O threads (client connections)");
+  flags.add_int("io-threads", &c.io_threads,
+                "threads that run every request's node calls, relay and stall timers (coroutines; no thread per "
+                "request)");
   flags.add_int64("max-body-kb", &c.max_body_kb, "largest request body accepted, KiB");
   flags.add_float("header-timeout", &c.header_timeout_s, "seconds a client may take to send request headers");
   flags.add_bool("json-logs", &c.json_logs, "log one JSON object per line");
@@ -109,12 +115,12 @@ void send_error(Responder& res, const ProtocolError& e) {
 // shutdown can cancel them all.
 class RequestContext {
  public:
-  void add(DisaggregatedCall* call) {
+  void add(AsyncDisaggregatedCall* call) {
     std::lock_guard lock(mutex_);
     if (cancelled_) call->cancel();
     calls_.insert(call);
   }
-  void remove(DisaggregatedCall* call) {
+  void remove(AsyncDisaggregatedCall* call) {
     std::lock_guard lock(mutex_);
     calls_.erase(call);
   }
@@ -124,7 +130,7 @@ class RequestContext {
     std::lock_guard lock(mutex_);
     if (cancelled_) return;
     cancelled_ = true;
-    for (DisaggregatedCall* c : calls_) c->cancel();
+    for (AsyncDisaggregatedCall* c : calls_) c->cancel();
   }
   bool cancelled() const {
     std::lock_guard lock(mutex_);
@@ -134,7 +140,7 @@ class RequestContext {
  private:
   mutable std::mutex mutex_;
   bool cancelled_ = false;
-  std::set<DisaggregatedCall*> calls_;
+  std::set<AsyncDisaggregatedCall*> calls_;
 };
 
 // What one choice produced.
@@ -332,67 +338,17 @@ struct ChoiceRun {
   std::vector<int> generated;  // every token relayed so far, over all attempts (a migration resends them)
 };
 
-// Watches one attempt: when no node event has come for `stall_s`, asks `stalled` (a health
-// round trip); when it answers yes, the attempt is marked stalled and `abort` ends it.
-class StallWatch {
- public:
-  StallWatch(double stall_s, std::function<bool()> stalled, std::function<void()> abort)
-      : stall_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(stall_s))),
-        stalled_(std::move(stalled)),
-        abort_(std::move(abort)) {
-    if (stall_s > 0) thread_ = std::thread([this] { watch(); });
-  }
-  ~StallWatch() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  StallWatch(const StallWatch&) = delete;
-  StallWatch& operator=(const StallWatch&) = delete;
-
-  // An event came: the stall clock restarts.
-  void touch() {
-    std::lock_guard lock(mutex_);
-    last_ = Clock::now();
-  }
-  bool fired() const { return fired_; }
-
- private:
-  void watch() {
-    std::unique_lock lock(mutex_);
-    while (!stop_) {
-      if (Clock::now() < last_ + stall_) {
-        cv_.wait_until(lock, last_ + stall_);
-        continue;
-      }
-      const Clock::time_point seen = last_;
-      lock.unlock();
-      const bool stalled = stalled_();
-      lock.lock();
-      if (stop_) return;
-      if (last_ != seen) continue;  // a token came while the nodes were asked
-      if (stalled) {
-        fired_ = true;
-        lock.unlock();
-        abort_();
-        return;
-      }
-      last_ = Clock::now();  // alive and not stuck: give it another stall_s
-    }
-  }
-
-  const Clock::duration stall_;
-  std::function<bool()> stalled_;
-  std::function<void()> abort_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  Clock::time_point last_ = Clock::now();
-  bool stop_ = false;
-  std::atomic<bool> fired_{false};
-  std::thread thread_;
+// One attempt's stall clock. A watcher coroutine on the attempt's strand sleeps on `timer`
+// until `stall` after the last node event; then it asks whether the stream is stuck (a
+// health round trip) and, when it is, marks the attempt stalled and cancels its call. The
+// timers of every attempt sit in the io_context's one timer queue: no thread per attempt.
+struct StallClock {
+  explicit StallClock(const asio::any_io_executor& ex) : timer(ex), done(ex) {}
+  Clock::time_point last = Clock::now();  // the last node event
+  bool stop = false;                      // the attempt has ended
+  bool fired = false;                     // the watcher found it stalled
+  asio::steady_timer timer;
+  CoEvent done;                           // the watcher has returned
 };
 
 }  // namespace
@@ -423,18 +379,19 @@ struct RouterServer::Impl {
   std::map<std::string, std::string> prefill_format_of, decode_format_of;  // node name → KV format (node_info_mutex)
   std::map<std::string, uint64_t> kv_bytes_seen;  // health thread only
 
-  // Every client request runs on its own thread, owned here: the thread marks its entry
-  // finished as its last step, the next request joins the finished ones, and shutdown
-  // cancels and joins them all before any other member goes.
-  struct RequestThread {
-    std::shared_ptr<RequestContext> ctx;
-    std::thread thread;
-    bool finished = false;
-  };
+  // Every client request runs as a coroutine on a strand of `io` (config.io_threads threads):
+  // node calls, token relay and stall timers wait without holding a thread. Open requests
+  // are listed here so that shutdown can cancel them, and waits until the last has returned
+  // before any other member goes.
+  asio::io_context io;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> io_work;
+  std::vector<std::thread> io_threads;
+  std::unique_ptr<HttpConnectionPool> node_connections;  // keep-alive connections to the nodes
   std::mutex requests_mutex;
-  std::map<uint64_t, RequestThread> requests;  // by arrival number
+  std::condition_variable requests_cv;  // a request ended
+  std::map<uint64_t, std::shared_ptr<RequestContext>> requests;  // open, by arrival number
   uint64_t next_request = 0;
-  bool stopping = false;  // set once shutdown has taken `requests`: no new request starts
+  bool stopping = false;  // set once shutdown has begun: no new request starts
 
   std::mutex health_mutex;
   std::condition_variable health_cv;
@@ -493,9 +450,15 @@ struct RouterServer::Impl {
     HACK_CHECK(config.max_body_kb > 0, "--max-body-kb must be positive");
     ho.max_body_bytes = static_cast<size_t>(config.max_body_kb) << 10;
     ho.header_timeout_s = config.header_timeout_s;
+    HACK_CHECK(config.io_threads > 0, "--io-threads must be positive");
+    node_connections = std::make_unique<HttpConnectionPool>(io.get_executor());
+    io_work.emplace(io.get_executor());
     http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
       handle(std::move(req), std::move(res));
     });
+    // After the listener (a constructor that throws must leave no thread joinable); requests
+    // that came in between wait in `io`'s queue.
+    for (int i = 0; i < config.io_threads; ++i) io_threads.emplace_back([this] { run_io(); });
     // Started last: a constructor that throws (port taken) must not leave it joinable.
     health_thread = std::thread([this] { health_loop(); });
     spdlog::info("hack-router: model {} (max length {}), {} prefill + {} decode nodes, API {}:{}{}", model_name,
@@ -506,6 +469,9 @@ struct RouterServer::Impl {
   ~Impl() {
     http.reset();  // no new requests; open ones see their clients close and cancel
     stop_requests();
+    node_connections->clear();
+    io_work.reset();
+    for (std::thread& t : io_threads) t.join();
     {
       std::lock_guard lock(health_mutex);
       health_stop = true;
@@ -688,74 +654,67 @@ struct RouterServer::Impl {
     return nlohmann::json{{"prompt", tokenizer.decode(ids, /*skip_special_tokens=*/false)}}.dump();
   }
 
-  // ---- request threads ------------------------------------------------------------------
+  // ---- request coroutines ----------------------------------------------------------------
 
-  // Runs the request on a thread of its own (it blocks on its nodes for as long as it
-  // generates), and joins the threads of requests that have finished since the last one.
+  void run_io() {
+    while (true) {
+      try {
+        io.run();
+        return;
+      } catch (const std::exception& e) {  // a request's coroutines catch their own; this is a bug
+        spdlog::error("hack-router: io thread: {}", e.what());
+      }
+    }
+  }
+
+  // Runs the request as a coroutine on a strand of its own (it waits on its nodes for as
+  // long as it generates, holding no thread while it waits).
   void start_request(HttpRequest req, std::shared_ptr<Responder> res, Endpoint endpoint) {
     auto ctx = std::make_shared<RequestContext>();
-    std::vector<std::thread> finished;
+    uint64_t id;
     {
       std::lock_guard lock(requests_mutex);
       if (stopping) return send_error(*res, unavailable_error("the router is shutting down"));
-      finished = take_finished_locked();
-      res->on_client_closed([ctx] { ctx->cancel(); });
-      const uint64_t id = next_request++;
-      // Its last step waits for this lock, so by then its entry is in place.
-      std::thread thread([this, id, req = std::move(req), res = std::move(res), ctx, endpoint] {
-        serve_request(req, *res, *ctx, endpoint);
-        std::lock_guard done(requests_mutex);
-        if (auto it = requests.find(id); it != requests.end()) it->second.finished = true;
-      });
-      requests.emplace(id, RequestThread{ctx, std::move(thread)});
+      id = next_request++;
+      requests.emplace(id, ctx);
     }
-    for (std::thread& t : finished) t.join();  // each has returned or is about to
+    res->on_client_closed([ctx] { ctx->cancel(); });
+    asio::co_spawn(
+        asio::make_strand(io),
+        [this, id, req = std::move(req), res = std::move(res), ctx, endpoint]() -> Task<void> {
+          co_await serve_request(req, *res, *ctx, endpoint);
+        },
+        [this, id](std::exception_ptr) { end_request(id); });
   }
 
-  void serve_request(const HttpRequest& req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
+  void end_request(uint64_t id) {
+    {
+      std::lock_guard lock(requests_mutex);
+      requests.erase(id);
+    }
+    requests_cv.notify_all();
+  }
+
+  Task<void> serve_request(const HttpRequest& req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
     try {
-      complete(req, res, ctx, endpoint);
+      co_await complete(req, res, ctx, endpoint);
     } catch (const std::exception& e) {
       spdlog::error("request failed: {}", e.what());
       send_error(res, internal_error(e.what()));
     }
   }
 
-  // The threads of finished requests, taken out of `requests` for joining.
-  std::vector<std::thread> take_finished_locked() {
-    std::vector<std::thread> finished;
-    for (auto it = requests.begin(); it != requests.end();) {
-      if (it->second.finished) {
-        finished.push_back(std::move(it->second.thread));
-        it = requests.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    return finished;
-  }
-
   // Cancels every open request on its nodes (their calls close their connections and end at
-  // once) and joins every request thread: after this no request touches this object.
+  // once) and waits for every request coroutine to return: after this no request touches
+  // this object.
   void stop_requests() {
-    std::map<uint64_t, RequestThread> open;
-    {
-      std::lock_guard lock(requests_mutex);
-      stopping = true;
-      open.swap(requests);
-    }
-    for (auto& [id, r] : open) r.ctx->cancel();
-    for (auto& [id, r] : open) r.thread.join();
+    std::unique_lock lock(requests_mutex);
+    stopping = true;
+    for (auto& [id, ctx] : requests) ctx->cancel();
+    requests_cv.wait(lock, [&] { return requests.empty(); });
   }
 
-  static bool node_alive(const NodeAddress& node) {
-    try {
-      fetch_health(node, 1.0);
-      return true;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
+  Task<bool> node_alive(const NodeAddress& node) { return async_node_alive(node, 1.0, node_connections.get()); }
 
   static ProtocolError method_error(const std::string& method, const std::string& path) {
     ProtocolError e;
@@ -809,11 +768,12 @@ struct RouterServer::Impl {
 
   // ---- one request ----------------------------------------------------------------------
 
-  void complete(const HttpRequest& http_req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
+  Task<void> complete(const HttpRequest& http_req, Responder& res, RequestContext& ctx, Endpoint endpoint) {
     auto admitted = admit(http_req.body, endpoint, Clock::now());
     if (auto* no = std::get_if<Rejection>(&admitted)) {
       metrics.count_request_error(no->metric);
-      return send_error(res, no->error);
+      send_error(res, no->error);
+      co_return;
     }
     const std::vector<AdmittedRequest>& parts = std::get<std::vector<AdmittedRequest>>(admitted);
     const AdmittedRequest& req = parts.front();
@@ -824,7 +784,7 @@ struct RouterServer::Impl {
                  prompt_tokens, req.params.max_tokens, r.n, r.stream);
     metrics.add_prompt_tokens(prompt_tokens * static_cast<size_t>(r.n));
     if (r.stream) res.start_sse();
-    std::vector<ChoiceOutcome> outcomes = run_choices(ctx, parts, r.stream ? &res : nullptr);
+    std::vector<ChoiceOutcome> outcomes = co_await run_choices(ctx, parts, r.stream ? &res : nullptr);
     metrics.observe_e2e_request_latency_s(seconds_since(req.t_arrival));
     answer(res, ctx, req, static_cast<int>(prompt_tokens), std::move(outcomes));
   }
@@ -902,30 +862,45 @@ struct RouterServer::Impl {
     return req;
   }
 
-  // Runs every part's choices, on a thread each when there are several. Choice i of part p
-  // is reported as index p·n + i (OpenAI's order) and sampled as choice i of a single
-  // request, so a list of prompts answers as the same prompts sent one by one.
-  std::vector<ChoiceOutcome> run_choices(RequestContext& ctx, const std::vector<AdmittedRequest>& parts,
-                                         Responder* stream) {
+  // Runs every part's choices, as coroutines side by side on the request's strand when
+  // there are several. Choice i of part p is reported as index p·n + i (OpenAI's order) and
+  // sampled as choice i of a single request, so a list of prompts answers as the same
+  // prompts sent one by one.
+  Task<std::vector<ChoiceOutcome>> run_choices(RequestContext& ctx, const std::vector<AdmittedRequest>& parts,
+                                               Responder* stream) {
     RequestGauge gauge(waiting, running);
     const int n = parts.front().request.n;
     const size_t total = parts.size() * static_cast<size_t>(n);
     std::vector<ChoiceOutcome> outcomes(total);
     if (total == 1) {
-      outcomes[0] = run_choice(ctx, parts[0], 0, 0, gauge, stream);
-      return outcomes;
+      outcomes[0] = co_await run_choice(ctx, parts[0], 0, 0, gauge, stream);
+      co_return outcomes;
     }
-    std::vector<std::thread> threads;
+    const auto ex = co_await asio::this_coro::executor;
+    CoEvent all_done(ex);
+    size_t left = total;
     for (size_t p = 0; p < parts.size(); ++p) {
       for (int i = 0; i < n; ++i) {
         const int index = static_cast<int>(p) * n + i;
-        threads.emplace_back([&, p, i, index] {
-          outcomes[static_cast<size_t>(index)] = run_choice(ctx, parts[p], i, index, gauge, stream);
-        });
+        asio::co_spawn(
+            ex,
+            [&, p, i, index]() -> Task<void> {
+              outcomes[static_cast<size_t>(index)] = co_await run_choice(ctx, parts[p], i, index, gauge, stream);
+            },
+            [&, index](std::exception_ptr e) {
+              if (e) {  // run_choice reports failures in its outcome; this is a bug, but the request must end
+                try {
+                  std::rethrow_exception(e);
+                } catch (const std::exception& what) {
+                  outcomes[static_cast<size_t>(index)].error = internal_error(what.what());
+                }
+              }
+              if (--left == 0) all_done.set();
+            });
       }
     }
-    for (std::thread& t : threads) t.join();
-    return outcomes;
+    co_await all_done.wait();
+    co_return outcomes;
   }
 
   // Answers from the choices' outcomes: the first error, else the response (when streaming,
@@ -985,8 +960,8 @@ struct RouterServer::Impl {
   // With `stream`, chunks are sent as text settles.
   // `index`: the choice's number within its prompt (its sampling seed); `reported`: its index
   // in the response.
-  ChoiceOutcome run_choice(RequestContext& ctx, const AdmittedRequest& req, int index, int reported,
-                           RequestGauge& gauge, Responder* stream) {
+  Task<ChoiceOutcome> run_choice(RequestContext& ctx, const AdmittedRequest& req, int index, int reported,
+                                 RequestGauge& gauge, Responder* stream) {
     const CompletionRequest& r = req.request;
     const bool chat = r.endpoint == Endpoint::kChatCompletions;
     ChoiceOutcome out;
@@ -1005,37 +980,37 @@ struct RouterServer::Impl {
     int retries = 0, migrations = 0;
     for (int attempt = 0;; ++attempt) {
       out.error.reset();  // an earlier attempt's failure is not this one's
-      auto nodes = acquire_live_nodes(ctx, req, run.params, bad_prefill, bad_decode,
+      auto nodes = co_await acquire_live_nodes(ctx, req, run.params, bad_prefill, bad_decode,
                                       static_cast<int64_t>(run.generated.size()), attempt > 0);
       if (auto* e = std::get_if<ProtocolError>(&nodes)) {
         out.error = *e;
         if (!run.generated.empty())
           out.error->message = fmt::format("generation failed after {} tokens: {}", run.generated.size(), e->message);
-        return out;
+        co_return out;
       }
       a.nodes = std::get<NodePair>(std::move(nodes));
       bool stalled = false;
-      const GenerateOutcome g = run_attempt(ctx, run, a, attempt, stalled);
+      const GenerateOutcome g = co_await run_attempt(ctx, run, a, attempt, stalled);
       if (g.status.is_ok()) {
         finish_choice(run, a, g.finish_reason);
-        return out;
+        co_return out;
       }
       if (ctx.cancelled()) {
         out.error = internal_error("cancelled");
-        return out;
+        co_return out;
       }
       // The stream broke after its last token, before the node said it had finished.
       if (auto finish = ended_by_last_token(run)) {
         finish_choice(run, a, *finish);
-        return out;
+        co_return out;
       }
       const std::string why = stalled ? fmt::format("no token for {} s (stalled)", config.stall_timeout_s)
                                       : g.status.message();
-      const bool decode_lost = exclude_failed_nodes(a.nodes, bad_prefill, bad_decode, !run.generated.empty());
+      const bool decode_lost = co_await exclude_failed_nodes(a.nodes, bad_prefill, bad_decode, !run.generated.empty());
       if (run.generated.empty()) {
         if (retries >= std::max(1, config.max_migrations)) {
           out.error = internal_error(why);
-          return out;
+          co_return out;
         }
         ++retries;
         metrics.count_request_retry(stalled ? "stalled" : "node_failure");
@@ -1045,7 +1020,7 @@ struct RouterServer::Impl {
         if (migrations >= config.max_migrations) {
           out.error = internal_error(fmt::format("generation failed after {} tokens and {} migrations: {}",
                                                  run.generated.size(), migrations, why));
-          return out;
+          co_return out;
         }
         ++migrations;
         const char* cause = stalled ? "stalled" : decode_lost ? "node_lost" : "stream_broken";
@@ -1061,22 +1036,23 @@ struct RouterServer::Impl {
   // failed (no other was free) and it still does not answer, wait for the pool to offer a
   // live one (a restarted node, or the health poll dropping the dead one) for up to
   // stall_timeout_s (at least 5 s) rather than spend an attempt on a dead node.
-  std::variant<NodePair, ProtocolError> acquire_live_nodes(RequestContext& ctx, const AdmittedRequest& req,
-                                                           const SamplingParams& params,
-                                                           const std::set<std::string>& bad_prefill,
-                                                           const std::set<std::string>& bad_decode, int64_t generated,
-                                                           bool after_failure) {
+  Task<std::variant<NodePair, ProtocolError>> acquire_live_nodes(RequestContext& ctx, const AdmittedRequest& req,
+                                                                 const SamplingParams& params,
+                                                                 const std::set<std::string>& bad_prefill,
+                                                                 const std::set<std::string>& bad_decode,
+                                                                 int64_t generated, bool after_failure) {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(std::max(5.0f, config.stall_timeout_s)));
     for (;;) {
       auto nodes = acquire_nodes(req, params, bad_prefill, bad_decode, generated);
-      if (!after_failure || Clock::now() >= deadline || ctx.cancelled()) return nodes;
+      if (!after_failure || Clock::now() >= deadline || ctx.cancelled()) co_return nodes;
       if (auto* pair = std::get_if<NodePair>(&nodes)) {
-        const bool prefill_ok = !bad_prefill.contains(pair->prefill_node.name) || node_alive(pair->prefill_node);
-        const bool decode_ok = !bad_decode.contains(pair->decode_node.name) || node_alive(pair->decode_node);
-        if (prefill_ok && decode_ok) return nodes;
+        const bool prefill_ok =
+            !bad_prefill.contains(pair->prefill_node.name) || co_await node_alive(pair->prefill_node);
+        const bool decode_ok = !bad_decode.contains(pair->decode_node.name) || co_await node_alive(pair->decode_node);
+        if (prefill_ok && decode_ok) co_return nodes;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      co_await co_sleep(0.2);
     }
   }
 
@@ -1144,46 +1120,83 @@ struct RouterServer::Impl {
   // Generates on the attempt's nodes until the request ends, fails, stalls (`stalled` set:
   // no token for config.stall_timeout_s and stream_stalled says so) or a stop string matches.
   // A migrated stream (run.generated not empty) continues from its tokens so far.
-  GenerateOutcome run_attempt(RequestContext& ctx, ChoiceRun& run, Attempt& a, int attempt, bool& stalled) {
+  Task<GenerateOutcome> run_attempt(RequestContext& ctx, ChoiceRun& run, Attempt& a, int attempt, bool& stalled) {
     GenerateJob job{random_id(), run.req.prompt, run.params, true};
     job.generated = run.generated;
     if (!run.generated.empty()) job.params.prompt_logprobs = -1;  // the prompt's were relayed with the first token
     GenerateOptions go{config.secret, config.request_timeout_s, false};
-    DisaggregatedCall call(a.nodes.prefill_node, a.nodes.decode_node, job, go);
+    AsyncDisaggregatedCall call(a.nodes.prefill_node, a.nodes.decode_node, job, go, node_connections.get());
     ctx.add(&call);
     spdlog::debug("request {}: choice {} attempt {} on prefill {} + decode {} (node request {}, {} tokens so far)",
                   run.req.meta.id, run.out.choice.index, attempt + 1, a.nodes.prefill_node.name,
                   a.nodes.decode_node.name, job.request_id, run.generated.size());
-    std::atomic<bool> any_token{false};
-    GenerateOutcome g;
-    {
-      StallWatch watch(
-          config.stall_timeout_s, [&] { return stream_stalled(a.nodes, any_token); }, [&] { call.cancel(); });
-      g = call.run([&](const NodeEvent& e) {
-        watch.touch();
-        // The attempt's first token is sampled by prefill: that node's part is done.
-        if (e.kind == NodeEventKind::token && !any_token.exchange(true)) a.nodes.prefill.release();
-        return on_node_event(run, a, e);
-      });
-      stalled = watch.fired();
+    bool any_token = false;
+    const auto ex = co_await asio::this_coro::executor;
+    StallClock clock(ex);
+    if (config.stall_timeout_s > 0) {
+      asio::co_spawn(ex, watch_stall(clock, a.nodes, any_token, call), asio::detached);
+    } else {
+      clock.done.set();
     }
+    GenerateOutcome g = co_await call.run([&](const NodeEvent& e) {
+      clock.last = Clock::now();
+      // The attempt's first token is sampled by prefill: that node's part is done.
+      if (e.kind == NodeEventKind::token && !any_token) {
+        any_token = true;
+        a.nodes.prefill.release();
+      }
+      return on_node_event(run, a, e);
+    });
+    clock.stop = true;
+    clock.timer.cancel();
+    co_await clock.done.wait();
+    stalled = clock.fired;
     ctx.remove(&call);
-    return g;
+    co_return g;
+  }
+
+  // The stall watcher of one attempt (StallClock): when no node event has come for
+  // stall_timeout_s, asks stream_stalled; a stuck stream is marked and its call cancelled.
+  Task<void> watch_stall(StallClock& clock, const NodePair& nodes, const bool& any_token, AsyncDisaggregatedCall& call) {
+    const auto stall = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config.stall_timeout_s));
+    try {
+      while (!clock.stop) {
+        if (Clock::now() < clock.last + stall) {
+          clock.timer.expires_at(clock.last + stall);
+          boost::system::error_code ec;
+          co_await clock.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+          continue;
+        }
+        const Clock::time_point seen = clock.last;
+        const bool stuck = co_await stream_stalled(nodes, any_token);
+        if (clock.stop) break;
+        if (clock.last != seen) continue;  // a token came while the nodes were asked
+        if (stuck) {
+          clock.fired = true;
+          call.cancel();
+          break;
+        }
+        clock.last = Clock::now();  // alive and not stuck: give it another stall_timeout_s
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("stall watcher: {}", e.what());
+    }
+    clock.done.set();
   }
 
   // Whether an attempt silent for stall_timeout_s is stuck: its decode node does not answer
   // its health check (hung, e.g. SIGSTOP, or dead), or after a token it is running requests
   // yet sent none of ours; before the first token, also when the prefill node does not answer
   // (a decode node waiting for KV, or a prefill queue, is not a stall).
-  bool stream_stalled(const NodePair& nodes, const std::atomic<bool>& any_token) {
-    NodeHealth h;
+  Task<bool> stream_stalled(const NodePair& nodes, const bool& any_token) {
+    std::optional<NodeHealth> h;
     try {
-      h = fetch_health(nodes.decode_node, 1.0);
+      h = co_await async_fetch_health(nodes.decode_node, 1.0, node_connections.get());
     } catch (const std::exception&) {
-      return true;
     }
-    if (any_token) return h.running > 0;
-    return !node_alive(nodes.prefill_node);
+    if (!h) co_return true;
+    if (any_token) co_return h->running > 0;
+    co_return !co_await node_alive(nodes.prefill_node);
   }
 
   // One event of the decode stream; false stops generation (a stop string matched).
@@ -1269,17 +1282,17 @@ struct RouterServer::Impl {
   // of rotation); when both answer, neither is trusted for the retry. After tokens
   // (`streaming`) the prefill node's part was done, so only a prefill node that is down is
   // excluded. Returns whether the decode node is down.
-  bool exclude_failed_nodes(const NodePair& nodes, std::set<std::string>& bad_prefill,
-                            std::set<std::string>& bad_decode, bool streaming = false) {
+  Task<bool> exclude_failed_nodes(const NodePair& nodes, std::set<std::string>& bad_prefill,
+                                  std::set<std::string>& bad_decode, bool streaming = false) {
     const NodeAddress& prefill = nodes.prefill_node;
     const NodeAddress& decode = nodes.decode_node;
-    const bool prefill_down = !node_alive(prefill);
-    const bool decode_down = !node_alive(decode);
+    const bool prefill_down = !co_await node_alive(prefill);
+    const bool decode_down = !co_await node_alive(decode);
     if (prefill_down) prefill_pool.report_failure(prefill.name);
     if (decode_down) decode_pool.report_failure(decode.name);
     if (prefill_down || (!decode_down && !streaming)) bad_prefill.insert(prefill.name);
     if (decode_down || !prefill_down || streaming) bad_decode.insert(decode.name);
-    return decode_down;
+    co_return decode_down;
   }
 };
 

@@ -2,15 +2,13 @@
 /// @brief One request across a prefill node and a decode node, as the router (and the e2e
 /// tests) drive it: open the decode stream, wait until decode has reserved the KV
 /// ("accepted"), send the prefill call, then relay tokens until the stream ends. A failed
-/// prefill cancels the decode side; a cancelled caller cancels both.
+/// prefill cancels the decode side; a cancelled caller cancels both. The coroutine forms
+/// the router runs are in async_node_call.h.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 
 #include "hack/core/error.h"
 #include "hack/http/http_client.h"
@@ -35,6 +33,10 @@ struct GenerateOptions {
 };
 
 /// Runs one job (remote KV) on a prefill + decode pair.
+class AsyncDisaggregatedCall;
+
+/// Runs one job (remote KV) on a prefill + decode pair, blocking the calling thread (the
+/// e2e tests' driver; the router runs AsyncDisaggregatedCall on its I/O threads).
 class DisaggregatedCall {
  public:
   DisaggregatedCall(NodeAddress prefill, NodeAddress decode, GenerateJob job, GenerateOptions options);
@@ -52,22 +54,7 @@ class DisaggregatedCall {
   void cancel();
 
  private:
-  void start_prefill();
-  void cancel_prefill();
-  void attach_prompt_logprobs(NodeEvent& first);
-
-  NodeAddress prefill_, decode_;
-  GenerateJob job_;
-  GenerateOptions options_;
-  HttpCancel decode_cancel_, prefill_cancel_;
-  std::atomic<bool> cancelled_{false};
-  std::thread prefill_thread_;
-  std::mutex mutex_;
-  std::condition_variable prefill_cv_;  // prefill_done_ set
-  bool prefill_done_ = false;
-  bool prefill_abandoned_ = false;  // run() cancelled the call itself: its failure is no news
-  std::string prefill_error_;   // set when the prefill call failed
-  PrefillReply prefill_reply_;  // set when it succeeded
+  std::unique_ptr<AsyncDisaggregatedCall> call_;
 };
 
 /// Fetches GET /health of a node. Throws hack::Error when it cannot be reached or answers badly.

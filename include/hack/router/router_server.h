@@ -38,7 +38,8 @@ struct RouterConfig {
   int64_t prefix_affinity_tokens = 512;  ///< prefill routing: prefer the node sent this prompt's prefix when
                                          ///< its queue is within this many tokens of the shortest (0 = off)
   int prefix_block_tokens = 64;        ///< Π of the nodes' prefix caches (--hack-block)
-  int http_threads = 4;
+  int http_threads = 4;                ///< HTTP I/O threads (client connections)
+  int io_threads = 4;                  ///< threads running every request's coroutines (node calls, relay)
   int64_t max_body_kb = 8192;
   float header_timeout_s = 10;
   bool json_logs = false;
