@@ -72,8 +72,9 @@ class ProcSampler(threading.Thread):
         self.join()
 
 
-async def one_stream(host, port, body: bytes, timeout_s: float):
-    """Returns (ok, error, ttft_s, [itl_s], tokens)."""
+async def one_stream(host, port, body: bytes, timeout_s: float, abort_after: int = 0):
+    """Returns (ok, error, ttft_s, [itl_s], tokens). abort_after > 0: the client hangs up after
+    that many chunks (an abort storm); the stream then counts as ok."""
     t0 = time.perf_counter()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
@@ -120,6 +121,9 @@ async def one_stream(host, port, body: bytes, timeout_s: float):
                         else:
                             itl.append(now - last)
                         last = now
+                        if abort_after and tokens >= abort_after:
+                            writer.transport.abort()  # RST, as a killed client
+                            return True, "", first - t0, itl, tokens
         if not done:
             return False, "stream ended without [DONE]", None, itl, tokens
         return True, "", (first - t0) if first else None, itl, tokens
@@ -137,7 +141,7 @@ async def run_clients(args, host, port):
         bodies.append(json.dumps({"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens,
                                   "temperature": 0, "ignore_eos": True, "stream": True}).encode())
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one_stream(host, port, b, args.timeout) for b in bodies))
+    results = await asyncio.gather(*(one_stream(host, port, b, args.timeout, args.abort_after) for b in bodies))
     return results, time.perf_counter() - t0
 
 
@@ -156,6 +160,9 @@ def main():
     p.add_argument("--router-flag", action="append", default=[], help="extra hack-router flag (repeatable)")
     p.add_argument("--url", help="http://host:port of a running router (else a cluster is started)")
     p.add_argument("--router-pid", type=int, help="with --url: the router's pid, for threads and RSS")
+    p.add_argument("--abort-after", type=int, default=0,
+                   help="every client hangs up after this many chunks (abort storm); then the nodes' "
+                        "running requests and KV bytes are polled until 0")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the results here")
@@ -198,8 +205,17 @@ def main():
             out["router_rss_mb"] = {"idle": round(sampler.start_rss_kb / 1024, 1),
                                     "peak": round(sampler.peak_rss_kb / 1024, 1)}
         if cluster:
-            h = cluster.decode[0].health()
-            out["decode_after"] = {k: h.get(k) for k in ("running", "waiting", "kv_bytes_used") if k in h}
+            t_end = time.perf_counter()
+            keys = ("running", "waiting", "kv_bytes_used")
+            while True:  # after an abort storm the nodes free what the clients left
+                hs = [d.health() for d in cluster.decode + cluster.prefill]
+                idle = all(not h.get(k) for h in hs for k in keys)
+                if idle or time.perf_counter() - t_end > 60:
+                    break
+                time.sleep(0.1)
+            out["nodes_idle_after_s"] = round(time.perf_counter() - t_end, 2) if idle else None
+            out["decode_after"] = {k: hs[0].get(k) for k in keys if k in hs[0]}
+            out["prefill_after"] = {k: hs[-1].get(k) for k in keys if k in hs[-1]}
         if errors:
             out["first_errors"] = sorted(set(errors))[:5]
         print(json.dumps(out, indent=2))
