@@ -329,7 +329,6 @@ void read_stream_options(const Json& v, CompletionRequest& r) {
   }
 }
 
-// Fields whose value, when present and not null, is parsed by the loop in parse_body.
 // The GBNF of one structured-output field; a bad schema, regex or grammar is a 400 naming
 // the field. response_format {"type": "text"} gives "" (no constraint).
 std::string read_structured_output(const std::string& field, const Json& v) {
@@ -409,6 +408,181 @@ struct Seen {
   std::vector<std::string> structured;  // the structured-output fields given
 };
 
+// The fields only /v1/completions has; false for a key that is not one of them.
+bool read_completions_field(const std::string& key, const Json& v, const ProtocolLimits& limits, CompletionRequest& r,
+                            Seen& seen) {
+  if (key == "prompt") {
+    read_prompt(v, limits, r);
+    seen.prompt = true;
+  } else if (key == "echo") {
+    r.echo = read_bool(v, key);
+  } else if (key == "suffix") {
+    if (!read_string(v, key).empty()) reject(key, "suffix is not supported");
+  } else if (key == "best_of") {
+    seen.best_of = read_int32(v, key, 1, limits.max_n);
+  } else if (key == "logprobs") {
+    r.logprobs = read_int32(v, key, 0, limits.max_logprobs);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The fields only /v1/chat/completions has (messages, tools, chat logprobs).
+bool read_chat_field(const std::string& key, const Json& v, const ProtocolLimits& limits, CompletionRequest& r,
+                     Seen& seen) {
+  if (key == "messages") {
+    r.messages = read_messages(v);
+    seen.messages = true;
+  } else if (key == "tools") {
+    r.tools = read_tools(v);
+  } else if (key == "tool_choice") {
+    read_tool_choice(v, r);
+  } else if (key == "functions" || key == "function_call") {
+    reject(key, fmt::format("{} is deprecated and not supported: use tools and tool_choice", key));
+  } else if (key == "parallel_tool_calls") {
+    r.parallel_tool_calls = read_bool(v, key);
+  } else if (key == "chat_template_kwargs") {
+    if (!v.is_object()) reject(key, fmt::format("chat_template_kwargs must be an object, got {}", type_name(v)));
+    r.chat_template_kwargs = v;
+  } else if (key == "add_generation_prompt") {
+    r.add_generation_prompt = read_bool(v, key);
+  } else if (key == "max_completion_tokens") {
+    seen.max_completion_tokens = read_int32(v, key, 1);
+  } else if (key == "top_logprobs") {
+    seen.top_logprobs = read_int32(v, key, 0, limits.max_logprobs);
+  } else if (key == "logprobs") {
+    seen.chat_logprobs = read_bool(v, key);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The structured-output fields (one grammar per request) of either endpoint.
+bool read_structured_field(const std::string& key, const Json& v, CompletionRequest& r, Seen& seen) {
+  if (key == "response_format" || key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
+      key == "guided_grammar" || key == "structured_outputs") {
+    std::string gbnf = read_structured_output(key, v);
+    if (!gbnf.empty()) {
+      seen.structured.push_back(key);
+      r.grammar = std::move(gbnf);
+    }
+  } else if (key == "guided_decoding_backend" || key == "guided_whitespace_pattern") {
+    read_string(v, key);  // vLLM's backend choice: there is one here; whitespace is bounded by the grammar
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The fields both endpoints share: model, sampling, stopping, streaming.
+bool read_shared_field(const std::string& key, const Json& v, const ProtocolLimits& limits, CompletionRequest& r,
+                       Seen& seen) {
+  if (key == "model") {
+    r.model = read_string(v, key);
+  } else if (key == "max_tokens") {
+    seen.max_tokens = read_int32(v, key, 1);
+  } else if (key == "temperature") {
+    r.temperature = read_float_in(v, key, 0.0, 2.0);
+  } else if (key == "top_p") {
+    const double p = read_number(v, key);
+    if (!(p > 0.0 && p <= 1.0)) reject(key, fmt::format("top_p must be in (0, 1], got {}", p));
+    r.top_p = static_cast<float>(p);
+  } else if (key == "top_k") {
+    r.top_k = read_int32(v, key, -1);
+  } else if (key == "min_p") {
+    r.min_p = read_float_in(v, key, 0.0, 1.0);
+  } else if (key == "seed") {
+    if (v.is_number_unsigned()) {
+      r.seed = v.get<uint64_t>();
+    } else {
+      r.seed = static_cast<uint64_t>(read_int(v, key, std::numeric_limits<int64_t>::min(),
+                                              std::numeric_limits<int64_t>::max()));
+    }
+  } else if (key == "stop") {
+    r.stop = read_stop(v, limits);
+  } else if (key == "stop_token_ids") {
+    if (!v.is_array()) reject(key, fmt::format("stop_token_ids must be a list of integers, got {}", type_name(v)));
+    r.stop_token_ids = read_token_ids(v, key, limits.vocab_size);
+  } else if (key == "presence_penalty") {
+    r.presence_penalty = read_float_in(v, key, -2.0, 2.0);
+  } else if (key == "frequency_penalty") {
+    r.frequency_penalty = read_float_in(v, key, -2.0, 2.0);
+  } else if (key == "repetition_penalty") {
+    const double p = read_number(v, key);
+    if (!(p > 0.0 && p <= 2.0)) reject(key, fmt::format("repetition_penalty must be in (0, 2], got {}", p));
+    r.repetition_penalty = static_cast<float>(p);
+  } else if (key == "n") {
+    r.n = read_int32(v, key, 1, limits.max_n);
+  } else if (key == "user") {
+    r.user = read_string(v, key);
+  } else if (key == "stream") {
+    r.stream = read_bool(v, key);
+  } else if (key == "stream_options") {
+    read_stream_options(v, r);
+    seen.stream_options = true;
+  } else if (key == "ignore_eos") {
+    r.ignore_eos = read_bool(v, key);
+  } else if (key == "min_tokens") {
+    r.min_tokens = read_int32(v, key, 0);
+    seen.min_tokens = true;
+  } else if (key == "skip_special_tokens") {
+    r.skip_special_tokens = read_bool(v, key);
+  } else if (key == "include_stop_str_in_output") {
+    r.include_stop_str_in_output = read_bool(v, key);
+  } else if (key == "logit_bias") {
+    r.logit_bias = read_logit_bias(v, key, limits.vocab_size);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// What a chat request needs beyond its fields: messages, a consistent tool_choice, logprobs.
+void check_chat(CompletionRequest& r, const Seen& seen) {
+  if (!seen.messages) reject("messages", "messages is required");
+  if (r.tool_choice_required || !r.tool_choice_function.empty()) {
+    const std::string what = r.tool_choice_required ? "tool_choice 'required'"
+                                                    : fmt::format("tool_choice naming function '{}'", r.tool_choice_function);
+    if (!r.tools.is_array() || r.tools.empty()) reject("tool_choice", what + " needs tools");
+    if (!r.tool_choice_function.empty() &&
+        std::none_of(r.tools.begin(), r.tools.end(),
+                     [&](const Json& t) { return t["function"]["name"] == r.tool_choice_function; }))
+      reject("tool_choice", fmt::format("no function named '{}' in tools", r.tool_choice_function));
+    if (!seen.structured.empty())
+      reject("tool_choice", fmt::format("{} cannot be combined with {}: only one constraint per request", what,
+                                        seen.structured.front()));
+  }
+  if (seen.top_logprobs && !seen.chat_logprobs.value_or(false)) {
+    reject("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
+  }
+  if (seen.chat_logprobs.value_or(false)) r.logprobs = seen.top_logprobs.value_or(0);
+}
+
+// Checks across fields either endpoint has, and the model (404 when not served).
+void check_shared(CompletionRequest& r, const Seen& seen, const ProtocolLimits& limits) {
+  if (seen.structured.size() > 1) {
+    reject(seen.structured[1], fmt::format("only one structured-output constraint per request, got {} and {}",
+                                           seen.structured[0], seen.structured[1]));
+  }
+  if (seen.stream_options && !r.stream) {
+    reject("stream_options", "Stream options can only be defined when `stream=True`.");
+  }
+  if (seen.min_tokens && r.max_tokens && r.min_tokens > *r.max_tokens) {
+    reject("min_tokens", fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}", *r.max_tokens,
+                                     r.min_tokens));
+  }
+  if (r.model.empty()) {
+    if (!limits.served_models.empty()) r.model = limits.served_models.front();
+  } else if (!limits.served_models.empty() &&
+             std::find(limits.served_models.begin(), limits.served_models.end(), r.model) ==
+                 limits.served_models.end()) {
+    throw Rejected{ProtocolError{404, fmt::format("The model `{}` does not exist.", r.model), "invalid_request_error",
+                                 "model", "model_not_found"}};
+  }
+}
+
 CompletionRequest parse_body(const Json& body, Endpoint endpoint, const ProtocolLimits& limits) {
   if (!body.is_object()) {
     reject("", fmt::format("Request body must be a JSON object, got {}", type_name(body)));
@@ -424,151 +598,18 @@ CompletionRequest parse_body(const Json& body, Endpoint endpoint, const Protocol
       if (key == "messages" && chat) reject("messages", "messages must not be null");
       continue;
     }
-    if (key == "model") {
-      r.model = read_string(v, key);
-    } else if (key == "prompt" && !chat) {
-      read_prompt(v, limits, r);
-      seen.prompt = true;
-    } else if (key == "echo" && !chat) {
-      r.echo = read_bool(v, key);
-    } else if (key == "suffix" && !chat) {
-      if (!read_string(v, key).empty()) reject(key, "suffix is not supported");
-    } else if (key == "best_of" && !chat) {
-      seen.best_of = read_int32(v, key, 1, limits.max_n);
-    } else if (key == "messages" && chat) {
-      r.messages = read_messages(v);
-      seen.messages = true;
-    } else if (key == "tools" && chat) {
-      r.tools = read_tools(v);
-    } else if (key == "tool_choice" && chat) {
-      read_tool_choice(v, r);
-    } else if ((key == "functions" || key == "function_call") && chat) {
-      reject(key, fmt::format("{} is deprecated and not supported: use tools and tool_choice", key));
-    } else if (key == "parallel_tool_calls" && chat) {
-      r.parallel_tool_calls = read_bool(v, key);
-    } else if (key == "chat_template_kwargs" && chat) {
-      if (!v.is_object()) reject(key, fmt::format("chat_template_kwargs must be an object, got {}", type_name(v)));
-      r.chat_template_kwargs = v;
-    } else if (key == "add_generation_prompt" && chat) {
-      r.add_generation_prompt = read_bool(v, key);
-    } else if (key == "response_format" || key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
-               key == "guided_grammar" || key == "structured_outputs") {
-      std::string gbnf = read_structured_output(key, v);
-      if (!gbnf.empty()) {
-        seen.structured.push_back(key);
-        r.grammar = std::move(gbnf);
-      }
-    } else if (key == "guided_decoding_backend" || key == "guided_whitespace_pattern") {
-      read_string(v, key);  // vLLM's backend choice: there is one here; whitespace is bounded by the grammar
-    } else if (key == "max_completion_tokens" && chat) {
-      seen.max_completion_tokens = read_int32(v, key, 1);
-    } else if (key == "top_logprobs" && chat) {
-      seen.top_logprobs = read_int32(v, key, 0, limits.max_logprobs);
-    } else if (key == "logprobs") {
-      if (chat) {
-        seen.chat_logprobs = read_bool(v, key);
-      } else {
-        r.logprobs = read_int32(v, key, 0, limits.max_logprobs);
-      }
-    } else if (key == "max_tokens") {
-      seen.max_tokens = read_int32(v, key, 1);
-    } else if (key == "temperature") {
-      r.temperature = read_float_in(v, key, 0.0, 2.0);
-    } else if (key == "top_p") {
-      const double p = read_number(v, key);
-      if (!(p > 0.0 && p <= 1.0)) reject(key, fmt::format("top_p must be in (0, 1], got {}", p));
-      r.top_p = static_cast<float>(p);
-    } else if (key == "top_k") {
-      r.top_k = read_int32(v, key, -1);
-    } else if (key == "min_p") {
-      r.min_p = read_float_in(v, key, 0.0, 1.0);
-    } else if (key == "seed") {
-      if (v.is_number_unsigned()) {
-        r.seed = v.get<uint64_t>();
-      } else {
-        r.seed = static_cast<uint64_t>(read_int(v, key, std::numeric_limits<int64_t>::min(),
-                                                std::numeric_limits<int64_t>::max()));
-      }
-    } else if (key == "stop") {
-      r.stop = read_stop(v, limits);
-    } else if (key == "stop_token_ids") {
-      if (!v.is_array()) reject(key, fmt::format("stop_token_ids must be a list of integers, got {}", type_name(v)));
-      r.stop_token_ids = read_token_ids(v, key, limits.vocab_size);
-    } else if (key == "presence_penalty") {
-      r.presence_penalty = read_float_in(v, key, -2.0, 2.0);
-    } else if (key == "frequency_penalty") {
-      r.frequency_penalty = read_float_in(v, key, -2.0, 2.0);
-    } else if (key == "repetition_penalty") {
-      const double p = read_number(v, key);
-      if (!(p > 0.0 && p <= 2.0)) reject(key, fmt::format("repetition_penalty must be in (0, 2], got {}", p));
-      r.repetition_penalty = static_cast<float>(p);
-    } else if (key == "n") {
-      r.n = read_int32(v, key, 1, limits.max_n);
-    } else if (key == "user") {
-      r.user = read_string(v, key);
-    } else if (key == "stream") {
-      r.stream = read_bool(v, key);
-    } else if (key == "stream_options") {
-      read_stream_options(v, r);
-      seen.stream_options = true;
-    } else if (key == "ignore_eos") {
-      r.ignore_eos = read_bool(v, key);
-    } else if (key == "min_tokens") {
-      r.min_tokens = read_int32(v, key, 0);
-      seen.min_tokens = true;
-    } else if (key == "skip_special_tokens") {
-      r.skip_special_tokens = read_bool(v, key);
-    } else if (key == "include_stop_str_in_output") {
-      r.include_stop_str_in_output = read_bool(v, key);
-    } else if (key == "logit_bias") {
-      r.logit_bias = read_logit_bias(v, key, limits.vocab_size);
-    } else {
-      reject(key, fmt::format("Unrecognized request argument supplied: {}", key));
-    }
+    const bool known = (chat ? read_chat_field(key, v, limits, r, seen) : read_completions_field(key, v, limits, r, seen)) ||
+                       read_structured_field(key, v, r, seen) || read_shared_field(key, v, limits, r, seen);
+    if (!known) reject(key, fmt::format("Unrecognized request argument supplied: {}", key));
   }
-
   if (!chat && !seen.prompt) reject("prompt", "prompt is required");
-  if (seen.structured.size() > 1) {
-    reject(seen.structured[1], fmt::format("only one structured-output constraint per request, got {} and {}",
-                                           seen.structured[0], seen.structured[1]));
-  }
-  if (chat && !seen.messages) reject("messages", "messages is required");
-  if (r.tool_choice_required || !r.tool_choice_function.empty()) {
-    const std::string what = r.tool_choice_required ? "tool_choice 'required'"
-                                                    : fmt::format("tool_choice naming function '{}'", r.tool_choice_function);
-    if (!r.tools.is_array() || r.tools.empty()) reject("tool_choice", what + " needs tools");
-    if (!r.tool_choice_function.empty() &&
-        std::none_of(r.tools.begin(), r.tools.end(),
-                     [&](const Json& t) { return t["function"]["name"] == r.tool_choice_function; }))
-      reject("tool_choice", fmt::format("no function named '{}' in tools", r.tool_choice_function));
-    if (!seen.structured.empty())
-      reject("tool_choice", fmt::format("{} cannot be combined with {}: only one constraint per request", what,
-                                        seen.structured.front()));
-  }
-  if (seen.stream_options && !r.stream) {
-    reject("stream_options", "Stream options can only be defined when `stream=True`.");
-  }
   r.max_tokens = seen.max_completion_tokens ? seen.max_completion_tokens : seen.max_tokens;
   if (chat) {
-    if (seen.top_logprobs && !seen.chat_logprobs.value_or(false)) {
-      reject("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
-    }
-    if (seen.chat_logprobs.value_or(false)) r.logprobs = seen.top_logprobs.value_or(0);
-  } else {
-    if (seen.best_of && *seen.best_of != r.n) reject("best_of", "best_of is not supported unless it equals n");
+    check_chat(r, seen);
+  } else if (seen.best_of && *seen.best_of != r.n) {
+    reject("best_of", "best_of is not supported unless it equals n");
   }
-  if (seen.min_tokens && r.max_tokens && r.min_tokens > *r.max_tokens) {
-    reject("min_tokens", fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}", *r.max_tokens,
-                                     r.min_tokens));
-  }
-  if (r.model.empty()) {
-    if (!limits.served_models.empty()) r.model = limits.served_models.front();
-  } else if (!limits.served_models.empty() &&
-             std::find(limits.served_models.begin(), limits.served_models.end(), r.model) ==
-                 limits.served_models.end()) {
-    throw Rejected{ProtocolError{404, fmt::format("The model `{}` does not exist.", r.model), "invalid_request_error",
-                                 "model", "model_not_found"}};
-  }
+  check_shared(r, seen, limits);
   return r;
 }
 
