@@ -2,7 +2,9 @@
 """router_fanout: N concurrent streaming clients through one hack-router (issue 35's "1,000
 concurrent streaming clients"): every stream must complete; the router's thread count and RSS
 are sampled from /proc every 50 ms (peak reported), and the clients' inter-token latency and
-TTFT percentiles are reported.
+TTFT percentiles are reported. With --rate, clients arrive open-loop (Poisson) for --duration
+seconds instead (the overload check: how many get 429 with Retry-After, how fast, and the
+TTFT of those admitted).
 
 Starts its own 1P1D cluster (tests/e2e/cluster.py: hack-tiny unless HACK_MODEL, binaries from
 HACK_BUILD_DIR or build/), or measures a running router with --url and --router-pid.
@@ -10,6 +12,8 @@ Clients are raw asyncio HTTP/1.1 connections (standard library only, so 1,000 of
 the client little CPU): POST /v1/completions with stream, ignore_eos, token-id prompts.
 
   python3 bench/load/router_fanout.py --clients 1000 --prompt-tokens 32 --max-tokens 16
+  HACK_MODEL=models/smollm2-135m-instruct python3 bench/load/router_fanout.py --rate 20 --duration 30 \
+      --router-flag=--max-queue-tokens=512
 """
 
 from __future__ import annotations
@@ -72,9 +76,28 @@ class ProcSampler(threading.Thread):
         self.join()
 
 
-async def one_stream(host, port, body: bytes, timeout_s: float, abort_after: int = 0):
-    """Returns (ok, error, ttft_s, [itl_s], tokens). abort_after > 0: the client hangs up after
-    that many chunks (an abort storm); the stream then counts as ok."""
+class Stream:
+    def __init__(self):
+        self.ok = False
+        self.error = ""
+        self.status = 0
+        self.retry_after = False  # a refusal carried Retry-After
+        self.answer_s = None      # request sent -> status line (a refusal's latency)
+        self.ttft_s = None
+        self.itl = []
+        self.chunks = 0
+
+
+async def one_stream(host, port, body: bytes, timeout_s: float, abort_after: int = 0) -> Stream:
+    """abort_after > 0: the client hangs up after that many chunks (an abort storm); the
+    stream then counts as ok."""
+    res = Stream()
+    r = await _one_stream(host, port, body, timeout_s, abort_after, res)
+    res.ok, res.error, res.ttft_s, res.itl, res.chunks = r
+    return res
+
+
+async def _one_stream(host, port, body, timeout_s, abort_after, res):
     t0 = time.perf_counter()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
@@ -86,7 +109,10 @@ async def one_stream(host, port, body: bytes, timeout_s: float, abort_after: int
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
         status = int(head.split(b" ", 2)[1])
+        res.status = status
+        res.answer_s = time.perf_counter() - t0
         if status != 200:
+            res.retry_after = b"\r\nretry-after:" in head.lower()
             rest = await asyncio.wait_for(reader.read(), timeout_s)
             return False, f"HTTP {status}: {rest[:200]!r}", None, [], 0
         first = last = None
@@ -136,12 +162,22 @@ async def one_stream(host, port, body: bytes, timeout_s: float, abort_after: int
 async def run_clients(args, host, port):
     rng = random.Random(args.seed)
     bodies = []
-    for _ in range(args.clients):
+    n = args.clients if not args.rate else int(args.rate * args.duration)
+    for _ in range(n):
         prompt = [rng.randrange(100, 400) for _ in range(args.prompt_tokens)]
         bodies.append(json.dumps({"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens,
                                   "temperature": 0, "ignore_eos": True, "stream": True}).encode())
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one_stream(host, port, b, args.timeout, args.abort_after) for b in bodies))
+    if not args.rate:
+        results = await asyncio.gather(*(one_stream(host, port, b, args.timeout, args.abort_after) for b in bodies))
+        return results, time.perf_counter() - t0
+    tasks = []  # open loop: Poisson arrivals, nobody waits for an answer before the next comes
+    t_next = t0
+    for b in bodies:
+        t_next += rng.expovariate(args.rate)
+        await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+        tasks.append(asyncio.ensure_future(one_stream(host, port, b, args.timeout, args.abort_after)))
+    results = await asyncio.gather(*tasks)
     return results, time.perf_counter() - t0
 
 
@@ -160,6 +196,8 @@ def main():
     p.add_argument("--router-flag", action="append", default=[], help="extra hack-router flag (repeatable)")
     p.add_argument("--url", help="http://host:port of a running router (else a cluster is started)")
     p.add_argument("--router-pid", type=int, help="with --url: the router's pid, for threads and RSS")
+    p.add_argument("--rate", type=float, default=0, help="open loop: clients per second (Poisson), for --duration")
+    p.add_argument("--duration", type=float, default=30)
     p.add_argument("--abort-after", type=int, default=0,
                    help="every client hangs up after this many chunks (abort storm); then the nodes' "
                         "running requests and KV bytes are polled until 0")
@@ -190,16 +228,22 @@ def main():
         results, wall = asyncio.run(run_clients(args, host, port))
         if sampler:
             sampler.stop()
-        ok = [r for r in results if r[0]]
-        errors = [r[1] for r in results if not r[0]]
-        itl = [x for r in ok for x in r[3]]
-        ttft = [r[2] for r in ok if r[2] is not None]
+        ok = [r for r in results if r.ok]
+        refused = [r for r in results if r.status == 429]
+        errors = [r.error for r in results if not r.ok and r.status != 429]
+        itl = [x for r in ok for x in r.itl]
+        ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
         out = {
-            "clients": args.clients, "completed": len(ok), "failed": len(errors),
-            "chunks": sum(r[4] for r in ok), "wall_s": round(wall, 3),
+            "clients": len(results), "completed": len(ok), "refused_429": len(refused), "failed": len(errors),
+            "chunks": sum(r.chunks for r in ok), "wall_s": round(wall, 3),
             "itl_ms": {k: round(1000 * pct(itl, q), 2) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))},
             "ttft_ms": {k: round(1000 * pct(ttft, q), 1) for k, q in (("p50", 50), ("p99", 99), ("max", 100))},
         }
+        if args.rate:
+            out["rate"] = args.rate
+            out["refused_with_retry_after"] = sum(r.retry_after for r in refused)
+            rej = [r.answer_s for r in refused]
+            out["refusal_ms"] = {k: round(1000 * pct(rej, q), 1) for k, q in (("p50", 50), ("p99", 99), ("max", 100))}
         if sampler:
             out["router_threads"] = {"idle": sampler.start_threads, "peak": sampler.peak_threads}
             out["router_rss_mb"] = {"idle": round(sampler.start_rss_kb / 1024, 1),
