@@ -73,8 +73,10 @@ std::variant<AdmittedRequest, Rejection> Admission::admit_prompt(CompletionReque
     const char* role = nodes_.prefill_pool().healthy_count() == 0 ? "prefill" : "decode";
     return Rejection{unavailable_error(fmt::format("no healthy {} node", role)), "unavailable"};
   }
-  if (config_.max_queue_tokens > 0 &&
-      (nodes_.prefill_pool().saturated(config_.max_queue_tokens) || nodes_.decode_pool().saturated(config_.max_queue_tokens))) {
+  // Prefill queues decide the time to first token; decode queues, how long a stream waits
+  // for a batch slot. Each has its own bound.
+  if ((config_.max_queue_tokens > 0 && nodes_.prefill_pool().saturated(config_.max_queue_tokens)) ||
+      (config_.max_decode_queue_tokens > 0 && nodes_.decode_pool().saturated(config_.max_decode_queue_tokens))) {
     return Rejection{overloaded_error(), "overloaded"};
   }
   req.params = to_sampling_params(r, std::get<int>(fitted), model_.defaults);

@@ -71,7 +71,10 @@ void add_router_flags(FlagSet& flags, RouterConfig& c) {
                   "seconds without a token after which a stream whose node is unreachable or busy is migrated "
                   "(0 = never)");
   flags.add_int64("max-queue-tokens", &c.max_queue_tokens,
-                  "answer 429 when every node's queue is past this many tokens (0 = never)");
+                  "answer 429 (Retry-After) when every prefill node has more than this many prompt tokens queued or "
+                  "in prefill: bounds the time to first token of what is admitted (0 = never)");
+  flags.add_int64("max-decode-queue-tokens", &c.max_decode_queue_tokens,
+                  "answer 429 when every decode node has more than this many tokens to prefill or generate (0 = never)");
   flags.add_int64("prefix-affinity-tokens", &c.prefix_affinity_tokens,
                   "send a prompt to the prefill node that last got its prefix when that node's queue is within "
                   "this many tokens of the shortest (its prefix cache likely holds it); 0 = shortest queue only");

@@ -1118,7 +1118,7 @@ class RoutingTest(ErrorBodyMixin, unittest.TestCase):
                 c.stop()
 
     def test_backpressure_429_with_retry_after(self):
-        c = self.start(["--max-queue-tokens", "64", "--health-interval", "0.2"])
+        c = self.start(["--max-decode-queue-tokens", "64", "--health-interval", "0.2"])
         streams = []
         for _ in range(2):  # one long request per decode node
             s = SseStream(self.port, "/v1/completions", LONG)

@@ -34,7 +34,9 @@ struct RouterConfig {
                                        ///< pair at most this many times (prompt + tokens so far), then fails
   float stall_timeout_s = 10;          ///< no token for this long and the decode (or, before the first token,
                                        ///< prefill) node is unreachable or busy: the stream is stalled, migrate it
-  int64_t max_queue_tokens = 0;        ///< 429 when every node's queue passes this (0 = off)
+  int64_t max_queue_tokens = 0;        ///< 429 when every prefill node's queue (prompt tokens) passes this (0 = off)
+  int64_t max_decode_queue_tokens = 0; ///< 429 when every decode node's queue (tokens to prefill or generate)
+                                       ///< passes this (0 = off)
   int64_t prefix_affinity_tokens = 512;  ///< prefill routing: prefer the node sent this prompt's prefix when
                                          ///< its queue is within this many tokens of the shortest (0 = off)
   int prefix_block_tokens = 64;        ///< Π of the nodes' prefix caches (--hack-block)
