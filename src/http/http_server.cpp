@@ -476,8 +476,8 @@ class ResponderImpl final : public Responder {
     return conn_->deliver(std::move(head), "", Delivery::kPart);
   }
 
-  bool send_event(std::string_view data) override {
-    std::string event = sse_event(data);
+  bool send_event(std::string_view data, std::string_view name) override {
+    std::string event = sse_event(data, name);
     std::lock_guard lock(mu_);
     if (state_ != State::kStreaming || gone_) return false;
     return conn_->deliver("", std::move(event), Delivery::kPart);
@@ -529,8 +529,8 @@ class ResponderImpl final : public Responder {
  private:
   enum class State { kFresh, kStreaming, kDone };
 
-  std::string sse_event(std::string_view data) const {
-    std::string event = sse_format_event(data);
+  std::string sse_event(std::string_view data, std::string_view name = {}) const {
+    std::string event = sse_format_event(data, name);
     if (http10_) return event;
     return fmt::format("{:x}\r\n", event.size()) + event + "\r\n";
   }

@@ -1,5 +1,7 @@
 #include "hack/http/sse.h"
 
+#include "hack/core/error.h"
+
 namespace hack::server {
 
 void SseParser::feed(std::string_view bytes, std::vector<std::string>& events) {
@@ -58,9 +60,15 @@ void SseParser::end_line(std::vector<std::string>& events) {
   line_.clear();
 }
 
-std::string sse_format_event(std::string_view data) {
+std::string sse_format_event(std::string_view data, std::string_view event) {
+  HACK_CHECK(event.find_first_of("\r\n") == std::string_view::npos, "an SSE event name has a CR or LF");
   std::string out;
-  out.reserve(data.size() + 8);
+  out.reserve(data.size() + event.size() + 16);
+  if (!event.empty()) {
+    out += "event: ";
+    out += event;
+    out += '\n';
+  }
   size_t pos = 0;
   while (true) {
     size_t end = data.find_first_of("\r\n", pos);

@@ -491,7 +491,7 @@ class ResponsesResponder final : public Responder {
     return stream_ ? inner_->start_sse(std::move(extra_headers)) : !inner_->closed();
   }
 
-  bool send_event(std::string_view data) override {
+  bool send_event(std::string_view data, std::string_view /*event: the chat path names none*/) override {
     std::vector<ResponsesEvent> events;
     {
       std::lock_guard lock(mutex_);
@@ -504,7 +504,7 @@ class ResponsesResponder final : public Responder {
     }
     if (!stream_) return !inner_->closed();
     bool ok = true;
-    for (const ResponsesEvent& e : events) ok = inner_->send_event(e.data) && ok;
+    for (const ResponsesEvent& e : events) ok = inner_->send_event(e.data, e.type) && ok;
     return ok;
   }
 

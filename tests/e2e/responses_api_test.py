@@ -3,7 +3,8 @@
 a router).
 
 - Text, whole and streamed: the streamed events come in the order the client parses
-  (response.created … response.completed, consecutive sequence_numbers), their deltas add up to
+  (response.created … response.completed, consecutive sequence_numbers, each named on its
+  own "event:" line as OpenAI sends them), their deltas add up to
   the whole response's text, and greedy text equals what /v1/chat/completions answers for the
   same conversation (instructions as its system message, a list input as its messages) — the
   Responses API is a translation of the chat path, so the tokens must be the same.
@@ -101,6 +102,23 @@ class ResponsesApiTest(unittest.TestCase):
         self.assertEqual(events[0].response.status, "in_progress")
         self.assertIn(events[-1].type, ("response.completed", "response.incomplete"))
         return events
+
+    def test_stream_names_each_event(self):
+        # As OpenAI's stream: every event's "event:" line names the type its data carries.
+        import urllib.request
+        body = json.dumps({"model": MODEL, "input": "Say hi.", "stream": True, "max_output_tokens": 8,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://{self.cluster.router.address}/v1/responses", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=180) as r:
+            raw = r.read().decode()
+        blocks = [b for b in raw.split("\n\n") if b.strip()]
+        self.assertGreater(len(blocks), 3, raw)
+        for block in blocks:
+            lines = block.split("\n")
+            self.assertTrue(lines[0].startswith("event: "), block)
+            data = json.loads("\n".join(line[len("data: "):] for line in lines[1:]))
+            self.assertEqual(lines[0][len("event: "):], data["type"])
 
     def chat_text(self, messages, max_tokens):
         r = self.client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens)

@@ -54,8 +54,10 @@ class Responder {
                     std::vector<std::pair<std::string, std::string>> extra_headers = {}) = 0;
   /// 200, text/event-stream, chunked, Cache-Control: no-cache.
   virtual bool start_sse(std::vector<std::pair<std::string, std::string>> extra_headers = {}) = 0;
-  /// Writes "data: <data>\n\n"; a multi-line `data` becomes several data: lines.
-  virtual bool send_event(std::string_view data) = 0;
+  /// Writes "data: <data>\n\n"; a multi-line `data` becomes several data: lines. A named
+  /// event (`event`, no CR or LF) gets its "event: <event>" line first, as OpenAI's
+  /// Responses stream sends them.
+  virtual bool send_event(std::string_view data, std::string_view event = {}) = 0;
   /// Ends the stream (final chunk).
   virtual bool end() = 0;
   /// Client gone, server stopped, or response complete.

@@ -37,8 +37,9 @@ class SseParser {
   bool at_start_ = true;    // a UTF-8 BOM at stream start is skipped
 };
 
-/// One event as written on the wire: "data: <line>\n" for every line of `data` (split on
-/// "\r\n", "\n" and "\r"), then a blank line. SseParser gives `data` back with lines '\n'-joined.
-std::string sse_format_event(std::string_view data);
+/// One event as written on the wire: "event: <event>\n" when `event` is given (a name without
+/// CR or LF), "data: <line>\n" for every line of `data` (split on "\r\n", "\n" and "\r"), then
+/// a blank line. SseParser gives `data` back with lines '\n'-joined.
+std::string sse_format_event(std::string_view data, std::string_view event = {});
 
 }  // namespace hack::server

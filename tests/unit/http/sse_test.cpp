@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "hack/core/error.h"
 #include "hack/http/sse.h"
 
 using namespace hack::server;
@@ -61,6 +62,8 @@ TEST_CASE("sse parser: unfinished event is held, BOM skipped", "[server][sse]") 
 
 TEST_CASE("sse format round-trips through the parser", "[server][sse]") {
   CHECK(sse_format_event("x") == "data: x\n\n");
+  CHECK(sse_format_event("{}", "response.created") == "event: response.created\ndata: {}\n\n");
+  CHECK_THROWS_AS(sse_format_event("x", "a\nb"), hack::Error);
   CHECK(sse_format_event("a\nb") == "data: a\ndata: b\n\n");
   CHECK(sse_format_event("a\r\nb\rc") == "data: a\ndata: b\ndata: c\n\n");
   SseParser p;
