@@ -105,7 +105,6 @@ void HttpConnectionPool::clear() {
 
 namespace {
 
-using detail::kMaxPendingEventBytes;
 using detail::kMaxResponseBodyBytes;
 
 // One call's socket and deadline; shared with the deadline timer's and the cancel's handlers,
@@ -219,6 +218,21 @@ bool stale_connection(bool reused, const CallState& st, bool got_response_bytes)
   return reused && !st.aborted && !st.timed_out && !got_response_bytes;
 }
 
+using Message = http::request<http::string_body>;
+
+// Connects when the socket is not a reused open one, and writes the request. False when a
+// reused connection proved stale (the node had closed it): the caller dials a new one.
+Task<bool> send_request(const Target& t, CallState& st, const Message& message, bool reused) {
+  if (!st.socket.is_open()) co_await connect(t, st);
+  error_code ec;
+  co_await http::async_write(st.socket, message, asio::redirect_error(asio::use_awaitable, ec));
+  if (!ec) co_return true;
+  if (stale_connection(reused, st, false)) co_return false;
+  if (st.aborted) fail("cancelled");
+  if (st.timed_out) t.fail_step(st, ec, "sending the request", t.req.timeout_s);
+  fail("http {} {}{}: sending the request failed: {}", t.req.method, t.where, t.req.target, ec.message());
+}
+
 }  // namespace
 
 Task<HttpResponse> async_http_request(const HttpClientRequest& req, HttpCancel* cancel, HttpConnectionPool* pool) {
@@ -229,15 +243,8 @@ Task<HttpResponse> async_http_request(const HttpClientRequest& req, HttpCancel* 
     auto st = co_await open_call(t, pool, /*may_reuse=*/round == 0, reused);
     CancelHook hook(cancel, st);
     st->arm(req.timeout_s);  // the whole call
-    if (!st->socket.is_open()) co_await connect(t, *st);
+    if (!co_await send_request(t, *st, message, reused)) continue;
     error_code ec;
-    co_await http::async_write(st->socket, message, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) {
-      if (stale_connection(reused, *st, false)) continue;
-      if (st->aborted) fail("cancelled");
-      if (st->timed_out) t.fail_step(*st, ec, "sending the request", req.timeout_s);
-      fail("http {} {}{}: sending the request failed: {}", req.method, t.where, req.target, ec.message());
-    }
     http::response_parser<http::string_body> parser;
     parser.header_limit(detail::kMaxResponseHeaderBytes);
     parser.body_limit(kMaxResponseBodyBytes);
@@ -272,15 +279,9 @@ Task<HttpResponse> async_http_stream(const HttpClientRequest& req,
     auto st = co_await open_call(t, pool, /*may_reuse=*/round == 0, reused);
     CancelHook hook(cancel, st);
     st->arm(req.timeout_s);
-    if (!st->socket.is_open()) co_await connect(t, *st);
-    st->arm(req.timeout_s);
+    if (!co_await send_request(t, *st, message, reused)) continue;
+    st->arm(req.timeout_s);  // idle time from here
     error_code ec;
-    co_await http::async_write(st->socket, message, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) {
-      if (stale_connection(reused, *st, false)) continue;
-      if (st->aborted) fail("cancelled");
-      fail("http {} {}{}: sending the request failed: {}", req.method, t.where, req.target, ec.message());
-    }
     http::response_parser<http::buffer_body> parser;
     parser.header_limit(detail::kMaxResponseHeaderBytes);
     parser.body_limit(std::numeric_limits<std::uint64_t>::max());  // not boost::none: Beast 1.74 then rejects any Content-Length
@@ -308,16 +309,7 @@ Task<HttpResponse> async_http_stream(const HttpClientRequest& req,
         fail("http {} {}{}: connection closed before the stream ended", req.method, t.where, req.target);
       if (ec) t.fail_step(*st, ec, sse ? "waiting for the next event" : "reading the response body", req.timeout_s);
       const size_t n = chunk.size() - parser.get().body().size;
-      if (!sse) {
-        HACK_CHECK(out.body.size() + n <= kMaxResponseBodyBytes, "http {}: response body over {} bytes", t.where,
-                   kMaxResponseBodyBytes);
-        out.body.append(chunk.data(), n);
-        continue;
-      }
-      events.clear();
-      sse_parser.feed(std::string_view(chunk.data(), n), events);
-      HACK_CHECK(sse_parser.pending_bytes() <= kMaxPendingEventBytes, "http {}: an SSE event grew past {} bytes",
-                 t.where, kMaxPendingEventBytes);
+      detail::take_stream_bytes(sse, std::string_view(chunk.data(), n), out, sse_parser, events, t.where);
       for (const auto& e : events) {
         st->disarm();  // the caller's handling of an event is not the node's idle time
         if (!co_await on_event(e)) {

@@ -10,9 +10,11 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hack/core/error.h"
 #include "hack/http/http_client.h"
+#include "hack/http/sse.h"
 
 namespace hack::server::detail {
 
@@ -69,6 +71,22 @@ std::map<std::string, std::string> header_map(const Fields& fields) {
     }
   }
   return out;
+}
+
+/// Bytes of a streamed response body: appended to out.body (within kMaxResponseBodyBytes), or,
+/// for an event stream, fed to `parser` with the events they complete put in `events`.
+inline void take_stream_bytes(bool sse, std::string_view bytes, HttpResponse& out, SseParser& parser,
+                              std::vector<std::string>& events, const std::string& where) {
+  events.clear();
+  if (!sse) {
+    HACK_CHECK(out.body.size() + bytes.size() <= kMaxResponseBodyBytes, "http {}: response body over {} bytes", where,
+               kMaxResponseBodyBytes);
+    out.body.append(bytes);
+    return;
+  }
+  parser.feed(bytes, events);
+  HACK_CHECK(parser.pending_bytes() <= kMaxPendingEventBytes, "http {}: an SSE event grew past {} bytes", where,
+             kMaxPendingEventBytes);
 }
 
 inline bool is_event_stream(const HttpResponse& r) {

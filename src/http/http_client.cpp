@@ -56,7 +56,6 @@ std::string HttpResponse::header(std::string_view name) const {
 namespace {
 
 using detail::header_map;
-using detail::kMaxPendingEventBytes;
 using detail::kMaxResponseBodyBytes;
 
 struct OpResult {
@@ -244,16 +243,7 @@ HttpResponse http_stream(const HttpClientRequest& req, const std::function<bool(
       fail("http {} {}{}: connection closed before the stream ended", req.method, call.where(), req.target);
     if (r.ec) call.fail_io(r, "reading the response body");
     size_t n = chunk.size() - parser.get().body().size;
-    if (!sse) {
-      HACK_CHECK(out.body.size() + n <= kMaxResponseBodyBytes, "http {}: response body over {} bytes", call.where(),
-                 kMaxResponseBodyBytes);
-      out.body.append(chunk.data(), n);
-      continue;
-    }
-    events.clear();
-    sse_parser.feed(std::string_view(chunk.data(), n), events);
-    HACK_CHECK(sse_parser.pending_bytes() <= kMaxPendingEventBytes, "http {}: an SSE event grew past {} bytes",
-               call.where(), kMaxPendingEventBytes);
+    detail::take_stream_bytes(sse, std::string_view(chunk.data(), n), out, sse_parser, events, call.where());
     for (const auto& e : events) {
       if (!on_event(e)) {
         call.close();

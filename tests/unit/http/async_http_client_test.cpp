@@ -25,16 +25,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using test::make_request;
 using test::seconds_since;
-
-HttpClientRequest make_request(int port, std::string target, double timeout_s = 5) {
-  HttpClientRequest r;
-  r.host = "127.0.0.1";
-  r.port = port;
-  r.target = std::move(target);
-  r.timeout_s = timeout_s;
-  return r;
-}
 
 // Runs `body` as a coroutine on `ioc` (one thread: this one) until it returns; rethrows.
 void run_coroutine(asio::io_context& ioc, std::function<Task<void>()> body) {

@@ -26,15 +26,7 @@ namespace {
 using test::eventually;
 using test::seconds_since;
 using test::Workers;
-
-HttpClientRequest make_request(int port, std::string target, double timeout_s = 5) {
-  HttpClientRequest r;
-  r.host = "127.0.0.1";
-  r.port = port;
-  r.target = std::move(target);
-  r.timeout_s = timeout_s;
-  return r;
-}
+using test::make_request;
 
 /// A port nothing listens on: bound, never listened, so connects are refused.
 struct DeadPort {

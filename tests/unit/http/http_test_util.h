@@ -4,15 +4,28 @@
 
 #include <chrono>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "hack/http/http_client.h"
 
 namespace hack::server::test {
 
 using Clock = std::chrono::steady_clock;
 
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// A GET of `target` on 127.0.0.1:port.
+inline HttpClientRequest make_request(int port, std::string target, double timeout_s = 5) {
+  HttpClientRequest r;
+  r.host = "127.0.0.1";
+  r.port = port;
+  r.target = std::move(target);
+  r.timeout_s = timeout_s;
+  return r;
+}
 
 /// Polls `cond` every 5 ms for up to timeout_s.
 template <class Cond>
