@@ -11,12 +11,12 @@
 # ends the output.
 #
 #   bench/cuda/device_check.sh [steps...]
-#   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem attn2 sdpa2 decodefp prefill (default: tests attn sdpa memcheck
-#   racecheck run)
+#   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem attn2 sdpa2 decodefp prefill cluster
+#   (default: tests cluster attn sdpa memcheck racecheck run)
 set -u
 OUT=${OUT:-/tmp/hack-device-out}
 mkdir -p "$OUT"
-steps=${*:-tests attn sdpa memcheck racecheck run}
+steps=${*:-tests cluster attn sdpa memcheck racecheck run}
 here=$(pwd)
 # The tests find fixtures through the source path compiled in (/work/main).
 if [ "$here" != /work/main ] && [ ! -e /work/main ]; then mkdir -p /work && ln -s "$here" /work/main; fi
@@ -78,6 +78,10 @@ for s in $steps; do
     decode) step decode_bench 240 $hb/bin/cuda_decode_bench --batch 1,8,32 --contexts 4096,8192,32768,131072 ;;
     hackmem) step hack_memcheck 90 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
                $hb/bin/gpu_test -r compact "[hack-batch]" ;;
+    # A 1P1D cluster on --device cuda (hack-tiny, fp and hack KV) equal to hack-run --device cuda
+    # token for token (bench/cuda/cluster_check.sh; `cpu` runs the same check on any machine).
+    cluster) step cluster 150 env UCX_MODULE_DIR=$hb/lib/ucx OUT=$OUT/cluster bash bench/cuda/cluster_check.sh cuda \
+               $hb/bin models/hack-tiny ;;
     run) step hack_run 50 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv fp --max-tokens 128 --ignore-eos \
            --prompt-ids "$(seq -s, 100 611)" --log-level warn ;;
     *) echo "unknown step $s" ;;
