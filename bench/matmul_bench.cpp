@@ -6,13 +6,14 @@
 // --shape hidden,kv_width,intermediate gives a layer's seven matrices (q, k, v, o, gate, up,
 // down; the default is SmolLM2-135M's, 30 layers). Rows ≤ 8 are the decode GEMV: one pass
 // over all --layers distinct layers (more than the last-level cache holds, as a decode step
-// streams the model), weight GB/s against the read bandwidth measured in the same run. More
+// streams the model; in huge pages, as hack-run keeps its weights), weight GB/s against the read bandwidth measured in the same run. More
 // rows are the prefill GEMM on the first layer, compute-bound: GFLOP/s (2 per multiply-add)
 // against cpu_peak's per-core rates.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "hack/core/cpu_features.h"
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
+#include "hack/core/huge_pages.h"
 #include "hack/core/membw.h"
 #include "hack/core/tensor.h"
 #include "hack/core/thread_pool.h"
@@ -27,11 +29,14 @@
 
 namespace {
 
-hack::Tensor random_bf16(int64_t out, int64_t in, std::mt19937& rng) {
-  hack::Tensor w = hack::Tensor::empty(hack::DType::bf16, {out, in});
+// Random bf16 [out][in] at arena + *offset (advanced past it, 64-byte aligned).
+hack::Tensor random_bf16(int64_t out, int64_t in, const std::shared_ptr<const hack::HugePageMapping>& arena,
+                         size_t* offset, std::mt19937& rng) {
+  auto* data = reinterpret_cast<uint16_t*>(arena->data() + *offset);
   std::normal_distribution<float> dist(0.0f, 0.05f);
-  for (int64_t i = 0; i < out * in; ++i) w.data<uint16_t>()[i] = hack::f32_to_bf16(dist(rng));
-  return w;
+  for (int64_t i = 0; i < out * in; ++i) data[i] = hack::f32_to_bf16(dist(rng));
+  *offset += (static_cast<size_t>(out * in) * 2 + 63) / 64 * 64;
+  return hack::Tensor::view(hack::DType::bf16, {out, in}, data, arena);
 }
 
 }  // namespace
@@ -67,11 +72,17 @@ int main(int argc, char** argv) {
   }
   const int64_t h = shape[0], kv = shape[1], ff = shape[2];
   std::mt19937 rng(5);
-  // Per layer, [out][in] as the checkpoint stores them: q, k, v, o, gate, up, down.
+  // Per layer, [out][in] as the checkpoint stores them: q, k, v, o, gate, up, down; in memory
+  // advised for huge pages, as hack-run places the weights (--weights-memory huge-pages).
+  const int64_t dims[7][2] = {{h, h}, {kv, h}, {kv, h}, {h, h}, {ff, h}, {ff, h}, {h, ff}};
+  size_t arena_bytes = 0;
+  for (const auto& d : dims) arena_bytes += (static_cast<size_t>(d[0] * d[1]) * 2 + 63) / 64 * 64;
+  const auto arena = std::make_shared<const hack::HugePageMapping>(arena_bytes * static_cast<size_t>(layers),
+                                                                   "the weights", /*populate=*/true);
+  size_t offset = 0;
   std::vector<std::vector<hack::Tensor>> model(static_cast<size_t>(layers));
   for (std::vector<hack::Tensor>& ws : model)
-    ws = {random_bf16(h, h, rng),  random_bf16(kv, h, rng), random_bf16(kv, h, rng), random_bf16(h, h, rng),
-          random_bf16(ff, h, rng), random_bf16(ff, h, rng), random_bf16(h, ff, rng)};
+    for (const auto& d : dims) ws.push_back(random_bf16(d[0], d[1], arena, &offset, rng));
   double layer_bytes = 0, macs_per_row = 0;
   for (const hack::Tensor& w : model[0]) {
     layer_bytes += static_cast<double>(w.bytes());
