@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
     if (!json) {
       std::printf("model %s: %d layers, hidden %d, %lld params, %.3f GB weights (loaded in %.1f s)\n", name.c_str(),
                   cfg.num_layers, cfg.hidden_size, static_cast<long long>(cfg.parameter_count()), weight_gb, load_s);
-      std::printf("cpu: %s\nkv: %s\n", hack::cpu_features().describe().c_str(), hack::describe(kv_options).c_str());
+      std::printf("cpu: %s\nisa: %s (HACK_CPU_ISA lowers it)\nkv: %s\n", hack::cpu_features().describe().c_str(),
+                  hack::cpu_isa_name(hack::cpu_isa()), hack::describe(kv_options).c_str());
     }
     std::mt19937 rng(7);
     std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
@@ -114,12 +115,12 @@ int main(int argc, char** argv) {
       const double decode_tps = batch / step_s;
       const double achieved = weight_gb / step_s;
       if (json) {
-        char buf[512];
+        char buf[640];
         std::snprintf(buf, sizeof buf,
-                      "%s{\"model\":\"%s\",\"threads\":%d,\"batch\":%d,\"prompt_tokens\":%d,\"prefill_tok_s\":%.2f,"
+                      "%s{\"model\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"batch\":%d,\"prompt_tokens\":%d,\"prefill_tok_s\":%.2f,"
                       "\"decode_tok_s\":%.3f,\"decode_step_ms\":%.3f,\"weight_gb\":%.4f,\"achieved_gbs\":%.2f,"
                       "\"membw_gbs\":%.2f,\"fraction_of_membw\":%.3f}",
-                      json_out.size() > 1 ? "," : "", name.c_str(), threads, batch, prompt_tokens, prefill_tps,
+                      json_out.size() > 1 ? "," : "", name.c_str(), hack::cpu_isa_name(hack::cpu_isa()), threads, batch, prompt_tokens, prefill_tps,
                       decode_tps, step_s * 1e3, weight_gb, achieved, membw, achieved / membw);
         json_out += buf;
       } else {

@@ -56,11 +56,15 @@ const HackAttentionKernels& hack_attention_kernels(CpuIsa isa) {
   static const HackAttentionKernels scalar{CpuIsa::scalar, detail::hack_block_scalar, detail::exact_block_scalar};
   static const HackAttentionKernels avx2{CpuIsa::avx2, detail::hack_block_avx2, detail::exact_block_avx2};
   static const HackAttentionKernels avx512{CpuIsa::avx512, detail::hack_block_avx512, detail::exact_block_avx512};
+  // No BF16 instructions in attention: the avx512bf16 tier runs the avx512 kernels.
+  static const HackAttentionKernels avx512bf16{CpuIsa::avx512bf16, detail::hack_block_avx512,
+                                               detail::exact_block_avx512};
   HACK_CHECK(cpu_supports(isa), "hack attention: this CPU cannot run {} kernels", cpu_isa_name(isa));
   switch (isa) {
     case CpuIsa::scalar: return scalar;
     case CpuIsa::avx2: return avx2;
     case CpuIsa::avx512: return avx512;
+    case CpuIsa::avx512bf16: return avx512bf16;
   }
   return scalar;
 }

@@ -1,5 +1,5 @@
-// AVX-512 VNNI HACK attention (compiled with -mavx512f/bw/vl/dq/vnni/bf16; called only
-// when cpu_supports(avx512)). INT8 dots with VPDPBUSD: u8 Q/P codes broadcast 4 at a time
+// AVX-512 VNNI HACK attention (compiled with -mavx512f/bw/vl/dq/vnni, no BF16 instructions;
+// called for CpuIsa::avx512 and avx512bf16). INT8 dots with VPDPBUSD: u8 Q/P codes broadcast 4 at a time
 // against 16 lanes of K/V codes, one lane per token (K) or output channel (V).
 #include <immintrin.h>
 

@@ -34,14 +34,15 @@ CpuIsa gemv_isa() { return cpu_isa() == CpuIsa::scalar ? CpuIsa::avx2 : cpu_isa(
 constexpr size_t kGemvBlockRows = 16;
 
 // Activation rows from which GEMV is compute-bound: the even/odd bf16 kernel pays for
-// permuting x, and MatmulPrecision::bf16 switches to VDPBF16PS dot products.
+// permuting x, and MatmulPrecision::bf16 switches to bf16 activations.
 constexpr size_t kEvenOddMinRows = 4;
 
 // x as one GEMV region reads it: as given; from 4 rows with every weight bf16, in % 32 == 0
-// and AVX-512, either rounded to bf16 for VDPBF16PS (MatmulPrecision::bf16, llama.cpp's
-// arithmetic) or permuted for the even/odd fp32 kernel.
+// and AVX-512, either rounded to bf16 (MatmulPrecision::bf16, llama.cpp's arithmetic: packed
+// for VDPBF16PS on avx512bf16, permuted for the odd/even fp32 kernel on avx512 — the same
+// bits) or permuted for the even/odd fp32 kernel.
 struct GemvInput {
-  enum class Kernel { plain, even_odd, bf16_dot };
+  enum class Kernel { plain, even_odd, bf16_dot, bf16_odd_even };
   const float* x;
   const uint16_t* x_bf16 = nullptr;
   size_t rows;
@@ -50,17 +51,18 @@ struct GemvInput {
 
   GemvInput(const float* x_in, size_t n_rows, size_t in, bool bf16_weights, MatmulWorkspace& ws)
       : x(x_in), rows(n_rows), isa(gemv_isa()) {
-    if (!bf16_weights || isa != CpuIsa::avx512 || n_rows < kEvenOddMinRows || in % 32 != 0) return;
-    if (ws.precision == MatmulPrecision::bf16) {
+    if (!bf16_weights || isa < CpuIsa::avx512 || n_rows < kEvenOddMinRows || in % 32 != 0) return;
+    if (ws.precision == MatmulPrecision::bf16 && isa == CpuIsa::avx512bf16) {
       kernel = Kernel::bf16_dot;
       ws.x_bf16.resize(n_rows * in);
-      detail::f32_to_bf16_pairs_avx512(x_in, n_rows, in, ws.x_bf16.data());
+      detail::f32_to_bf16_pairs_avx512bf16(x_in, n_rows, in, ws.x_bf16.data());
       x_bf16 = ws.x_bf16.data();
       return;
     }
-    kernel = Kernel::even_odd;
+    const bool round_bf16 = ws.precision == MatmulPrecision::bf16;
+    kernel = round_bf16 ? Kernel::bf16_odd_even : Kernel::even_odd;
     ws.x_even_odd.resize(n_rows * in);
-    detail::permute_even_odd(x_in, n_rows, in, ws.x_even_odd.data());
+    detail::permute_even_odd(x_in, n_rows, in, ws.x_even_odd.data(), round_bf16);
     x = ws.x_even_odd.data();
   }
 
@@ -69,7 +71,10 @@ struct GemvInput {
     const size_t out = static_cast<size_t>(w.dim(0)), in = static_cast<size_t>(w.dim(1));
     switch (kernel) {
       case Kernel::bf16_dot:
-        detail::gemv_bf16_dot_avx512(w.data<uint16_t>(), in, x_bf16, rows, y, out, o_begin, o_end);
+        detail::gemv_bf16_dot_avx512bf16(w.data<uint16_t>(), in, x_bf16, rows, y, out, o_begin, o_end);
+        break;
+      case Kernel::bf16_odd_even:
+        detail::gemv_bf16_odd_even_avx512(w.data<uint16_t>(), in, x, rows, y, out, o_begin, o_end);
         break;
       case Kernel::even_odd:
         detail::gemv_bf16_even_odd_avx512(w.data<uint16_t>(), in, x, rows, y, out, o_begin, o_end);
@@ -79,25 +84,43 @@ struct GemvInput {
   }
 };
 
-// y = x · wᵀ with x rounded to bf16 (MatmulPrecision::bf16): each thread packs and
-// multiplies its own panels of w's rows.
-void gemm_bf16(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool, MatmulWorkspace& ws) {
+// y = x · wᵀ with x rounded to bf16 (MatmulPrecision::bf16, isa avx512 or avx512bf16): each
+// thread packs and multiplies its own panels of w's rows.
+void gemm_bf16(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool,
+               MatmulWorkspace& ws) {
   const size_t out = static_cast<size_t>(w.dim(0)), in = static_cast<size_t>(w.dim(1));
-  ws.x_bf16.resize(rows * ((in + 1) / 2 * 2));
+  const size_t ld = (in + 1) / 2 * 2;
+  const bool dot = isa == CpuIsa::avx512bf16;
+  if (dot) {
+    ws.x_bf16.resize(rows * ld);
+  } else {
+    ws.x_bf16_f32.resize(rows * ld);
+  }
   pool.parallel_for(rows, [&](size_t r0, size_t r1) {
-    detail::f32_to_bf16_pairs_avx512(x + r0 * in, r1 - r0, in, ws.x_bf16.data() + r0 * ((in + 1) / 2 * 2));
+    if (dot) {
+      detail::f32_to_bf16_pairs_avx512bf16(x + r0 * in, r1 - r0, in, ws.x_bf16.data() + r0 * ld);
+    } else {
+      detail::f32_round_bf16_pairs(x + r0 * in, r1 - r0, in, ws.x_bf16_f32.data() + r0 * ld);
+    }
   });
   ws.packs.resize(static_cast<size_t>(pool.size()));
+  ws.packs_f32.resize(static_cast<size_t>(pool.size()));
   const size_t panel = detail::kGemmBf16PanelCols;
   const size_t panels = (out + panel - 1) / panel;
   pool.run([&](int thread, int threads) {
     size_t p0, p1;
     split_range(panels, thread, threads, &p0, &p1);
     if (p0 == p1) return;
-    std::vector<uint32_t>& pack = ws.packs[static_cast<size_t>(thread)];
-    pack.resize(detail::gemm_bf16_pack_words(in));
-    detail::gemm_bf16_avx512(ws.x_bf16.data(), rows, in, w.data<uint16_t>(), p0 * panel, std::min(out, p1 * panel), y,
-                             out, pack.data());
+    const size_t n0 = p0 * panel, n1 = std::min(out, p1 * panel);
+    if (dot) {
+      std::vector<uint32_t>& pack = ws.packs[static_cast<size_t>(thread)];
+      pack.resize(detail::gemm_bf16_pack_words(in));
+      detail::gemm_bf16_avx512bf16(ws.x_bf16.data(), rows, in, w.data<uint16_t>(), n0, n1, y, out, pack.data());
+    } else {
+      std::vector<float>& pack = ws.packs_f32[static_cast<size_t>(thread)];
+      pack.resize(detail::gemm_bf16_fma_pack_floats(in));
+      detail::gemm_bf16_fma_avx512(ws.x_bf16_f32.data(), rows, in, w.data<uint16_t>(), n0, n1, y, out, pack.data());
+    }
   });
 }
 
@@ -117,7 +140,8 @@ void gemv_rows(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* 
   switch (isa) {
     case CpuIsa::scalar: detail::gemv_scalar(w.dtype(), w.raw(), in, x, rows, y, out, o_begin, o_end); break;
     case CpuIsa::avx2: detail::gemv_avx2(w.dtype(), w.raw(), in, x, rows, y, out, o_begin, o_end); break;
-    case CpuIsa::avx512: detail::gemv_avx512(w.dtype(), w.raw(), in, x, rows, y, out, o_begin, o_end); break;
+    case CpuIsa::avx512:
+    case CpuIsa::avx512bf16: detail::gemv_avx512(w.dtype(), w.raw(), in, x, rows, y, out, o_begin, o_end); break;
   }
 }
 
@@ -131,8 +155,9 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
     matmul_many(x, rows, std::span<const Projection>(&p, 1), pool, ws);
     return;
   }
-  if (ws.precision == MatmulPrecision::bf16 && w.dtype() == DType::bf16 && cpu_supports(CpuIsa::avx512)) {
-    gemm_bf16(x, rows, w, y, pool, ws);
+  if (const CpuIsa isa = gemv_isa();
+      ws.precision == MatmulPrecision::bf16 && w.dtype() == DType::bf16 && isa >= CpuIsa::avx512) {
+    gemm_bf16(isa, x, rows, w, y, pool, ws);
     return;
   }
   set_blas_threads(pool.size());

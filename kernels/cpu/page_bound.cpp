@@ -75,7 +75,8 @@ PageBoundFn page_bound_kernel(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::scalar: return detail::page_bound_scalar;
     case CpuIsa::avx2: return detail::page_bound_avx2;
-    case CpuIsa::avx512: return detail::page_bound_avx512;
+    case CpuIsa::avx512:
+    case CpuIsa::avx512bf16: return detail::page_bound_avx512;
   }
   return detail::page_bound_scalar;
 }

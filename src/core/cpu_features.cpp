@@ -90,18 +90,19 @@ bool cpu_supports(CpuIsa isa) {
     case CpuIsa::scalar: return true;
     case CpuIsa::avx2: return f.avx2 && f.fma && f.f16c;
     case CpuIsa::avx512:
-      return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16;
+      return cpu_supports(CpuIsa::avx2) && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
+    case CpuIsa::avx512bf16: return cpu_supports(CpuIsa::avx512) && f.avx512bf16;
   }
   return false;
 }
 
 CpuIsa cpu_isa() {
-  CpuIsa best = cpu_supports(CpuIsa::avx512) ? CpuIsa::avx512
-                : cpu_supports(CpuIsa::avx2) ? CpuIsa::avx2
-                                             : CpuIsa::scalar;
+  CpuIsa best = CpuIsa::scalar;
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
+    if (cpu_supports(isa)) best = isa;
   if (const char* env = std::getenv("HACK_CPU_ISA")) {
-    if (std::strcmp(env, "scalar") == 0) return CpuIsa::scalar;
-    if (std::strcmp(env, "avx2") == 0 && best != CpuIsa::scalar) return CpuIsa::avx2;
+    for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
+      if (std::strcmp(env, cpu_isa_name(isa)) == 0 && isa < best) return isa;
   }
   return best;
 }
@@ -111,6 +112,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::scalar: return "scalar";
     case CpuIsa::avx2: return "avx2";
     case CpuIsa::avx512: return "avx512";
+    case CpuIsa::avx512bf16: return "avx512bf16";
   }
   return "?";
 }

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "hack/core/cpu_features.h"
 #include "hack/core/logging.h"
 #include "hack/net/kv_transfer.h"
 #include "hack/net/listener_probe.h"
@@ -142,8 +143,8 @@ struct DecodeServer::Impl {
     });
     HACK_CHECK(config.ready_probe_timeout_s > 0, "--ready-probe-timeout must be positive");
     probe_thread = std::thread([this] { probe_until_ready(); });
-    spdlog::info("hack-decode: model {} ({}), kv {}, HTTP {}:{}, UCX {}", rt->name, rt->backend->name(),
-                 describe(rt->kv_options), config.host, http->port(), ucx_address());
+    spdlog::info("hack-decode: model {} ({}, cpu isa {}), kv {}, HTTP {}:{}, UCX {}", rt->name, rt->backend->name(),
+                 cpu_isa_name(cpu_isa()), describe(rt->kv_options), config.host, http->port(), ucx_address());
   }
 
   // Readiness covers the data plane: a prefill node can stream KV here only once a

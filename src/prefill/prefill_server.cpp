@@ -10,6 +10,7 @@
 #include <chrono>
 #include <thread>
 
+#include "hack/core/cpu_features.h"
 #include "hack/net/ucx_worker.h"
 #include "hack/http/http_server.h"
 #include "hack/node/metrics.h"
@@ -163,8 +164,8 @@ struct PrefillServer::Impl {
     http = std::make_unique<HttpServer>(ho, [this](HttpRequest req, std::shared_ptr<Responder> res) {
       handle(std::move(req), std::move(res));
     });
-    spdlog::info("hack-prefill: model {} ({}), kv {}, HTTP {}:{}", rt->name, config.model.device,
-                 describe(rt->kv_options), config.host, http->port());
+    spdlog::info("hack-prefill: model {} ({}, cpu isa {}), kv {}, HTTP {}:{}", rt->name, config.model.device,
+                 cpu_isa_name(cpu_isa()), describe(rt->kv_options), config.host, http->port());
   }
 
   ~Impl() {

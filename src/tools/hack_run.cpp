@@ -238,7 +238,7 @@ int run(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "[hack-run] %d prompt tokens, %d generated (%s) | load %.2f s | prefill %.1f tok/s | TTFT %.1f ms | "
-               "decode %.1f tok/s | %s, %d threads, %s, kv %s\n",
+               "decode %.1f tok/s | %s, %d threads, isa %s, kv %s\n",
                st.prompt_tokens, st.generated_tokens, std::string(hack::finish_reason_name(r.finish_reason)).c_str(),
                load_s, prefill_tps, st.first_token_s * 1e3, decode_tps, rt->backend->name().c_str(), rt->pool->size(),
                hack::cpu_isa_name(hack::cpu_isa()), rt->kv->name().c_str());

@@ -40,7 +40,7 @@ TEST_CASE("mapped files: contents, and errors naming the path", "[core][mapped_f
   REQUIRE_THROWS_WITH(MappedFile::open("/nonexistent/x.bin"), Catch::Contains("/nonexistent/x.bin"));
 }
 
-TEST_CASE("cpu features: AVX2 present on every supported machine, ISA override", "[core][cpu]") {
+TEST_CASE("cpu features: AVX2 present on every supported machine", "[core][cpu]") {
   REQUIRE(cpu_supports(CpuIsa::avx2));
   REQUIRE(cpu_supports(CpuIsa::scalar));
   REQUIRE(!cpu_features().describe().empty());

@@ -46,7 +46,7 @@ std::vector<float> run(const KvShape& shape, KvCacheOptions o, CpuIsa isa, const
 
 TEST_CASE("SIMD attention kernels are bit-identical to the scalar reference", "[kv][simd]") {
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512})
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
     if (cpu_supports(isa)) isas.push_back(isa);
   if (isas.empty()) WARN("no SIMD ISA on this CPU; nothing to compare");
   struct Case {

@@ -28,7 +28,7 @@ namespace {
 
 std::vector<CpuIsa> supported_isas() {
   std::vector<CpuIsa> out;
-  for (const CpuIsa i : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512})
+  for (const CpuIsa i : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
     if (cpu_supports(i)) out.push_back(i);
   return out;
 }

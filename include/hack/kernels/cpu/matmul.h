@@ -23,10 +23,11 @@ inline constexpr size_t kGemvMaxRows = 8;
 
 /// Arithmetic of the compute-bound matmuls (prefill chunks, decode steps of 4 or more rows)
 /// on bf16 weights. f32: the weights widened to fp32 (OpenBLAS sgemm, or the fp32 GEMV;
-/// matches transformers in fp32 to ~1e-5). bf16: the activations rounded to bf16 and
-/// multiplied with VDPBF16PS, fp32 accumulation — llama.cpp's arithmetic for bf16 weights,
-/// twice the multiply rate; needs AVX-512 BF16, elsewhere it runs as f32. GEMVs of 1–3 rows
-/// (memory-bound) stay fp32 in both.
+/// matches transformers in fp32 to ~1e-5). bf16: the activations rounded to bf16, fp32
+/// accumulation — llama.cpp's arithmetic for bf16 weights: with VDPBF16PS on
+/// CpuIsa::avx512bf16 (twice the multiply rate), by fp32 FMA in the same order on
+/// CpuIsa::avx512 (the same bits); on avx2 and scalar it runs as f32.
+/// GEMVs of 1–3 rows (memory-bound) stay fp32 in both.
 enum class MatmulPrecision { f32, bf16 };
 
 /// Parses "fp32" | "bf16" (the --matmul-precision flag).
@@ -37,8 +38,10 @@ struct MatmulWorkspace {
   MatmulPrecision precision = MatmulPrecision::f32;
   std::vector<float> weight_tile;            // f32: fp32 tiles of 16-bit weights for sgemm
   std::vector<float> x_even_odd;             // GEMV: x permuted for the even/odd bf16 kernel
-  std::vector<uint16_t> x_bf16;              // bf16: the activations (GEMM and GEMV)
-  std::vector<std::vector<uint32_t>> packs;  // bf16: one packed weight panel per thread
+  std::vector<uint16_t> x_bf16;              // bf16 on avx512bf16: the activations (GEMM and GEMV)
+  std::vector<float> x_bf16_f32;             // bf16 on avx512: the activations' bf16 values in fp32 (GEMM)
+  std::vector<std::vector<uint32_t>> packs;  // bf16 on avx512bf16: one packed weight panel per thread
+  std::vector<std::vector<float>> packs_f32; // bf16 on avx512: one panel widened to fp32 per thread
 };
 
 /// y[t][o] = Σ_i x[t][i] · w[o][i] for t < rows; x: [rows][in], y: [rows][out] (row-major,

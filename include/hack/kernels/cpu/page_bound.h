@@ -45,7 +45,7 @@ void quest_split(const float* q, int rows, int k_dim, float* qpos, float* qneg);
 /// out[b] = the score of box b, for the ceil(n_pages / span) boxes.
 using PageBoundFn = void (*)(const PageBoundArgs& args, float* out);
 
-/// The kernel of `isa` (scalar, avx2, avx512: bit-identical).
+/// The kernel of `isa` (scalar, avx2, avx512 = avx512bf16: bit-identical).
 PageBoundFn page_bound_kernel(CpuIsa isa);
 
 namespace detail {

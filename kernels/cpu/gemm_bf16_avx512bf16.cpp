@@ -1,5 +1,7 @@
-// AVX-512 BF16 GEMM (compiled with -mavx512bf16; called only when cpu_supports(avx512)):
-// C[m][n] = Σ_k A[m][k] · B[n][k] with A and B in bf16 and fp32 accumulation (VDPBF16PS).
+// AVX-512 BF16 GEMM (the only file compiled with -mavx512bf16; called only for
+// CpuIsa::avx512bf16): C[m][n] = Σ_k A[m][k] · B[n][k] with A and B in bf16 and fp32
+// accumulation (VDPBF16PS). Its AVX-512F twin, same arithmetic by fp32 FMA, is
+// gemm_bf16_fma_avx512.cpp.
 //
 // B (a weight matrix, [N][K] as the checkpoint stores it) is packed panel by panel: 32 rows
 // at a time into [K/2][32] words of two bf16, so one 512-bit load holds one k pair of 16
@@ -88,7 +90,7 @@ void gemv_dot_rows(const uint16_t* w, size_t in, const uint16_t* x, float* y, si
 
 }  // namespace
 
-void gemv_bf16_dot_avx512(const uint16_t* w, size_t in, const uint16_t* x, size_t rows, float* y, size_t y_stride,
+void gemv_bf16_dot_avx512bf16(const uint16_t* w, size_t in, const uint16_t* x, size_t rows, float* y, size_t y_stride,
                           size_t o_begin, size_t o_end) {
   switch (rows) {
     case 1: return gemv_dot_rows<1>(w, in, x, y, y_stride, o_begin, o_end);
@@ -99,13 +101,13 @@ void gemv_bf16_dot_avx512(const uint16_t* w, size_t in, const uint16_t* x, size_
     case 6: return gemv_dot_rows<6>(w, in, x, y, y_stride, o_begin, o_end);
     case 7: return gemv_dot_rows<7>(w, in, x, y, y_stride, o_begin, o_end);
     case 8: return gemv_dot_rows<8>(w, in, x, y, y_stride, o_begin, o_end);
-    default: fail("gemv_bf16_dot_avx512: {} rows outside [1, 8]", rows);
+    default: fail("gemv_bf16_dot_avx512bf16: {} rows outside [1, 8]", rows);
   }
 }
 
 size_t gemm_bf16_pack_words(size_t k) { return (k + 1) / 2 * kPanel; }
 
-void f32_to_bf16_pairs_avx512(const float* x, size_t rows, size_t k, uint16_t* out) {
+void f32_to_bf16_pairs_avx512bf16(const float* x, size_t rows, size_t k, uint16_t* out) {
   const size_t ld = (k + 1) / 2 * 2;
   for (size_t r = 0; r < rows; ++r) {
     const float* src = x + r * k;
@@ -121,7 +123,7 @@ void f32_to_bf16_pairs_avx512(const float* x, size_t rows, size_t k, uint16_t* o
   }
 }
 
-void gemm_bf16_avx512(const uint16_t* a, size_t m, size_t k, const uint16_t* b, size_t n0, size_t n1, float* c,
+void gemm_bf16_avx512bf16(const uint16_t* a, size_t m, size_t k, const uint16_t* b, size_t n0, size_t n1, float* c,
                       size_t ldc, uint32_t* pack) {
   const size_t pairs = (k + 1) / 2;
   const uint32_t* a_pairs = reinterpret_cast<const uint32_t*>(a);  // rows of `pairs` words (gemm_kernels.h)
