@@ -15,7 +15,8 @@ namespace hack {
 /// Flag values as given; kv_options_from() validates and converts them.
 struct KvFlags {
   std::string kv = "hack";          ///< fp | hack
-  int hack_bits = 2;                ///< K and V code bits unless one is given below
+  int hack_bits = 4;                ///< K and V code bits unless one is given below (a model without a calibrated
+                                    ///< hack_kv.json gets K4/V4: measured safe on SmolLM2 and Qwen2.5-1.5B)
   int hack_k_bits = 0;              ///< 0 = hack_bits
   int hack_v_bits = 0;              ///< 0 = hack_bits
   int hack_block = 64;              ///< Π
