@@ -20,7 +20,8 @@ route, no NAT, so a container reaches only its own subnet and the routes below):
   iptables filter that drops every new TCP connection between A and B except to the UCX ports —
   the listeners (decode --ucx-port 8310, vault --ucx-port 8401) and the ports of UCX's tcp
   transport, pinned to UCX_TCP_PORT_RANGE on every UCX daemon. Prefill and vault route B through
-  it, decode routes A through it (added with nsenter; the containers have no NET_ADMIN).
+  it, decode routes A through it (added with nsenter before the daemon starts; the containers
+  have no NET_ADMIN).
 - Every daemon binds its own network address (--host, as deploy/MULTIHOST.md says for hosts),
   and is given its peers' addresses, never a name or 127.0.0.1.
 
@@ -159,24 +160,33 @@ class TwoNetworksTest(unittest.TestCase):
             gw("iptables", "-w", *rule)
 
     @classmethod
-    def container(cls, name, networks, command, extra=()):
-        """podman run -d with compose's hardening; NETWORKS: (network, address) pairs."""
-        argv = ["podman", "run", "-d", "--name", name, "--user", "10001:10001", "--read-only", "--tmpfs", "/tmp",
+    def container(cls, name, networks, command, routes=()):
+        """A daemon's container with compose's hardening. NETWORKS: (network, address) pairs;
+        ROUTES: (subnet, via) added to its namespace before the daemon runs (podman init makes
+        the namespace, start runs the command). Returns the container's pid on the host."""
+        argv = ["podman", "create", "--name", name, "--user", "10001:10001", "--read-only", "--tmpfs", "/tmp",
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "-v", f"{cls.secret}:/run/secrets/cluster_secret:ro",
                 "-v", f"{os.path.dirname(MODEL_DIR)}:/models:ro",
                 "-e", "UCX_TLS=tcp", "-e", "UCX_NET_DEVICES=eth0", "-e", "UCX_WARN_UNUSED_ENV_VARS=n",
-                "-e", f"UCX_TCP_PORT_RANGE={UCX_TCP_PORTS[0]}-{UCX_TCP_PORTS[1]}", *extra]
+                "-e", f"UCX_TCP_PORT_RANGE={UCX_TCP_PORTS[0]}-{UCX_TCP_PORTS[1]}"]
         for i, (network, address) in enumerate(networks):
             argv += ["--network", f"{network}:ip={address},interface_name=eth{i}"]
         run(argv + [IMAGE] + command, timeout=120)
-        return int(run(["podman", "inspect", "-f", "{{.State.Pid}}", name]).stdout)
+        run(["podman", "init", name], timeout=120)
+        pid = int(run(["podman", "inspect", "-f", "{{.State.Pid}}", name]).stdout)
+        for subnet, via in routes:
+            ns(pid, "ip", "route", "add", str(subnet), "via", via)
+        run(["podman", "start", name], timeout=120)
+        return pid
 
     @classmethod
     def start_cluster(cls):
         secret = ["--secret-file", "/run/secrets/cluster_secret", "--json-logs"]
         node = ["--model", MODEL, "--threads", "1"]
         vault_at = f"{cls.ip['vault']}:{VAULT_UCX_PORT}"
+        # The only ways across: B through the gateway for prefill and vault, A for decode.
+        via_a, via_b = [(cls.subnet["b"], cls.ip["gateway_a"])], [(cls.subnet["a"], cls.ip["gateway_b"])]
         cls.pid = {}
         cls.pid["router"] = cls.container(ROUTER, [(NET_A, cls.ip["router_a"]), (NET_B, cls.ip["router_b"])], [
             "hack-router", "--host", "0.0.0.0", "--port", "8000", "--model", MODEL,
@@ -184,16 +194,13 @@ class TwoNetworksTest(unittest.TestCase):
         cls.make_gateway()
         cls.pid["vault"] = cls.container(VAULT, [(NET_A, cls.ip["vault"])], [
             "hack-vault", "--host", cls.ip["vault"], "--port", "8400", "--ucx-port", str(VAULT_UCX_PORT),
-            "--max-bytes", "256M", *secret])
+            "--max-bytes", "256M", *secret], routes=via_a)
         cls.pid["prefill"] = cls.container(PREFILL, [(NET_A, cls.ip["prefill"])], [
-            "hack-prefill", "--host", cls.ip["prefill"], "--port", "8200", *node, "--vault", vault_at, *secret])
+            "hack-prefill", "--host", cls.ip["prefill"], "--port", "8200", *node, "--vault", vault_at, *secret],
+            routes=via_a)
         cls.pid["decode"] = cls.container(DECODE, [(NET_B, cls.ip["decode"])], [
             "hack-decode", "--host", cls.ip["decode"], "--port", "8300", "--ucx-port", str(DECODE_UCX_PORT),
-            *node, "--vault", vault_at, *secret])
-        # The only ways across: B through the gateway for prefill and vault, A for decode.
-        for name in ("prefill", "vault"):
-            ns(cls.pid[name], "ip", "route", "add", str(cls.subnet["b"]), "via", cls.ip["gateway_a"])
-        ns(cls.pid["decode"], "ip", "route", "add", str(cls.subnet["a"]), "via", cls.ip["gateway_b"])
+            *node, "--vault", vault_at, *secret], routes=via_b)
 
     @classmethod
     def logs(cls):
