@@ -36,7 +36,7 @@ TEST_PACKAGES=(
   python3-venv
   iproute2                            # bench/jct_experiment.sh (ip netns, tc), tests/e2e/two_networks_test.py (ip netns, routes)
   iptables                            # tests/e2e/two_networks_test.py (the gateway's filter between its two networks)
-  podman podman-compose runc          # tests/e2e/compose_test.py (deploy/docker-compose.yml); runc: crun fails on hybrid cgroups
+  podman podman-compose runc          # tests/e2e/compose_test.py (deploy/docker-compose.yml), two_networks_test.py; runc: crun fails on hybrid cgroups
   debootstrap uidmap slirp4netns      # deploy/docker/make-base-image.sh (debian:12 without a registry), rootless podman
 )
 DEBIAN_PACKAGES=("${RUNTIME_PACKAGES[@]}")
