@@ -34,8 +34,9 @@ TEST_PACKAGES=(
   catch2
   bible-kjv                           # training corpus for fixtures (scripts/make_fixtures.py)
   python3-venv
-  iproute2                            # bench/jct_experiment.sh (ip netns, tc)
-  podman podman-compose runc          # tests/e2e/compose_test.py (deploy/docker-compose.yml); runc: crun fails on hybrid cgroups
+  iproute2                            # bench/jct_experiment.sh (ip netns, tc), tests/e2e/two_networks_test.py (ip netns, routes)
+  iptables                            # tests/e2e/two_networks_test.py (the gateway's filter between its two networks)
+  podman podman-compose runc          # tests/e2e/compose_test.py (deploy/docker-compose.yml), two_networks_test.py; runc: crun fails on hybrid cgroups
   debootstrap uidmap slirp4netns      # deploy/docker/make-base-image.sh (debian:12 without a registry), rootless podman
 )
 DEBIAN_PACKAGES=("${RUNTIME_PACKAGES[@]}")
@@ -79,6 +80,7 @@ if ! $PY -c "$PROBE" 2>/dev/null; then
 fi
 
 # The real pretrained model the quickstart serves and the SmolLM2 tests load (a no-op once
-# models/smollm2-135m-instruct/ is complete).
-"$(dirname "$0")/fetch-models.sh"
+# models/smollm2-135m-instruct/ is complete). HACK_FETCH_MODELS=0 skips it (the CPU image's
+# build stage: the image carries no model).
+if [ "${HACK_FETCH_MODELS:-1}" != 0 ]; then "$(dirname "$0")/fetch-models.sh"; fi
 echo "install-deps: done"

@@ -25,7 +25,8 @@
 #
 # Not run under a sanitizer, and why:
 #   unit_gguf_to_hf, unit_deploy_config  Python only (no C++ of ours runs, or only --help).
-#   e2e_compose                          containers from build/bin; not a sanitizer build.
+#   e2e_compose, e2e_two_networks        containers from the CPU image's binaries; not a sanitizer
+#   e2e_cpu_image_binaries               build (the last builds those binaries for the other two).
 #   e2e_fidelity_smoke                   needs bench/ (HACK_BUILD_BENCH=OFF here).
 #   e2e_chaos, e2e_load_harness          timed load runs (stall timeouts of 2 s, fixed request
 #                                        rates) sized for Release daemons; the Release suite runs them.

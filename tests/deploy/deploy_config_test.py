@@ -3,7 +3,8 @@ parses, alone and with the GPU overlay, and refers only to declared services, ne
 volumes and secrets) and what it would not: every flag a compose command passes exists in
 that daemon's --help, health checks probe the port the daemon listens on, the router and
 Prometheus point at real services and ports, every Grafana query names a metric that
-src/ registers, and the systemd units pass `systemd-analyze verify`.
+src/ registers, the systemd units pass `systemd-analyze verify`, and the image staging script
+keeps CUDA libraries out.
 Settings (environment): HACK_BUILD_DIR (build) for the daemons' --help."""
 import json
 import os
@@ -50,7 +51,8 @@ class ComposeFileTest(unittest.TestCase):
             for net in s.get("networks", []):
                 self.assertIn(net, doc.get("networks", {}), f"{where}: {name} uses undeclared network {net}")
             for v in s.get("volumes", []):
-                source = v.split(":")[0]
+                # A bind mount's host path may be a setting with a default: check the default.
+                source = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", v).split(":")[0]
                 if not source.startswith((".", "/")):
                     self.assertIn(source, doc.get("volumes", {}), f"{where}: {name} uses undeclared volume {source}")
                 else:
@@ -177,6 +179,36 @@ class MonitoringTest(unittest.TestCase):
         spec.loader.exec_module(mod)
         with open(os.path.join(DEPLOY, "monitoring", "grafana", "dashboards", "hackserve.json")) as f:
             self.assertEqual(json.load(f), mod.dashboard())
+
+
+def links_cuda(binary):
+    p = subprocess.run(["ldd", binary], capture_output=True, text=True)
+    return re.search(r"^\s*libcudart\.so", p.stdout, re.M) is not None
+
+
+class StageRuntimeTest(unittest.TestCase):
+    """docker/stage-runtime.sh keeps CUDA libraries out of every image it stages."""
+    STAGE = os.path.join(DEPLOY, "docker", "stage-runtime.sh")
+
+    def test_usage(self):
+        p = subprocess.run([self.STAGE, BIN], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("usage:", p.stderr)
+
+    @unittest.skipUnless(os.access(os.path.join(BIN, "hack-decode"), os.X_OK) and links_cuda(os.path.join(BIN, "hack-decode")),
+                         f"the daemons in {BIN} are not a CUDA build")
+    def test_cuda_build_refused_for_the_cpu_image_and_its_libraries_never_staged(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            cpu = subprocess.run([self.STAGE, BIN, os.path.join(tmp, "cpu")], capture_output=True, text=True)
+            self.assertEqual(cpu.returncode, 1, cpu.stderr)
+            self.assertIn("links CUDA libraries (libcublas", cpu.stderr)
+            self.assertIn("build-cpu-binaries.sh", cpu.stderr)
+            self.assertFalse(os.path.exists(os.path.join(tmp, "cpu")), "refused, yet staged something")
+            cuda = subprocess.run([self.STAGE, "--cuda", BIN, os.path.join(tmp, "cuda")], capture_output=True, text=True)
+            self.assertEqual(cuda.returncode, 0, cuda.stderr)
+            staged = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(tmp, "cuda")) for f in files]
+            self.assertIn(os.path.join(tmp, "cuda", "usr", "local", "bin", "hack-decode"), staged)
+            self.assertEqual([f for f in staged if re.match(r"lib(cu|nv|nccl)", os.path.basename(f))], [])
 
 
 class SystemdTest(unittest.TestCase):

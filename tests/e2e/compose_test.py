@@ -1,81 +1,30 @@
 """deploy/docker-compose.yml for real, with podman + podman-compose: builds the CPU image's
-`runtime-host` target from the host's binaries (deploy/docker/stage-runtime.sh; compiling
-hackserve again inside the image would cost CI ~20 min on 2 cores — the full multi-stage
-build is verified by hand, see README "Containers"), brings the cluster up, sends chat
-requests through the router with the official `openai` client, SIGKILLs the decode
-container's daemon and sees the restart policy bring it back, and tears everything down.
+`runtime-host` target from the host's CPU-only binaries (deploy/docker/stage-runtime.sh;
+compiling hackserve again inside the image would cost CI ~20 min on 2 cores — the full
+multi-stage build is verified by hand, see README "Containers") and checks it holds no CUDA
+library and stays within its 300 MB bound, brings the cluster up with the host's model
+directory mounted read-only, sends chat requests through the router with the official
+`openai` client, SIGKILLs the decode container's daemon and sees the restart policy bring it
+back, and tears everything down. Helpers shared with two_networks_test.py: podman_harness.py.
 
 Exits 77 (ctest SKIP_RETURN_CODE) with the reason when podman, podman-compose or a working
-container runtime is missing. Settings (environment): HACK_BIN_DIR (build/bin),
-HACK_MODEL_DIR (models/smollm2-135m-instruct), KEEP=1 (leave the cluster up on failure).
+container runtime is missing. Settings (environment): HACK_BIN_DIR (build/bin; tests/CMakeLists.txt
+points it at a CPU-only tree when the build has CUDA), HACK_MODEL_DIR
+(models/smollm2-135m-instruct), KEEP=1 (leave the cluster up on failure).
 """
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
-import urllib.request
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DOCKER = os.path.join(ROOT, "deploy", "docker")
+from podman_harness import MODEL_DIR, ROOT, SKIP, ENV, run, skip_reason, free_port, http_ok, wait_for, \
+    build_cpu_image
+
 COMPOSE_FILE = os.path.join(ROOT, "deploy", "docker-compose.yml")
-BIN_DIR = os.environ.get("HACK_BIN_DIR", os.path.join(ROOT, "build", "bin"))
-MODEL_DIR = os.environ.get("HACK_MODEL_DIR", os.path.join(ROOT, "models", "smollm2-135m-instruct"))
 PROJECT = f"hacktest{os.getpid()}"
 IMAGE = f"localhost/hackserve:compose-test-{os.getpid()}"
-SKIP = 77
-ENV = dict(os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", os.path.join(DOCKER, "containers.conf")))
-
-
-def run(cmd, timeout=600, check=True, **kw):
-    started = time.monotonic()
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    p.seconds = time.monotonic() - started
-    return p
-
-
-def skip_reason():
-    for tool in ("podman", "podman-compose"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (scripts/install-deps.sh installs it)"
-    if not os.access(os.path.join(BIN_DIR, "hack-probe"), os.X_OK):
-        return None  # not a runtime problem: setUpClass fails loudly
-    made = run([os.path.join(DOCKER, "make-base-image.sh")], check=False, timeout=900)
-    if made.returncode != 0:
-        return f"cannot make the debian:12 base image: {made.stderr.strip()[-500:]}"
-    probe = run(["podman", "run", "--rm", "debian:12", "true"], check=False, timeout=120)
-    if probe.returncode != 0:
-        return f"podman cannot run a container here: {probe.stderr.strip()[-500:]}"
-    return None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_ok(url):
-    try:
-        with urllib.request.urlopen(url, timeout=3) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def wait_for(what, predicate, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class ComposeTest(unittest.TestCase):
@@ -88,14 +37,10 @@ class ComposeTest(unittest.TestCase):
             f.write(os.urandom(16).hex() + "\n")
         os.chmod(cls.secret, 0o644)  # read by uid 10001 in the containers; the directory is private
         os.chmod(cls.tmp, 0o700)
-        ENV.update(HACK_IMAGE=IMAGE, HACK_PORT=str(cls.port), HACK_SECRET_FILE=cls.secret)
-        context = os.path.join(cls.tmp, "context")
-        run([os.path.join(DOCKER, "stage-runtime.sh"), BIN_DIR, os.path.join(context, "rootfs")])
-        shutil.copytree(MODEL_DIR, os.path.join(context, "model"))
-        built = run(["podman", "build", "--format", "docker", "--target", "runtime-host", "-f",
-                     os.path.join(DOCKER, "Dockerfile"), "-t", IMAGE, context], timeout=900)
-        size = run(["podman", "image", "inspect", "-f", "{{.Size}}", IMAGE]).stdout.strip()
-        print(f"compose_test: image {IMAGE} built in {built.seconds:.0f} s, {int(size) / 1e6:.0f} MB", flush=True)
+        # The model is the host's, mounted read-only (the image carries none).
+        ENV.update(HACK_IMAGE=IMAGE, HACK_PORT=str(cls.port), HACK_SECRET_FILE=cls.secret,
+                   HACK_MODELS_DIR=os.path.dirname(MODEL_DIR), HACK_MODEL=os.path.basename(MODEL_DIR))
+        build_cpu_image(IMAGE, cls.tmp)
         cls.compose = ["podman-compose", "-p", PROJECT, "-f", COMPOSE_FILE]
         cls.volumes_before = set(run(["podman", "volume", "ls", "-q"]).stdout.split())
         up = run(cls.compose + ["up", "-d"], check=False, timeout=900)
@@ -202,7 +147,7 @@ class ComposeTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    reason = skip_reason()
+    reason = skip_reason(("podman", "podman-compose"))
     if reason:
         print(f"SKIP: {reason}")
         sys.exit(SKIP)
