@@ -97,7 +97,7 @@ struct Metrics::Impl {
       prometheus::BuildHistogram()
           .Name("hack:prefill_stage_seconds")
           .Help("Time of one stage of a prefill job (setup, restore_lookup, restore_decode, restore_import, compute, "
-                "export (send: of it in the sender), capture, sample, store, drain), in seconds.")
+                "export (quantize, send: parts of it), capture, sample, store, drain), in seconds.")
           .Register(registry);
   prometheus::Gauge& vault_blocks = prometheus::BuildGauge().Name("hack:vault_blocks").Help("Blocks held by the vault.").Register(registry).Add({});
   prometheus::Gauge& vault_bytes = prometheus::BuildGauge().Name("hack:vault_bytes").Help("Bytes charged to the vault's budget.").Register(registry).Add({});

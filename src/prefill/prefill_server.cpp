@@ -290,7 +290,7 @@ struct PrefillServer::Impl {
         metrics.add_prompt_tokens(r->prompt_tokens);
         metrics.observe_request_queue_time_s(r->timings.queue_s);
         const PrefillTimings& tm = r->timings;
-        for (const auto& [stage, s] : {std::pair{"setup", tm.setup_s}, {"compute", tm.compute_s}, {"export", tm.export_s}, {"send", tm.send_s},
+        for (const auto& [stage, s] : {std::pair{"setup", tm.setup_s}, {"compute", tm.compute_s}, {"export", tm.export_s}, {"quantize", tm.quantize_s}, {"send", tm.send_s},
                                        {"capture", tm.capture_s}, {"sample", tm.sample_s}, {"store", tm.store_s},
                                        {"drain", tm.drain_s}})
           metrics.observe_prefill_stage_s(stage, s);

@@ -81,8 +81,9 @@ struct PrefillTimings {
   double setup_s = 0;     ///< decode endpoint resolved, sequence added, sampler primed with the prompt
   double compute_s = 0;   ///< the model over the uncached tail: prefill_s less the rest
   double export_s = 0;    ///< per-layer KV export (restored and computed pages) handed to the sender
+  double quantize_s = 0;  ///< of export_s, closing the blocks still open at the last chunk (HACK: quantizing them)
   double send_s = 0;      ///< of export_s, in the sender's calls (send, flush, layer_done); the rest
-                          ///< closes the open blocks (HACK: quantizes them) and packs the messages
+                          ///< reads pages and packs the exact messages
   double capture_s = 0;   ///< the tail's new full blocks encoded for the prefix cache
   // after prefill_s:
   double sample_s = 0;    ///< logits → first token, request_done handed to the sender
