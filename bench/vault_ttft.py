@@ -56,6 +56,8 @@ def main():
     ap.add_argument("--codec", default="int8-head")
     ap.add_argument("--kv", default="hack")
     ap.add_argument("--prefill-flags", default="", help="extra hack-prefill flags, space-separated")
+    ap.add_argument("--tiers", default="local,vault", help="which hit tiers to run: local, vault or both")
+    ap.add_argument("--local-bytes", default="4G", help="--prefix-cache-bytes of the local tier's run")
     args = ap.parse_args()
     os.environ["HACK_MODEL"] = os.path.abspath(args.model)
     global MODEL_NAME
@@ -65,7 +67,10 @@ def main():
     vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
     rng = random.Random(7)
     lengths = [int(x) for x in args.lengths.split(",")]
-    for tier, flags in (("local", ["--prefix-cache-bytes", "4G"]), ("vault", ["--prefix-cache-bytes", "0"])):
+    tiers = args.tiers.split(",")
+    for tier, flags in (("local", ["--prefix-cache-bytes", args.local_bytes]), ("vault", ["--prefix-cache-bytes", "0"])):
+        if tier not in tiers:
+            continue
         with cluster.Cluster(vault=True, threads=args.threads, kv=args.kv, vault_flags=["--max-bytes", "8G"],
                              prefill_flags=[*flags, "--vault-codec", args.codec, "--vault-timeout", "30",
                                             *args.prefill_flags.split()]) as c:

@@ -32,6 +32,10 @@ struct DecodeScheduler::Request {
   std::vector<int> generated;
   int next_token = -1;            // input of the next decode step
   Clock::time_point admitted_at;
+  // receiving: the KV messages imported so far, the engine time they took, the last one's arrival
+  int kv_messages = 0;
+  double kv_import_s = 0;
+  Clock::time_point first_kv_at, last_kv_at;
   std::unique_ptr<KvRecorder> recorder;  // options_.record_block_tokens > 0
   std::vector<int> recompute;     // recomputing: the tokens whose KV is being recomputed
   size_t recomputed = 0;          // recomputing: of them, run so far
@@ -252,7 +256,12 @@ void DecodeScheduler::handle(Command& command) {
               return;
             }
             try {
+              const Clock::time_point t0 = Clock::now();
               import_message(kv_, r.seq_id, static_cast<int>(c.layer), c.kind, c.payload());
+              const Clock::time_point t1 = Clock::now();
+              if (r.kv_messages++ == 0) r.first_kv_at = t0;
+              r.last_kv_at = t1;
+              r.kv_import_s += std::chrono::duration<double>(t1 - t0).count();
             } catch (const Error& e) {
               fail(r, fmt::format("bad KV from the prefill node: {}", e.what()));
             }
@@ -279,6 +288,14 @@ void DecodeScheduler::handle(Command& command) {
               r.sampler->add_prompt_tokens(r.req.prompt);
               for (int t : r.generated) r.sampler->record_token(t);
               r.sampler->record_token(c.first.token);
+              const auto ms_since_accept = [&](Clock::time_point t) {
+                return r.kv_messages > 0 ? std::chrono::duration<double, std::milli>(t - r.admitted_at).count() : 0.0;
+              };
+              spdlog::info("request {}: KV of {} tokens in: {} messages imported in {:.1f} ms; after accept: first "
+                           "message {:.1f} ms, last {:.1f} ms, request_done {:.1f} ms",
+                           c.id, kept, r.kv_messages, r.kv_import_s * 1e3, ms_since_accept(r.first_kv_at),
+                           ms_since_accept(r.last_kv_at),
+                           std::chrono::duration<double, std::milli>(Clock::now() - r.admitted_at).count());
               start_decoding(r, c.first);
             } catch (const Error& e) {
               fail(r, fmt::format("incomplete KV from the prefill node: {}", e.what()));

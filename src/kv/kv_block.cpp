@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "hack/core/byte_io.h"
+#include "hack/core/clock.h"
 #include "hack/core/error.h"
 
 namespace hack {
@@ -340,7 +341,9 @@ void decode_kv_block_layer(const KvBlockHeader& header, std::span<const std::byt
 }
 
 void restore_kv_block_layer(PagedKv& cache, int seq_id, int layer, const KvBlockHeader& header,
-                            std::span<const std::byte> slice, std::vector<float>& scratch) {
+                            std::span<const std::byte> slice, std::vector<float>& scratch,
+                            KvRestoreTimes* times) {
+  const double t0 = times ? monotonic_s() : 0.0;
   const KvShape& shape = cache.shape();
   HACK_CHECK(header.num_layers == shape.num_layers && header.layers.size() == static_cast<size_t>(shape.num_layers),
              "kv block restore: the block has {} layers, the cache {}", header.num_layers, shape.num_layers);
@@ -371,8 +374,13 @@ void restore_kv_block_layer(PagedKv& cache, int seq_id, int layer, const KvBlock
                        static_cast<size_t>(shape.head_dim);
   if (scratch.size() < 2 * elems) scratch.resize(2 * elems);
   decode_kv_block_layer(header, slice, scratch.data(), scratch.data() + elems);  // validates the codes, then nothing throws
+  const double t1 = times ? monotonic_s() : 0.0;
   // bf16 → f32 here and f32 → bf16 in append is the identity on every non-NaN bf16 value.
   cache.append(layer, seq_id, length, header.tokens, scratch.data(), scratch.data() + elems);
+  if (times) {
+    times->decode_s += t1 - t0;
+    times->append_s += monotonic_s() - t1;
+  }
 }
 
 double snr_db(std::span<const float> exact, std::span<const float> approx) {

@@ -93,6 +93,12 @@ struct Metrics::Impl {
   prometheus::Histogram& vault_restore = histogram(registry, "hack:vault_restore_seconds",
                                                    "Time of one BatchPromote, from the call to its last layer, in seconds.",
                                                    kRestoreBuckets);
+  prometheus::Family<prometheus::Histogram>& prefill_stage =
+      prometheus::BuildHistogram()
+          .Name("hack:prefill_stage_seconds")
+          .Help("Time of one stage of a prefill job (setup, restore_lookup, restore_decode, restore_import, compute, "
+                "export (quantize, send: parts of it), capture, sample, store, drain), in seconds.")
+          .Register(registry);
   prometheus::Gauge& vault_blocks = prometheus::BuildGauge().Name("hack:vault_blocks").Help("Blocks held by the vault.").Register(registry).Add({});
   prometheus::Gauge& vault_bytes = prometheus::BuildGauge().Name("hack:vault_bytes").Help("Bytes charged to the vault's budget.").Register(registry).Add({});
   prometheus::Family<prometheus::Counter>& prefix_hits = prometheus::BuildCounter()
@@ -164,6 +170,9 @@ void Metrics::add_vault_bytes_stored(uint64_t bytes) { impl_->vault_stored.Incre
 void Metrics::add_vault_bytes_served(uint64_t bytes) { impl_->vault_served.Increment(static_cast<double>(bytes)); }
 void Metrics::add_vault_evictions(uint64_t blocks) { impl_->vault_evictions.Increment(static_cast<double>(blocks)); }
 void Metrics::observe_vault_restore_s(double s) { impl_->vault_restore.Observe(s); }
+void Metrics::observe_prefill_stage_s(std::string_view stage, double s) {
+  impl_->prefill_stage.Add({{"stage", std::string(stage)}}, kRestoreBuckets).Observe(s);
+}
 void Metrics::set_vault_usage(double blocks, double bytes) {
   impl_->vault_blocks.Set(blocks);
   impl_->vault_bytes.Set(bytes);

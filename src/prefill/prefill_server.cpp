@@ -289,6 +289,16 @@ struct PrefillServer::Impl {
         metrics.add_kv_bytes_transferred("prefill", r->kv_bytes);
         metrics.add_prompt_tokens(r->prompt_tokens);
         metrics.observe_request_queue_time_s(r->timings.queue_s);
+        const PrefillTimings& tm = r->timings;
+        for (const auto& [stage, s] : {std::pair{"setup", tm.setup_s}, {"compute", tm.compute_s}, {"export", tm.export_s}, {"quantize", tm.quantize_s}, {"send", tm.send_s},
+                                       {"capture", tm.capture_s}, {"sample", tm.sample_s}, {"store", tm.store_s},
+                                       {"drain", tm.drain_s}})
+          metrics.observe_prefill_stage_s(stage, s);
+        if (r->prefix.tokens > 0) {
+          metrics.observe_prefill_stage_s("restore_lookup", r->prefix.lookup_s);
+          metrics.observe_prefill_stage_s("restore_decode", r->prefix.decode_s);
+          metrics.observe_prefill_stage_s("restore_import", r->prefix.import_s);
+        }
         if (worker_has_prefix_cache) {
           metrics.add_prefix_cache_hits("local", static_cast<uint64_t>(r->prefix.local_blocks));
           metrics.add_prefix_cache_hits("vault", static_cast<uint64_t>(r->prefix.vault_blocks));

@@ -315,6 +315,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     KvExportCursor cursor;
     if (!evicting) cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
     int restored = 0;
+    result.timings.setup_s = monotonic_s() - t_start;
     if (prefix_) {
       // Restore the longest cached prefix into the prefill bracket, so the rest of the prompt
       // attends to it exactly as to computed KV; then capture the prompt's new full blocks.
@@ -338,20 +339,34 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     std::vector<float> logits;  // [vocab], or [prompt][vocab] when prompt logprobs are wanted
     const bool all_logits = job.sampling.prompt_logprobs >= 0;
     const std::span<const int> compute = std::span<const int>(job.tokens).subspan(static_cast<size_t>(restored));
+    double export_s = 0, quantize_s = 0, send_s = 0, capture_s = 0;  // summed over layers and chunks
     auto capture = [&](int layer) {
       // The whole prompt, still exact and not yet pruned: a pruned prompt's pages are no
       // prefix of anything, its full blocks before eviction are.
-      if (prefix_) prefix_->capture_layer(*kv_, seq, layer);
+      if (!prefix_) return;
+      const double t = monotonic_s();
+      prefix_->capture_layer(*kv_, seq, layer);
+      capture_s += monotonic_s() - t;
     };
+    const double t_compute = monotonic_s();
     engine_->prefill(seq, compute, logits, all_logits, [&](int layer, bool last_chunk) {
       if (cancel_running_) fail("request {} was cancelled", id);
       if (evicting && !last_chunk) return;
+      const double t_layer = monotonic_s();
       const auto l = static_cast<uint32_t>(layer);
       if (last_chunk && options_.send_exact_tail && !evicting) {  // a pruned prompt is not recorded
         const int n = kv_->length(seq, layer), from = n / options_.kv.block_tokens * options_.kv.block_tokens;
         if (from < n) throw_if_failed(sender_->send_exact_copy(*peer, id, l, encode_exact_tokens(*kv_, seq, layer, from, n - from)));
       }
+      if (last_chunk) {
+        // What export_layer does first on the last chunk, done here to time it on its own: the
+        // blocks left open (a prefix hit's restored tokens, HACK: all of them) are quantized.
+        const double t_quantize = monotonic_s();
+        kv_->close_pending_blocks(seq, layer);
+        quantize_s += monotonic_s() - t_quantize;
+      }
       export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
+        const double t_send = monotonic_s();
         if (kind == KvMessageKind::hack_page && cursor.payload_in_cache) {
           // A closed HACK page of this sequence: immutable and kept until the sender has let go
           // of the request (below), so UCX reads it in place.
@@ -361,15 +376,25 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
         } else {
           throw_if_failed(sender_->send_exact(*peer, id, l, std::vector<std::byte>(payload.begin(), payload.end())));
         }
+        send_s += monotonic_s() - t_send;
       });
       // A chunk's pages of this layer leave now, not with the next chunk's (layer_done sends
       // what is pending too).
+      const double t_flush = monotonic_s();
       throw_if_failed(last_chunk ? sender_->layer_done(*peer, id, l) : sender_->flush(*peer, id));
+      const double t_layer_end = monotonic_s();
+      send_s += t_layer_end - t_flush;
+      export_s += t_layer_end - t_layer;
       if (options_.test_layer_delay_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
       }
     }, capture);
     const double t_prefilled = monotonic_s();
+    result.timings.export_s = export_s;
+    result.timings.send_s = send_s;
+    result.timings.quantize_s = quantize_s;
+    result.timings.capture_s = capture_s;
+    result.timings.compute_s = t_prefilled - t_compute - export_s - capture_s;
 
     if (all_logits) {
       result.prompt_logprobs =
@@ -384,7 +409,9 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     result.kv_bytes = cursor.bytes;
     result.kv_messages = cursor.messages;
     throw_if_failed(sender_->request_done(*peer, id, done_payload(result.first, result.seed, result.prompt_tokens)));
+    const double t_sampled = monotonic_s();
     if (prefix_) prefix_->finish_capture();
+    const double t_stored = monotonic_s();
 
     // Success only once every message has left (a lost peer fails the job instead).
     const double deadline = monotonic_s() + options_.send_timeout_s;
@@ -399,8 +426,19 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     const double t_end = monotonic_s();
     result.timings.queue_s = t_start - queued.submitted_s;
     result.timings.prefill_s = t_prefilled - t_start;
-    result.timings.drain_s = t_end - t_prefilled;
+    result.timings.sample_s = t_sampled - t_prefilled;
+    result.timings.store_s = t_stored - t_sampled;
+    result.timings.drain_s = t_end - t_stored;
     result.timings.total_s = t_end - queued.submitted_s;
+    const PrefillTimings& tm = result.timings;
+    const PrefixRestoreResult& pr = result.prefix;
+    spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
+                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
+                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
+                 id, job.tokens.size(), restored, compute.size(), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
+                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
+                 tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
+                 tm.drain_s * 1e3, cursor.bytes, cursor.messages);
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string prefix = fmt::format("request {}", id);

@@ -44,13 +44,15 @@ void PrefixCache::restore_local_layer(PagedKv& cache, int seq_id, int layer,
   for (size_t i = 0; i < blocks.size(); ++i) {
     const KvBlockLayer& e = headers[i].layers[static_cast<size_t>(layer)];
     restore_kv_block_layer(cache, seq_id, layer, headers[i],
-                           std::span<const std::byte>(blocks[i]->value).subspan(e.offset, e.bytes), scratch_);
+                           std::span<const std::byte>(blocks[i]->value).subspan(e.offset, e.bytes), scratch_,
+                           &restore_times_);
   }
 }
 
 PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys) {
   PrefixRestoreResult r;
   const double t0 = monotonic_s();
+  restore_times_ = {};
   std::vector<vault::BlockPtr> local;
   if (local_ && !keys.empty()) local = local_->promote(options_.name_space, keys);
   const size_t rest = keys.size() - local.size();
@@ -86,6 +88,7 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
       }
     }
   }
+  r.lookup_s = monotonic_s() - t0;
   // Layer by layer: the local blocks, then the vault's as its layer arrives.
   std::vector<KvBlockHeader> headers;
   for (const auto& b : local) headers.push_back(decode_kv_block_header(b->value));
@@ -93,12 +96,14 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
   for (int l = 0; l < shape_.num_layers; ++l) {
     restore_local_layer(cache, seq_id, l, local, headers);
     if (vault_blocks == 0) continue;
+    const double t_wait = monotonic_s();
     Status s = promotion->wait_layer(l, left_s(), slices);
+    r.vault_wait_s += monotonic_s() - t_wait;
     if (s) {
       try {
         for (int i = 0; i < vault_blocks; ++i)
           restore_kv_block_layer(cache, seq_id, l, promotion->head().headers[static_cast<size_t>(i)],
-                                 slices[static_cast<size_t>(i)], scratch_);
+                                 slices[static_cast<size_t>(i)], scratch_, &restore_times_);
       } catch (const std::exception& e) {
         s = Status::error(e.what());
       }
@@ -138,6 +143,8 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
   r.vault_blocks = vault_blocks;
   r.tokens = (r.local_blocks + r.vault_blocks) * block_tokens_;
   r.restore_s = monotonic_s() - t0;
+  r.decode_s = restore_times_.decode_s;
+  r.import_s = restore_times_.append_s;
   if (!r.vault_error.empty()) {
     spdlog::warn("prefix cache: vault not used, recomputing: {}", r.vault_error);
   }

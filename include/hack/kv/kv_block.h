@@ -112,8 +112,15 @@ void decode_kv_block_layer(const KvBlockHeader& header, std::span<const std::byt
 /// then appends its tokens. Throws hack::Error (the cache unchanged) on any mismatch.
 /// `scratch` is reused between calls. exact into a bf16 cache stores the block's bf16 bits
 /// (bf16 → f32 → bf16 is the identity, except that a signalling NaN comes back quiet).
+/// When `times` is given, the seconds spent are added to it (checks and checksum + codec
+/// decode; the append, which for a HACK cache quantizes the tokens into its pages).
+struct KvRestoreTimes {
+  double decode_s = 0;  ///< checks, checksum, codec → f32
+  double append_s = 0;  ///< f32 → the cache's own format
+};
 void restore_kv_block_layer(PagedKv& cache, int seq_id, int layer, const KvBlockHeader& header,
-                            std::span<const std::byte> slice, std::vector<float>& scratch);
+                            std::span<const std::byte> slice, std::vector<float>& scratch,
+                            KvRestoreTimes* times = nullptr);
 
 /// Signal-to-noise ratio in dB of `approx` against `exact` (10·log10(Σx² / Σ(x − y)²));
 /// +infinity when equal. For the int8-head codec's quality report.

@@ -43,6 +43,9 @@ class Metrics {
   void observe_vault_restore_s(double s);       ///< hack:vault_restore_seconds (vault: promote call → last layer sent;
                                                 ///< prefill: lookup → every restored block applied to its cache)
   void set_vault_usage(double blocks, double bytes);  ///< hack:vault_blocks, hack:vault_bytes
+  /// hack:prefill_stage_seconds{stage}: one stage of a prefill job (PrefillTimings, the
+  /// prefix restore's lookup, decode and import), so a slow TTFT can be taken apart.
+  void observe_prefill_stage_s(std::string_view stage, double s);
   /// hack:prefix_cache_hits_total{tier} (tier "local" or "vault"), in blocks.
   void add_prefix_cache_hits(std::string_view tier, uint64_t blocks);
   void add_prefix_cache_misses(uint64_t blocks);  ///< hack:prefix_cache_misses_total (full blocks computed)

@@ -74,9 +74,20 @@ struct DecodePeer {
 
 struct PrefillTimings {
   double queue_s = 0;     ///< submit → start
-  double prefill_s = 0;   ///< the model over the prompt (KV sends overlap it)
-  double drain_s = 0;     ///< after prefill, until every message of the job had left
+  double prefill_s = 0;   ///< start → the last layer's KV handed to the sender (the stages below to compute_s)
+  double drain_s = 0;     ///< after sample_s and store_s, until every message of the job had left
   double total_s = 0;     ///< submit → done
+  // prefill_s in stages (a prefix hit's restore is in PrefillResult::prefix):
+  double setup_s = 0;     ///< decode endpoint resolved, sequence added, sampler primed with the prompt
+  double compute_s = 0;   ///< the model over the uncached tail: prefill_s less the rest
+  double export_s = 0;    ///< per-layer KV export (restored and computed pages) handed to the sender
+  double quantize_s = 0;  ///< of export_s, closing the blocks still open at the last chunk (HACK: quantizing them)
+  double send_s = 0;      ///< of export_s, in the sender's calls (send, flush, layer_done); the rest
+                          ///< reads pages and packs the exact messages
+  double capture_s = 0;   ///< the tail's new full blocks encoded for the prefix cache
+  // after prefill_s:
+  double sample_s = 0;    ///< logits → first token, request_done handed to the sender
+  double store_s = 0;     ///< captured blocks into the local cache and to the vault
 };
 
 struct PrefillResult {

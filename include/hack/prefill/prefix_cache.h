@@ -61,6 +61,10 @@ struct PrefixRestoreResult {
   int local_blocks = 0;
   int vault_blocks = 0;
   double restore_s = 0;    ///< lookup + promote + applying the blocks
+  double lookup_s = 0;     ///< local lookup and promote, the vault's head (its block list)
+  double decode_s = 0;     ///< checksums and codec → f32 of every restored block layer
+  double import_s = 0;     ///< f32 → the prefill cache's pages (HACK: quantized again)
+  double vault_wait_s = 0; ///< waiting for the vault's layers to arrive
   std::string vault_error; ///< why vault blocks were not used ("" when they were or none were asked)
 };
 
@@ -106,6 +110,7 @@ class PrefixCache {
   std::unique_ptr<vault::BlockStore> local_;
   std::unique_ptr<net::VaultClient> vault_;
   std::vector<float> scratch_;
+  KvRestoreTimes restore_times_;  // of the restore in progress
   // capture in progress: [first_new_block, full_blocks) of all_keys, slices per block per layer
   std::vector<BlockKey> capture_keys_;
   int capture_first_ = 0;

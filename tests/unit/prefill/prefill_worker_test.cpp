@@ -506,6 +506,20 @@ TEST_CASE("prefill worker: a prefix restored from the cache sends the same bytes
       INFO("prompt " << i);
       CHECK(got_results[i].first.token == want_results[i].first.token);
       CHECK(got_results[i].first.logprob == want_results[i].first.logprob);
+      // The stage timings partition the job: none negative, none counted twice.
+      const PrefillTimings& t = got_results[i].timings;
+      const PrefixRestoreResult& r = got_results[i].prefix;
+      for (double s : {t.setup_s, t.compute_s, t.export_s, t.send_s, t.capture_s, t.sample_s, t.store_s, t.drain_s})
+        CHECK(s >= 0.0);
+      CHECK(t.quantize_s >= 0.0);
+      CHECK(t.quantize_s + t.send_s <= t.export_s + 1e-9);
+      CHECK(t.setup_s + r.restore_s + t.compute_s + t.export_s + t.capture_s <= t.prefill_s + 1e-9);
+      CHECK(t.queue_s + t.prefill_s + t.sample_s + t.store_s + t.drain_s <= t.total_s + 1e-9);
+      CHECK(r.lookup_s + r.vault_wait_s + r.decode_s + r.import_s <= r.restore_s + 1e-9);
+      if (r.tokens > 0) {  // blocks were decoded and imported, so both took time
+        CHECK(r.decode_s > 0.0);
+        CHECK(r.import_s > 0.0);
+      }
       // Per layer, in order (a restored prefix's pages go out with the first chunk, so layers
       // interleave differently than when every chunk is computed).
       auto by_layer = [](const Messages& ms) {
