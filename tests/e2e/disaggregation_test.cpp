@@ -629,7 +629,12 @@ TEST_CASE("prefill node killed mid-prefill: decode frees the request and serves 
     REQUIRE(end.status == 200);
     REQUIRE(end.ended_with_error());
     INFO("error event: " << end.events.back().message);
-    REQUIRE(contains(end.events.back().message, "request " + std::to_string(job.request_id) + ": lost the sender"));
+    // Whichever decode notices first: the endpoint's failure ("lost the sender"), or a page
+    // in flight whose rendezvous receive fails with it (pages past UCX's eager size, as
+    // K4/V4 pages of hack-tiny are: "lost a N-byte kv_page").
+    const std::string request = "request " + std::to_string(job.request_id) + ": ";
+    REQUIRE((contains(end.events.back().message, request + "lost the sender") ||
+             contains(end.events.back().message, request + "lost a ")));
     (void)call.get();
   }
   require_drained(decode);
