@@ -130,8 +130,8 @@ void gemm_bf16_avx512bf16(const uint16_t* a, size_t m, size_t k, const uint16_t*
   for (size_t n = n0; n < n1; n += kPanel) {
     const size_t cols = std::min(kPanel, n1 - n);
     pack_panel(b, k, k, n, cols, pack);
-    const auto mask0 = static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << cols) - 1);
-    const auto mask1 = static_cast<__mmask16>(cols <= 16 ? 0 : cols >= 32 ? 0xffff : (1u << (cols - 16)) - 1);
+    const PanelMasks masks = panel_masks(cols);
+    const auto mask0 = static_cast<__mmask16>(masks.lo), mask1 = static_cast<__mmask16>(masks.hi);
     for (size_t r = 0; r < m; r += kMaxMr) {
       const int rows = static_cast<int>(std::min<size_t>(kMaxMr, m - r));
       tile_rows<kMaxMr>(a_pairs + r * pairs, pairs, pairs, pack, c + r * ldc + n, ldc, mask0, mask1, rows);

@@ -31,6 +31,16 @@ void gemv_bf16_dot_avx512bf16(const uint16_t* w, size_t in, const uint16_t* x, s
 /// Columns per packed panel (two vectors of 16): split [n0, n1) between threads at multiples of this.
 inline constexpr size_t kGemmBf16PanelCols = 32;
 
+/// Lane masks of a panel with `cols` (<= kGemmBf16PanelCols) output columns: its first and
+/// second 16 columns, as the AVX-512 kernels' __mmask16.
+struct PanelMasks {
+  uint16_t lo, hi;
+};
+inline constexpr PanelMasks panel_masks(size_t cols) {
+  return {static_cast<uint16_t>(cols >= 16 ? 0xffff : (1u << cols) - 1),
+          static_cast<uint16_t>(cols <= 16 ? 0 : cols >= 32 ? 0xffff : (1u << (cols - 16)) - 1)};
+}
+
 /// x [rows][k] f32 -> out [rows][k rounded up to even] f32 holding bf16 values (f32_to_bf16,
 /// widened back; the pad is 0): the activations of gemm_bf16_fma_avx512.
 inline void f32_round_bf16_pairs(const float* x, size_t rows, size_t k, float* out) {

@@ -9,24 +9,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <algorithm>
 #include <condition_variable>
-#include <filesystem>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <variant>
 #include <vector>
 
 #include "hack/core/error.h"
-#include "hack/core/read_file.h"
-#include "hack/model/config.h"
-#include "hack/model/generation_config.h"
 #include "hack/model/gguf_model.h"
 #include "hack/router/api_keys.h"
 #include "hack/http/http_server.h"
@@ -34,11 +26,6 @@
 #include "hack/node/node_protocol.h"
 #include "hack/router/openai_protocol.h"
 #include "hack/router/responses_api.h"
-#include "hack/router/routing.h"
-#include "hack/router/stop_strings.h"
-#include "hack/router/tool_calls.h"
-#include "hack/tokenizer/chat_template.h"
-#include "hack/tokenizer/tokenizer.h"
 #include "src/router/admission.h"
 #include "src/router/answer.h"
 #include "src/router/choice_runner.h"
