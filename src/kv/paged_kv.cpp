@@ -6,8 +6,14 @@
 #include <vector>
 
 #include "hack/core/dtype.h"
+#include "hack/core/error.h"
 
 namespace hack {
+
+int PagedKv::hack_page_count(int seq_id, int layer) const {
+  HACK_CHECK(options().mode == KvMode::hack, "hack_page_count: the cache is in fp mode");
+  return blocks().closed_blocks(seq_id, layer);
+}
 
 void PagedKv::read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const {
   const KvShape& s = shape();

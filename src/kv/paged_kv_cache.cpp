@@ -32,7 +32,7 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
     : shape_(shape),
       options_(options),
       kernels_(&cpu::hack_attention_kernels(options.isa.value_or(cpu_isa()))),
-      budget_(options.capacity_bytes) {
+      blocks_(shape.num_layers, options, [this](int max_tokens) { return reserve_bytes_for(max_tokens); }) {
   HACK_CHECK(shape.num_layers > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0 && shape.group_size > 0,
              "paged KV cache: invalid shape ({} layers, {} KV heads, head_dim {}, group {})", shape.num_layers,
              shape.num_kv_heads, shape.head_dim, shape.group_size);
@@ -122,11 +122,6 @@ const PagedKvCache::Sequence& PagedKvCache::get(int seq_id) const {
   return *it->second;
 }
 
-int PagedKvCache::full_blocks(int length) const {
-  if (options_.mode == KvMode::fp) return length / options_.block_tokens;
-  return std::max(0, length - options_.sinks) / options_.block_tokens;
-}
-
 size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
   const int T = options_.block_tokens;
   size_t per_layer;
@@ -137,7 +132,7 @@ size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
   }
   for (int l = 0; l < shape_.num_layers; ++l) {
     // The recent window's full blocks are held as bf16 pages instead of HACK pages.
-    const int blocks = full_blocks(max_tokens);
+    const int blocks = blocks_.full_blocks(max_tokens);
     const int window = std::min(blocks, (options_.recent_tokens + T - 1) / T);
     per_layer = static_cast<size_t>(blocks - window) * pages_of(l).page_bytes() +
                 static_cast<size_t>(window) * open_pool_->page_bytes();
@@ -149,15 +144,8 @@ size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
 }
 
 void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
-  HACK_CHECK(!sequences_.contains(seq_id), "sequence {} already exists", seq_id);
-  HACK_CHECK(max_tokens > 0, "sequence {}: max_tokens must be positive, got {}", seq_id, max_tokens);
-  const size_t bytes = reserve_bytes_for(max_tokens);
-  HACK_CHECK(budget_.try_reserve(bytes),
-             "sequence {}: {} tokens need {} KV bytes, {} of {} are committed", seq_id, max_tokens, bytes,
-             budget_.reserved(), budget_.capacity());
+  blocks_.add_sequence(seq_id, max_tokens);  // checks the id, the count and the budget
   auto s = std::make_unique<Sequence>();
-  s->max_tokens = max_tokens;
-  s->reserved_bytes = bytes;
   s->layers.resize(static_cast<size_t>(shape_.num_layers));
   const int max_pages = (max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1;
   for (size_t l = 0; l < s->layers.size(); ++l) {  // no reallocation on the decode path
@@ -171,11 +159,8 @@ void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
 
 bool PagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
   Sequence& s = get(seq_id);
-  if (max_tokens <= s.max_tokens) return true;
-  const size_t bytes = reserve_bytes_for(max_tokens);
-  if (bytes > s.reserved_bytes && !budget_.try_reserve(bytes - s.reserved_bytes)) return false;
-  if (bytes > s.reserved_bytes) s.reserved_bytes = bytes;
-  s.max_tokens = max_tokens;
+  if (max_tokens <= blocks_.max_tokens(seq_id)) return true;
+  if (!blocks_.try_extend_sequence(seq_id, max_tokens)) return false;
   const size_t max_pages = static_cast<size_t>((max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1);
   for (auto& lp : s.layers) lp.pages.reserve(max_pages);
   return true;
@@ -197,15 +182,8 @@ void PagedKvCache::remove_sequence(int seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return;
   release_pages(*it->second);
-  budget_.release(it->second->reserved_bytes);
+  blocks_.remove_sequence(seq_id);
   sequences_.erase(it);
-}
-
-bool PagedKvCache::has_sequence(int seq_id) const { return sequences_.contains(seq_id); }
-
-int PagedKvCache::length(int seq_id, int layer) const {
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
-  return get(seq_id).layers[static_cast<size_t>(layer)].length;
 }
 
 void PagedKvCache::write_exact(int layer, std::byte* page, int capacity, int slot, const float* k, const float* v) const {
@@ -236,12 +214,14 @@ void PagedKvCache::copy_exact_page(int layer, const std::byte* from, std::byte* 
   }
 }
 
-void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
+void PagedKvCache::quantize_pending(int seq_id, int layer) {
   const int T = options_.block_tokens;
+  LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
+  // The blocks that have left the recent window (the block manager's rule, the same on
+  // every device); pending blocks are the full ones past the closed pages.
+  const size_t upto = static_cast<size_t>(blocks_.closable_blocks(seq_id, layer));
   size_t done = 0;
-  for (; done < lp.pending.size(); ++done) {
-    const int block_end = options_.sinks + static_cast<int>(lp.pages.size() + 1) * T;
-    if (block_end > lp.length - options_.recent_tokens) break;  // still inside the recent window
+  for (; done < lp.pending.size() && lp.pages.size() < upto; ++done) {
     const PageRef block = lp.pending[done];
     const PageRef page = pages_of(layer).allocate();
     quantize_block(layer, block.data, options_.sinks + static_cast<int64_t>(lp.pages.size()) * T, page.data);
@@ -249,6 +229,7 @@ void PagedKvCache::quantize_pending(int layer, LayerPages& lp) {
     open_pool_->release(block);
   }
   lp.pending.erase(lp.pending.begin(), lp.pending.begin() + static_cast<std::ptrdiff_t>(done));
+  blocks_.record_closed(seq_id, layer, static_cast<int>(lp.pages.size()));
 }
 
 void PagedKvCache::quantize_block(int layer, const std::byte* block, int64_t first, std::byte* page) const {
@@ -280,30 +261,20 @@ void PagedKvCache::peek_block_page(int seq_id, int layer, int block, std::byte* 
                  options_.sinks + static_cast<int64_t>(block) * options_.block_tokens, page);
 }
 
-void PagedKvCache::begin_prefill(int seq_id) {
-  Sequence& s = get(seq_id);
-  if (options_.mode == KvMode::hack && options_.exact_prefill) s.prefilling = true;
-}
+void PagedKvCache::begin_prefill(int seq_id) { blocks_.begin_prefill(seq_id); }
 
 void PagedKvCache::end_prefill(int seq_id) {
-  Sequence& s = get(seq_id);
-  if (!s.prefilling) return;
-  s.prefilling = false;
-  close_pending_blocks(seq_id);
+  if (blocks_.end_prefill(seq_id)) close_pending_blocks(seq_id);
 }
 
 void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
-  Sequence& s = get(seq_id);
-  LayerPages& lp = s.layers[static_cast<size_t>(layer)];
-  HACK_CHECK(start_pos == lp.length, "sequence {} layer {}: append at {} but length is {}", seq_id, layer, start_pos,
-             lp.length);
-  HACK_CHECK(n_tokens >= 0 && lp.length + n_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}",
-             seq_id, lp.length + n_tokens, s.max_tokens);
+  blocks_.check_append(seq_id, layer, start_pos, n_tokens);
+  LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   const int T = options_.block_tokens;
   const size_t token_floats = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim);
-  if (options_.mode == KvMode::hack && n_tokens > 0 && !s.prefilling) quantize_pending(layer, lp);
-  if (s.observer != nullptr && n_tokens > 0) s.observer->on_append(layer, start_pos, n_tokens, k, v);
+  if (options_.mode == KvMode::hack && n_tokens > 0 && !blocks_.prefilling(seq_id)) quantize_pending(seq_id, layer);
+  if (KvAppendObserver* observer = blocks_.observer(seq_id); observer != nullptr && n_tokens > 0)
+    observer->on_append(layer, start_pos, n_tokens, k, v);
   for (int i = 0; i < n_tokens; ++i) {
     const int pos = start_pos + i;
     const float* kt = k + static_cast<size_t>(i) * token_floats;
@@ -324,25 +295,8 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
         lp.open = PageRef{};
       }
     }
-    lp.length = pos + 1;
   }
-}
-
-void PagedKvCache::list_segments(int length, int closed_pages, std::vector<PlanSegment>& out) const {
-  const int T = options_.block_tokens;
-  if (options_.mode == KvMode::fp) {
-    for (int i = 0; i * T < length; ++i) out.push_back({i * T, std::min(T, length - i * T), SegmentSlot::closed, i});
-    return;
-  }
-  const int S = options_.sinks;
-  if (S > 0 && length > 0) out.push_back({0, std::min(S, length), SegmentSlot::sinks, 0});
-  const int full = full_blocks(length);
-  for (int b = 0; b < full; ++b) {
-    const bool closed = b < closed_pages;
-    out.push_back({S + b * T, T, closed ? SegmentSlot::closed : SegmentSlot::pending, closed ? b : b - closed_pages});
-  }
-  const int first = S + full * T;
-  if (first < length) out.push_back({first, length - first, SegmentSlot::open, 0});
+  blocks_.record_append(seq_id, layer, n_tokens);
 }
 
 PagedKvCache::Segment PagedKvCache::resolve(const LayerPages& lp, const PlanSegment& s) const {
@@ -482,9 +436,10 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers && kv_head >= 0 && kv_head < shape_.num_kv_heads,
              "attend: layer {} / KV head {} out of range", layer, kv_head);
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
-  HACK_CHECK(start_pos >= 0 && n_tokens > 0 && lp.length >= start_pos + n_tokens,
+  const int length = blocks_.length(seq_id, layer);
+  HACK_CHECK(start_pos >= 0 && n_tokens > 0 && length >= start_pos + n_tokens,
              "sequence {} layer {}: attention over {} tokens but {} stored", seq_id, layer, start_pos + n_tokens,
-             lp.length);
+             length);
   // A head's q and output occupy the first k_dim / v_dim entries of head_dim-wide slots.
   const int G = shape_.group_size, kd = shape_.k_dim(layer, kv_head), vd = shape_.v_dim(layer, kv_head);
   const size_t rows_n = static_cast<size_t>(n_tokens) * static_cast<size_t>(G), ud = static_cast<size_t>(shape_.head_dim);
@@ -503,7 +458,7 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
   const cpu::AttentionRows rows{static_cast<int>(rows_n), kd, vd, qs, visible, mx, sum, acc};
   cpu::attention_rows_reset(rows);
   std::vector<PlanSegment> segments;  // the reference path may allocate
-  list_segments(start_pos + n_tokens, static_cast<int>(lp.pages.size()), segments);
+  blocks_.list_segments(start_pos + n_tokens, static_cast<int>(lp.pages.size()), segments);
   attend_segments(lp, segments, nullptr, 0, static_cast<int>(segments.size()), kv_head, kv_head + 1, start_pos, n_tokens,
                   &rows, work);
   for (int t = 0; t < n_tokens; ++t) {
@@ -516,52 +471,6 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
     cpu::attention_rows_finish(tr, dst, ud);
     for (int g = 0; g < G; ++g) std::fill(dst + static_cast<size_t>(g) * ud + static_cast<size_t>(vd), dst + (static_cast<size_t>(g) + 1) * ud, 0.0f);
   }
-}
-
-void PagedKvCache::plan(std::span<const PlanItem> items, const PlanPolicy& policy, AttentionPlan& plan) const {
-  const int H = shape_.num_kv_heads;
-  plan.clear();
-  plan.num_kv_heads = H;
-  plan.group_size = shape_.group_size;
-  plan.k_dims.resize(static_cast<size_t>(shape_.num_layers * H));
-  plan.v_dims.resize(plan.k_dims.size());
-  for (int l = 0; l < shape_.num_layers; ++l)
-    for (int h = 0; h < H; ++h) {
-      const size_t at = static_cast<size_t>(l * H + h);
-      plan.k_dims[at] = shape_.k_dim(l, h);
-      plan.v_dims[at] = shape_.v_dim(l, h);
-    }
-  const int T = options_.block_tokens;
-  // Room for every item's segments at its largest length, so a growing context does not
-  // grow the plan during decode (sinks, open block and one spare around the full blocks).
-  size_t most_segments = 0;
-  for (const PlanItem& in : items)
-    if (sequences_.contains(in.seq_id)) most_segments += static_cast<size_t>(get(in.seq_id).max_tokens / T + 3);
-  plan.segments.reserve(most_segments);
-  for (const PlanItem& in : items) {
-    for (const PlanItem& seen : plan.items)
-      HACK_CHECK(seen.seq_id != in.seq_id, "attention plan: sequence {} appears twice in one step", in.seq_id);
-    const Sequence& s = get(in.seq_id);
-    const LayerPages& lp = s.layers.front();
-    HACK_CHECK(in.n_tokens > 0 && in.start_pos == lp.length,
-               "sequence {}: a chunk of {} tokens at {} but {} are stored", in.seq_id, in.n_tokens, in.start_pos,
-               lp.length);
-    HACK_CHECK(in.start_pos + in.n_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}", in.seq_id,
-               in.start_pos + in.n_tokens, s.max_tokens);
-    // The closed pages after the step's append: append quantizes the pending blocks that
-    // have left the recent window (as of the length before it) unless a prefill is open.
-    int closed = static_cast<int>(lp.pages.size());
-    if (options_.mode == KvMode::hack && !s.prefilling) {
-      const int window_end = in.start_pos - options_.recent_tokens - options_.sinks;
-      if (window_end >= 0) closed = std::max(closed, window_end / T);
-    }
-    PlanItem item = in;
-    item.closed_pages = closed;
-    plan.items.push_back(item);
-    list_segments(in.start_pos + in.n_tokens, closed, plan.segments);
-    plan.segment_offsets.push_back(static_cast<int>(plan.segments.size()));
-  }
-  build_plan_tasks(plan, policy);
 }
 
 // What the tasks of one run() share.
@@ -676,10 +585,11 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const PlanItem& it = plan.items[i];
     const LayerPages& lp = get(it.seq_id).layers[static_cast<size_t>(layer)];
-    HACK_CHECK(lp.length == it.start_pos + it.n_tokens &&
+    const int length = blocks_.length(it.seq_id, layer);
+    HACK_CHECK(length == it.start_pos + it.n_tokens &&
                    (options_.mode == KvMode::fp || static_cast<int>(lp.pages.size()) == it.closed_pages),
                "sequence {} layer {}: holds {} tokens in {} closed pages, the step's plan expects {} in {}", it.seq_id,
-               layer, lp.length, lp.pages.size(), it.start_pos + it.n_tokens, it.closed_pages);
+               layer, length, lp.pages.size(), it.start_pos + it.n_tokens, it.closed_pages);
     ws.layers[i] = &lp;
   }
   // Workspace: the plan's softmax states, then per thread the scaled q of a task and the
@@ -706,16 +616,18 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
 void PagedKvCache::set_select_options(const PageSelectOptions& select) {
   check_select(select, options_.mode);
   options_.select = select;
+  blocks_.set_options(options_);
 }
 
 void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {
   const Sequence& src = get(src_seq);
   HACK_CHECK(n_tokens >= 0 && n_tokens <= max_tokens, "fork: {} tokens do not fit {}", n_tokens, max_tokens);
   const int T = options_.block_tokens, S = options_.mode == KvMode::hack ? options_.sinks : 0;
-  const int blocks = full_blocks(n_tokens);
+  const int blocks = blocks_.full_blocks(n_tokens);
   const int tail = std::max(0, n_tokens - S - blocks * T);  // tokens of the partly filled block
   for (const LayerPages& lp : src.layers) {
-    HACK_CHECK(n_tokens <= lp.length, "fork: sequence {} holds {} tokens, not {}", src_seq, lp.length, n_tokens);
+    const int length = blocks_.length(src_seq, lp.layer);
+    HACK_CHECK(n_tokens <= length, "fork: sequence {} holds {} tokens, not {}", src_seq, length, n_tokens);
     HACK_CHECK(options_.mode == KvMode::fp || tail == 0 || blocks >= static_cast<int>(lp.pages.size()),
                "fork: token {} lies in a block sequence {} has already quantized", n_tokens, src_seq);
   }
@@ -724,7 +636,8 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
   for (size_t l = 0; l < src.layers.size(); ++l) {
     const LayerPages& from = src.layers[l];
     LayerPages& to = dst.layers[l];
-    to.length = n_tokens;
+    // Closed blocks shared as closed (as the pages below); fp mode counts its pages itself.
+    blocks_.set_layer(dst_seq, static_cast<int>(l), n_tokens, std::min(blocks, static_cast<int>(from.pages.size())));
     if (options_.mode == KvMode::fp) {
       for (int i = 0; i < blocks; ++i) {
         pages_of(from.layer).retain(from.pages[static_cast<size_t>(i)]);
@@ -768,29 +681,22 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
 
 void PagedKvCache::close_pending_blocks(int seq_id) {
   if (options_.mode != KvMode::hack) return;
-  Sequence& s = get(seq_id);
-  for (size_t l = 0; l < s.layers.size(); ++l) quantize_pending(static_cast<int>(l), s.layers[l]);
+  for (int l = 0; l < shape_.num_layers; ++l) quantize_pending(seq_id, l);
 }
 
 void PagedKvCache::close_pending_blocks(int seq_id, int layer) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   if (options_.mode != KvMode::hack) return;
-  quantize_pending(layer, get(seq_id).layers[static_cast<size_t>(layer)]);
+  quantize_pending(seq_id, layer);
 }
-
-int PagedKvCache::pending_block_count(int seq_id, int layer) const {
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
-  return static_cast<int>(get(seq_id).layers[static_cast<size_t>(layer)].pending.size());
-}
-
-int PagedKvCache::max_tokens(int seq_id) const { return get(seq_id).max_tokens; }
 
 DType PagedKvCache::exact_dtype() const { return options_.mode == KvMode::fp ? options_.fp_dtype : DType::bf16; }
 
 const std::byte* PagedKvCache::exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,
                                               int& capacity) const {
-  HACK_CHECK(pos >= 0 && pos < lp.length, "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer,
-             pos, lp.length);
+  const int length = blocks_.length(seq_id, layer);
+  HACK_CHECK(pos >= 0 && pos < length, "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer, pos,
+             length);
   const int T = options_.block_tokens;
   if (options_.mode == KvMode::fp) {
     slot = pos % T;
@@ -843,10 +749,9 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
 
 void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
-  Sequence& s = get(seq_id);
-  LayerPages& lp = s.layers[static_cast<size_t>(layer)];
-  const int n = lp.length;
-  HACK_CHECK(options_.mode == KvMode::fp || (s.prefilling && lp.pages.empty()),
+  LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
+  const int n = blocks_.length(seq_id, layer);
+  HACK_CHECK(options_.mode == KvMode::fp || (blocks_.prefilling(seq_id) && lp.pages.empty()),
              "sequence {} layer {}: tokens can be evicted only inside its prefill, before any block is quantized",
              seq_id, layer);
   for (size_t i = 0; i < kept.size(); ++i)
@@ -868,10 +773,11 @@ void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& ke
   if (lp.open) open_pool_->release(lp.open);
   if (lp.sink) sink_pool_->release(lp.sink);
   lp.open = lp.sink = PageRef{};
-  lp.length = 0;
-  KvAppendObserver* observer = std::exchange(s.observer, nullptr);  // it saw these tokens once already
+  blocks_.set_layer(seq_id, layer, 0, 0);
+  KvAppendObserver* observer = blocks_.observer(seq_id);  // it saw these tokens once already
+  blocks_.set_observer(seq_id, nullptr);
   append(layer, seq_id, 0, static_cast<int>(kept.size()), k.data(), v.data());
-  s.observer = observer;
+  blocks_.set_observer(seq_id, observer);
 }
 
 double PagedKvCache::bytes_per_token() const { return kv_bytes_per_token(shape_, options_); }
@@ -880,17 +786,12 @@ size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   const size_t exact_token = exact_[static_cast<size_t>(layer)].token_elems * exact_elem_bytes_;
   std::vector<PlanSegment> segments;
-  list_segments(lp.length, static_cast<int>(lp.pages.size()), segments);
+  blocks_.list_segments(blocks_.length(seq_id, layer), static_cast<int>(lp.pages.size()), segments);
   size_t bytes = 0;
   for (const PlanSegment& s : segments)
     bytes += s.slot == SegmentSlot::closed && options_.mode == KvMode::hack ? pages_of(layer).page_bytes()
                                                                             : static_cast<size_t>(s.tokens) * exact_token;
   return bytes;
-}
-
-int PagedKvCache::hack_page_count(int seq_id, int layer) const {
-  HACK_CHECK(options_.mode == KvMode::hack, "hack_page_count: cache is in fp mode");
-  return static_cast<int>(get(seq_id).layers[static_cast<size_t>(layer)].pages.size());
 }
 
 std::span<const PageRef> PagedKvCache::hack_pages(int seq_id, int layer) const {
@@ -921,32 +822,32 @@ int PagedKvCache::page_ref_count(int seq_id, int layer, int index) const {
   return pages_of(layer).ref_count(lp.pages[static_cast<size_t>(index)]);
 }
 
-void PagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) { get(seq_id).observer = observer; }
+void PagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) { blocks_.set_observer(seq_id, observer); }
 
 void PagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, size_t size) {
   HACK_CHECK(options_.mode == KvMode::hack, "append_hack_page: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   layouts_[static_cast<size_t>(layer)].validate(bytes, size);
-  Sequence& s = get(seq_id);
-  LayerPages& lp = s.layers[static_cast<size_t>(layer)];
+  LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
+  const int length = blocks_.length(seq_id, layer);
   const int64_t expected = options_.sinks + static_cast<int64_t>(lp.pages.size()) * options_.block_tokens;
-  HACK_CHECK(lp.length == expected && lp.pending.empty(), "append_hack_page: sequence {} layer {} holds {} tokens, a block starts at {}",
-             seq_id, layer, lp.length, expected);
+  HACK_CHECK(length == expected && lp.pending.empty(), "append_hack_page: sequence {} layer {} holds {} tokens, a block starts at {}",
+             seq_id, layer, length, expected);
   HACK_CHECK(HackPageLayout::page_layer(bytes) == layer && HackPageLayout::page_first_token(bytes) == expected,
              "append_hack_page: page is layer {} token {}, expected layer {} token {}", HackPageLayout::page_layer(bytes),
              HackPageLayout::page_first_token(bytes), layer, expected);
-  HACK_CHECK(lp.length + options_.block_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}",
-             seq_id, lp.length + options_.block_tokens, s.max_tokens);
+  blocks_.check_append(seq_id, layer, length, options_.block_tokens);
   const PageRef page = pages_of(layer).allocate();
   std::memcpy(page.data, bytes, size);
   lp.pages.push_back(page);
-  lp.length += options_.block_tokens;
+  blocks_.record_append(seq_id, layer, options_.block_tokens);
+  blocks_.record_closed(seq_id, layer, static_cast<int>(lp.pages.size()));
 }
 
 KvCacheStats PagedKvCache::stats() const {
   KvCacheStats st;
-  st.sequences = static_cast<int64_t>(sequences_.size());
-  for (const auto& [id, s] : sequences_) st.tokens += s->layers.back().length;
+  st.sequences = blocks_.sequence_count();
+  st.tokens = blocks_.token_count();
   for (const auto& p : block_pools_) {
     st.bytes_used += p->bytes_in_use();
     st.bytes_pooled += p->bytes_reserved();
@@ -956,8 +857,8 @@ KvCacheStats PagedKvCache::stats() const {
     st.bytes_used += p->bytes_in_use();
     st.bytes_pooled += p->bytes_reserved();
   }
-  st.bytes_capacity = budget_.capacity();
-  st.bytes_reserved = budget_.reserved();
+  st.bytes_capacity = blocks_.capacity_bytes();
+  st.bytes_reserved = blocks_.reserved_bytes();
   return st;
 }
 

@@ -65,25 +65,22 @@ class CudaPagedKvCache final : public PagedKv {
   /// throws when the pool has too few free pages.
   void add_sequence(int seq_id, int max_tokens) override;
   void remove_sequence(int seq_id) override;
-  bool has_sequence(int seq_id) const override;
-  int length(int seq_id, int layer) const override;
   /// Host fp32 K/V -> bf16 rows, synchronously (not the backend's path; see the file comment).
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
   void keep_tokens(int seq_id, int layer, const std::vector<int>& kept) override;
 
   // PagedKv (kv/paged_kv.h).
   const KvCacheOptions& options() const override { return kv_options_; }
-  /// Page units (a page's bf16 rows and its HACK page, every layer) of max_tokens, in bytes:
-  /// capacity and reservations count whole page units, so a byte comparison is a page count.
-  size_t sequence_bytes(int max_tokens) const override;
+  /// Its sequence_bytes are page units (a page's bf16 rows and its HACK page, every layer)
+  /// of max_tokens: capacity and reservations count whole page units, so a byte comparison
+  /// is a page count.
+  const KvBlockManager& blocks() const override { return blocks_; }
   /// Takes more pages from the pool; false (nothing changed) when too few are free.
   bool try_extend_sequence(int seq_id, int max_tokens) override;
   size_t release_free_slabs() override { return 0; }  // the pool is allocated once
   void set_append_observer(int seq_id, KvAppendObserver* observer) override;
   void close_pending_blocks(int seq_id) override;
   void close_pending_blocks(int seq_id, int layer) override;
-  int pending_block_count(int seq_id, int layer) const override;
-  int hack_page_count(int seq_id, int layer) const override;
   std::span<const std::byte> host_hack_page(int, int, int) const override { return {}; }
   void read_hack_page(int seq_id, int layer, int index, std::byte* page) const override;
   void peek_block_page(int seq_id, int layer, int block, std::byte* page) const override;
@@ -104,7 +101,6 @@ class CudaPagedKvCache final : public PagedKv {
   cuda::PagedKvLayer layer(int layer) const;
   /// Page ids of the sequence, in token order (covering its max_tokens).
   std::span<const int> page_table(int seq_id) const;
-  int max_tokens(int seq_id) const override;
   /// Records that n_tokens were written at [start_pos, start_pos + n_tokens) of `layer` on
   /// the device; checks start_pos == length and the reservation.
   void commit_append(int layer, int seq_id, int start_pos, int n_tokens);
@@ -139,13 +135,11 @@ class CudaPagedKvCache final : public PagedKv {
   const uint16_t* exact_page(int layer, int page) const;
 
  private:
+  // The pages of a sequence; its lengths, closed blocks, reservation and prefill bracket
+  // are in blocks_.
   struct Sequence {
-    int max_tokens = 0;
-    std::vector<int> pages;
-    std::vector<int> lengths;  // [layer]
-    std::vector<int> hack_pages;  // --kv hack: one per block
-    std::vector<int> closed;      // [layer] --kv hack: blocks quantized (or imported as HACK pages)
-    bool prefilling = false;
+    std::vector<int> pages;       // bf16 page ids covering max_tokens rows
+    std::vector<int> hack_pages;  // --kv hack: one HACK page id per block
   };
   const Sequence& get(int seq_id) const;
   Sequence& get(int seq_id);
@@ -165,20 +159,21 @@ class CudaPagedKvCache final : public PagedKv {
 
   KvShape shape_;
   CudaKvOptions options_;
-  Buffer pool_;            // device
+  Buffer pool_;            // device bf16 [layer][num_pages][K|V][kv_head][Π][head_dim]
   std::vector<int> free_;  // free page ids (a stack)
   // --kv hack:
   std::vector<HackPageLayout> layouts_;        // per layer
   std::vector<HackPageGeometry> geometries_;   // per layer
   std::vector<size_t> hack_stride_;            // per layer: bytes between pages (64-byte multiple)
   std::vector<size_t> hack_offset_;            // per layer: its pages' start in hack_pool_
-  Buffer hack_pool_;                           // device
+  Buffer hack_pool_;                           // device: per layer l at hack_offset_[l], [num_pages] HACK pages hack_stride_[l] apart
   Buffer headers_;                             // device: per layer its page header template, at header_offset_
   std::vector<size_t> header_offset_;
   std::vector<int> hack_free_;                 // free HACK page ids (a stack)
-  mutable Buffer close_args_;                  // device: quantize_blocks' argument arrays, grown on demand
+  mutable Buffer close_args_;                  // device u64 [4][n]: k_src, v_src, page pointers, first tokens (quantize_blocks), grown on demand
   mutable Buffer scratch_page_;                // device: one HACK page peek_block_page quantizes into
   KvCacheOptions kv_options_;                  // options(): the HACK options, or fp bf16 pages of Π
+  KvBlockManager blocks_;                      // lengths, closed blocks, reservations, the plan
   std::unordered_map<int, Sequence> sequences_;
 };
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "hack/backend/backend.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/kv/kv_options.h"
 
 namespace hack {
 

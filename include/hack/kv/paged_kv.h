@@ -5,6 +5,12 @@
 /// things"). Sequences and their reservations, the prefill bracket, which blocks are closed
 /// (quantized), and page bytes moved in and out through host memory by page index.
 ///
+/// Every implementation is a device storage over one KvBlockManager (kv/block_manager.h):
+/// the manager holds the device-neutral state (sequences, per-layer lengths and closed
+/// blocks, reservations, the prefill bracket) and builds the step's AttentionPlan; the
+/// storage holds the pages and runs the plan. What only reads that state is answered here
+/// from the manager, once for every device.
+///
 /// Implementations: PagedKvCache (kv/paged_kv_cache.h: host page pools and the CPU attention
 /// runner) and CudaPagedKvCache (backend/cuda_paged_kv_cache.h: device page pools and the CUDA
 /// kernels). Each backend computes over its own concrete type; nothing above a backend names
@@ -20,6 +26,8 @@
 #include <cstddef>
 #include <span>
 
+#include "hack/kv/attention_plan.h"
+#include "hack/kv/block_manager.h"
 #include "hack/kv/kv_cache.h"
 #include "hack/kv/kv_options.h"
 
@@ -29,15 +37,25 @@ class PagedKv : public KvCache {
  public:
   /// The options the pages were built with (fp mode: mode, fp_dtype and block_tokens matter).
   virtual const KvCacheOptions& options() const = 0;
+  /// The device-neutral bookkeeping behind the pages.
+  virtual const KvBlockManager& blocks() const = 0;
+
+  bool has_sequence(int seq_id) const final { return blocks().has_sequence(seq_id); }
+  int length(int seq_id, int layer) const final { return blocks().length(seq_id, layer); }
+  /// Plans the attention of one step whose chunks are `items` (KvBlockManager::plan): the
+  /// same plan from the same state on every device. Run it after the step's appends.
+  void plan(std::span<const PlanItem> items, const PlanPolicy& policy, AttentionPlan& plan) const {
+    blocks().plan(shape(), items, policy, plan);
+  }
 
   // ---- sequences and the byte budget (admission) ----
   /// Bytes add_sequence(…, max_tokens) reserves against the capacity (stats().bytes_capacity).
-  virtual size_t sequence_bytes(int max_tokens) const = 0;
+  size_t sequence_bytes(int max_tokens) const { return blocks().sequence_bytes(max_tokens); }
   /// Grows a sequence's reservation to max_tokens (never shrinks it). False, with nothing
   /// changed, when the capacity cannot hold the difference.
   virtual bool try_extend_sequence(int seq_id, int max_tokens) = 0;
   /// Tokens the sequence is reserved for.
-  virtual int max_tokens(int seq_id) const = 0;
+  int max_tokens(int seq_id) const { return blocks().max_tokens(seq_id); }
   /// Gives memory of pages no sequence holds back to the system; returns the bytes given back
   /// (0 where the pool is pre-allocated, as on a device). For an idle owner.
   virtual size_t release_free_slabs() = 0;
@@ -52,13 +70,13 @@ class PagedKv : public KvCache {
   virtual void close_pending_blocks(int seq_id) = 0;
   virtual void close_pending_blocks(int seq_id, int layer) = 0;
   /// Full blocks of a layer not yet quantized (hack mode; 0 in fp mode).
-  virtual int pending_block_count(int seq_id, int layer) const = 0;
+  int pending_block_count(int seq_id, int layer) const { return blocks().pending_blocks(seq_id, layer); }
 
   // ---- page bytes, through host memory ----
   /// Layout of one layer's HACK pages (hack mode).
   virtual const HackPageLayout& hack_layout(int layer) const = 0;
   /// Closed HACK pages of a sequence's layer (hack mode).
-  virtual int hack_page_count(int seq_id, int layer) const = 0;
+  int hack_page_count(int seq_id, int layer) const;
   /// Closed page `index` where it lies in host memory (valid and unchanged until the sequence
   /// is removed, so a sender may keep it); empty where pages live on a device (read_hack_page).
   virtual std::span<const std::byte> host_hack_page(int seq_id, int layer, int index) const = 0;

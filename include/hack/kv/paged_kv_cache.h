@@ -1,7 +1,8 @@
 /// @file paged_kv_cache.h
-/// @brief The paged KV cache behind `--kv fp|hack`: per-sequence page tables over a shared
-/// page pool with reference counts, and attention planned once per step (plan) and run
-/// page by page with an online softmax in every layer (run).
+/// @brief The host storage of the paged KV behind `--kv fp|hack`: per-sequence page tables
+/// over shared page pools with reference counts, under the device-neutral KvBlockManager
+/// (lengths, closed blocks, reservations, the prefill bracket, the plan), and the CPU runner
+/// of the step's AttentionPlan: page by page with an online softmax in every layer (run).
 ///
 /// Per (sequence, layer), tokens live in:
 ///   fp mode:   fp pages of Π tokens (bf16 or f32), the last one partly filled.
@@ -46,7 +47,6 @@ struct CpuLayerPages {
   std::vector<PageRef> pages;    ///< hack: HACK pages; fp: fp pages (last may be partial)
   std::vector<PageRef> pending;  ///< hack: full bf16 blocks of the latest append, to quantize
   PageRef open;                  ///< hack: bf16 [K|V][head][Π][dim], the block being filled
-  int length = 0;
   int layer = 0;                 ///< which layer (its page layout and pool)
 };
 
@@ -75,18 +75,9 @@ class PagedKvCache final : public PagedKv {
   /// Grows a sequence's reservation to max_tokens (never shrinks it). False, with nothing
   /// changed, when the budget cannot hold the difference.
   bool try_extend_sequence(int seq_id, int max_tokens) override;
-  /// Bytes add_sequence(…, max_tokens) reserves (for admission decisions).
-  size_t sequence_bytes(int max_tokens) const override { return reserve_bytes_for(max_tokens); }
-  bool has_sequence(int seq_id) const override;
-  int length(int seq_id, int layer) const override;
   void append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) override;
 
-  /// Plans the attention of one step (kv/attention_plan.h) whose chunks are `items`
-  /// (seq_id, start_pos = the sequence's length now, n_tokens, row); each sequence at most
-  /// once. Run it after the step's appends, in every layer. Throws hack::Error naming the
-  /// sequence when a chunk does not fit.
-  void plan(std::span<const PlanItem> items, const PlanPolicy& policy, AttentionPlan& plan) const;
-  /// Runs `plan` in `layer`: for every item, out rows = causal attention of its q rows over
+  /// Runs `plan` (PagedKv::plan) in `layer`: for every item, out rows = causal attention of its q rows over
   /// all stored tokens (or the selected segments). q, out: [rows][num_kv_heads · group ·
   /// head_dim] f32 with row strides q_stride / out_stride; q is scaled by `scale` here.
   /// Work is split over `pool` by the plan's tasks; results depend only on the plan, not on
@@ -112,6 +103,7 @@ class PagedKvCache final : public PagedKv {
   void end_prefill(int seq_id) override;
 
   const KvCacheOptions& options() const override { return options_; }
+  const KvBlockManager& blocks() const override { return blocks_; }
   /// Replaces the page-selection options; a backend built afterwards selects with them. The
   /// stored pages do not depend on them, so one prefilled sequence (forked) can be decoded
   /// under several selections (the fidelity bench's passkey rows share one prefill).
@@ -141,11 +133,6 @@ class PagedKvCache final : public PagedKv {
   void close_pending_blocks(int seq_id) override;
   /// The same for one layer (so a layer can be exported as soon as its prefill is done).
   void close_pending_blocks(int seq_id, int layer) override;
-  /// Blocks of a layer that are full but not yet quantized (hack mode; 0 in fp mode): those
-  /// of the latest append, of a prefill in progress, or inside the recent window.
-  int pending_block_count(int seq_id, int layer) const override;
-  /// Tokens the sequence was opened for (add_sequence's max_tokens).
-  int max_tokens(int seq_id) const override;
   /// Sets (or with nullptr clears) the sequence's append observer; it must outlive the
   /// sequence or be cleared first. remove_sequence forgets it.
   void set_append_observer(int seq_id, KvAppendObserver* observer) override;
@@ -167,8 +154,6 @@ class PagedKvCache final : public PagedKv {
   /// pages of an exact prefill this way before the prefill ends).
   void peek_block_page(int seq_id, int layer, int block, std::byte* page) const override;
 
-  /// Full HACK pages of a sequence's layer, as opaque bytes (hack mode).
-  int hack_page_count(int seq_id, int layer) const override;
   /// The closed HACK pages of a sequence's layer, in order (hack mode; valid until the next
   /// append or removal). Page selection reads their K ranges through these.
   std::span<const PageRef> hack_pages(int seq_id, int layer) const;
@@ -183,11 +168,7 @@ class PagedKvCache final : public PagedKv {
  private:
   using LayerPages = CpuLayerPages;
   struct Sequence {
-    int max_tokens = 0;
-    bool prefilling = false;       // begin_prefill .. end_prefill: appends quantize nothing
-    KvAppendObserver* observer = nullptr;
-    size_t reserved_bytes = 0;
-    std::vector<LayerPages> layers;
+    std::vector<LayerPages> layers;  // the pages; lengths and closed counts are in blocks_
   };
   // One contiguous token range of one layer as the kernels read it.
   struct Segment {
@@ -202,16 +183,13 @@ class PagedKvCache final : public PagedKv {
   const Sequence& get(int seq_id) const;
   size_t reserve_bytes_for(int max_tokens) const;
   void release_pages(Sequence& s);
-  int full_blocks(int length) const;
-  // Appends the segments of a layer holding `length` tokens of which the first
-  // closed_pages blocks are closed, in position order (the same in every layer).
-  void list_segments(int length, int closed_pages, std::vector<PlanSegment>& out) const;
   Segment resolve(const LayerPages& lp, const PlanSegment& segment) const;
   cpu::ExactHeadView exact_view(int layer, const Segment& seg, int kv_head) const;
   cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;
   PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
-  // Quantizes the pending blocks that have left the recent window into HACK pages.
-  void quantize_pending(int layer, LayerPages& lp);
+  // Quantizes the pending blocks of a layer that have left the recent window
+  // (KvBlockManager::closable_blocks) into HACK pages.
+  void quantize_pending(int seq_id, int layer);
   // Quantizes one exact block (bf16 [K|V][head][Π][dim]) starting at `first_token` into `page`.
   void quantize_block(int layer, const std::byte* block, int64_t first_token, std::byte* page) const;
   // Attends rows to one quantized block by expanding it to f32 (HackAttention::dequantized).
@@ -264,7 +242,7 @@ class PagedKvCache final : public PagedKv {
   const cpu::HackAttentionKernels* kernels_;
   std::vector<HackPageLayout> layouts_;        // hack: per layer
   size_t exact_elem_bytes_ = 2;                // open/sink/fp page element size
-  MemoryBudget budget_;
+  KvBlockManager blocks_;                      // lengths, closed blocks, reservations, the plan
   std::vector<std::unique_ptr<PagePool>> block_pools_;  // HACK pages (one pool per page size) or fp pages
   std::vector<PagePool*> layer_pool_;          // per layer: its pool in block_pools_
   std::unique_ptr<PagePool> open_pool_;        // hack: bf16 open blocks

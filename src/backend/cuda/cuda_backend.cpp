@@ -28,6 +28,7 @@
 #include "hack/kernels/cpu/ops.h"
 #include "hack/kernels/cuda/hack.h"
 #include "hack/kernels/cuda/ops.h"
+#include "hack/kv/attention_plan.h"
 #include "hack/kv/hack_attention_plan.h"
 
 namespace hack {
@@ -268,6 +269,7 @@ class CudaBackend final : public Backend {
   // One decode query (a chunk of one token) or one prefill chunk, as the plan records it.
   struct DecodeEntry {
     int row, length, table_offset, seq_id;
+    int closed_pages;  // the step's AttentionPlan: blocks closed once this step's token is appended
   };
   struct PrefillEntry {
     int row, n_tokens, start_pos, table_offset;
@@ -395,6 +397,14 @@ class CudaBackend final : public Backend {
                    c.seq_id);
     }
     if (T == 0) return 0;
+    // The step's AttentionPlan from the device-neutral block manager, exactly as the CPU
+    // builds it (same chunks, same state, same segments and closed pages): the HACK decode
+    // rows close what it says. The device kernels below still take their own page arrays.
+    plan_items_.clear();
+    for (const SequenceChunk& c : batch)
+      plan_items_.push_back(PlanItem{c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()),
+                                     static_cast<int>(plan_items_.empty() ? 0 : plan_items_.back().row + plan_items_.back().n_tokens)});
+    kv.plan(plan_items_, PlanPolicy{.workers = sm_count_}, attention_plan_);
     HACK_CHECK(T <= static_cast<size_t>(options_.max_batch_tokens),
                "CUDA backend: {} tokens in one forward, at most {} (max_batch_tokens)", T, options_.max_batch_tokens);
 
@@ -425,7 +435,8 @@ class CudaBackend final : public Backend {
     int row = 0, n_logits = 0, table_at = 0;
     max_decode_pages_ = 0;
     max_prefill_tokens_ = 0;
-    for (const SequenceChunk& c : batch) {
+    for (size_t item = 0; item < batch.size(); ++item) {
+      const SequenceChunk& c = batch[item];
       const int n = static_cast<int>(c.tokens.size());
       const std::span<const int> table = kv.page_table(c.seq_id);
       const int used_pages = CudaPagedKvCache::pages_for(kv.rows_for(c.start_pos + n), P);
@@ -448,7 +459,7 @@ class CudaBackend final : public Backend {
       }
       // A prompt's one-token chunk inside a HACK prefill attends to its exact past, as a prefill.
       if (n == 1 && !(kv.is_hack() && kv.prefilling(c.seq_id))) {
-        dec_.push_back({row, c.start_pos + 1, table_at, c.seq_id});
+        dec_.push_back({row, c.start_pos + 1, table_at, c.seq_id, attention_plan_.items[item].closed_pages});
         max_decode_pages_ = std::max(max_decode_pages_, used_pages);
       } else {
         pre_.push_back({row, n, c.start_pos, table_at});
@@ -534,7 +545,7 @@ class CudaBackend final : public Backend {
     const int S = kv_.sinks(), P = kv_.page_tokens();
     hack_max_pages_ = 0;
     for (const DecodeEntry& d : dec_) {
-      kv_.close_blocks(d.seq_id, kv_.full_blocks(d.length - 1));
+      kv_.close_blocks(d.seq_id, d.closed_pages);
       hack_max_pages_ = std::max(hack_max_pages_, kv_.closed_blocks(d.seq_id));
     }
     const size_t nd = dec_.size(), maxp = static_cast<size_t>(hack_max_pages_);
@@ -650,14 +661,14 @@ class CudaBackend final : public Backend {
   Buffer gate_, up_;    // [T][intermediate] f32 SwiGLU inputs
   Buffer act_;          // [T][intermediate] bf16 SwiGLU output (down_proj input)
   Buffer logits_;       // [min(T, max_logit_rows)][vocab] f32, one lm_head pass
-  Buffer partial_;      // split-K partial softmax states of decode attention
+  Buffer partial_;      // f32, decode_attention_workspace_floats(max_sequences, num_heads, splits, head_dim): split-K partial softmax states of bf16 decode attention
   Buffer plan_host_, plan_dev_;  // [plan_capacity_] int: the forward's plan, pinned host and device
   size_t plan_capacity_ = 0;
   // --kv hack decode:
   Buffer pointers_host_, pointers_dev_;  // [pointers_capacity_] u64: per layer page, sink and open pointers
   size_t pointers_capacity_ = 0;
   Buffer hack_q_, hack_out_;             // [max_sequences][q_dim] f32: gathered q, attention out
-  Buffer hack_workspace_;                // split states of hack_decode_attention, grown on demand
+  Buffer hack_workspace_;                // f32: max and sum of every state row (sequence × KV head × split × group), then a head_dim accumulator each (hack_decode_workspace_bytes), grown on demand
   HackDecodePlan hack_plan_;
   int hack_max_pages_ = 0;
   bool hack_rows_dense_ = true;
@@ -665,6 +676,8 @@ class CudaBackend final : public Backend {
   // The current forward's plan.
   PlanOffsets off_;
   std::vector<DecodeEntry> dec_;
+  std::vector<PlanItem> plan_items_;  // the step's chunks as the block manager plans them
+  AttentionPlan attention_plan_;      // the step's plan (KvBlockManager::plan)
   std::vector<PrefillEntry> pre_;
   std::vector<int> seq_ids_;
   int n_logit_rows_ = 0;

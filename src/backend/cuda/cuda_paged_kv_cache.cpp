@@ -13,8 +13,33 @@
 
 namespace hack {
 
+namespace {
+
+// What the block manager and options() see: the HACK options, or fp bf16 pages of Π; the
+// capacity in page units (what sequence_bytes reserves).
+KvCacheOptions device_kv_options(const KvShape& shape, const CudaKvOptions& options) {
+  KvCacheOptions o;
+  if (options.hack) {
+    o = *options.hack;
+  } else {
+    o.mode = KvMode::fp;
+    o.fp_dtype = DType::bf16;
+    o.block_tokens = options.page_tokens;
+  }
+  o.capacity_bytes = options.page_tokens > 0 && options.num_pages > 0 && shape.num_layers > 0
+                         ? static_cast<size_t>(options.num_pages) * cuda_kv_page_bytes(shape, options)
+                         : 0;
+  return o;
+}
+
+}  // namespace
+
 CudaPagedKvCache::CudaPagedKvCache(const KvShape& shape, const CudaKvOptions& options)
-    : shape_(shape), options_(options) {
+    : shape_(shape),
+      options_(options),
+      kv_options_(device_kv_options(shape, options)),
+      blocks_(std::max(shape.num_layers, 1), kv_options_,
+              [this](int max_tokens) { return static_cast<size_t>(pages_needed(max_tokens)) * cuda_kv_page_bytes(shape_, options_); }) {
   HACK_CHECK(shape.num_layers > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0 && shape.group_size > 0,
              "device KV cache: bad shape (layers {}, kv heads {}, head_dim {}, group {})", shape.num_layers,
              shape.num_kv_heads, shape.head_dim, shape.group_size);
@@ -27,15 +52,7 @@ CudaPagedKvCache::CudaPagedKvCache(const KvShape& shape, const CudaKvOptions& op
   HACK_CUDA_CHECK(cudaMemset(pool_.data(), 0, bytes));
   free_.reserve(static_cast<size_t>(options.num_pages));
   for (int p = options.num_pages - 1; p >= 0; --p) free_.push_back(p);
-  if (options.hack) {
-    init_hack(*options.hack);
-    kv_options_ = *options.hack;
-  } else {
-    kv_options_.mode = KvMode::fp;
-    kv_options_.fp_dtype = DType::bf16;
-    kv_options_.block_tokens = options.page_tokens;
-  }
-  kv_options_.capacity_bytes = static_cast<size_t>(options.num_pages) * cuda_kv_page_bytes(shape, options);
+  if (options.hack) init_hack(*options.hack);
 }
 
 size_t cuda_kv_page_bytes(const KvShape& shape, const CudaKvOptions& options) {
@@ -100,16 +117,16 @@ int CudaPagedKvCache::rows_for(int n_tokens) const {
   return n_tokens <= 0 ? 0 : cuda::kv_row(n_tokens - 1, options_.page_tokens, sinks()) + 1;
 }
 
-int CudaPagedKvCache::full_blocks(int length) const {
-  return length <= sinks() ? 0 : (length - sinks()) / options_.page_tokens;
-}
+int CudaPagedKvCache::full_blocks(int length) const { return is_hack() ? blocks_.full_blocks(length) : 0; }
 
 int CudaPagedKvCache::closed_blocks(int seq_id) const {
-  const std::vector<int>& closed = get(seq_id).closed;
-  return *std::min_element(closed.begin(), closed.end());
+  if (!is_hack()) return 0;
+  int closed = blocks_.closed_blocks(seq_id, 0);
+  for (int l = 1; l < shape_.num_layers; ++l) closed = std::min(closed, blocks_.closed_blocks(seq_id, l));
+  return closed;
 }
 
-bool CudaPagedKvCache::prefilling(int seq_id) const { return get(seq_id).prefilling; }
+bool CudaPagedKvCache::prefilling(int seq_id) const { return blocks_.prefilling(seq_id); }
 
 std::span<const int> CudaPagedKvCache::hack_page_table(int seq_id) const {
   HACK_CHECK(is_hack(), "device KV cache: HACK pages exist only with --kv hack");
@@ -129,16 +146,10 @@ const uint16_t* CudaPagedKvCache::exact_page(int layer, int page) const {
                                                                            static_cast<size_t>(page);
 }
 
-void CudaPagedKvCache::begin_prefill(int seq_id) {
-  Sequence& s = get(seq_id);
-  if (is_hack()) s.prefilling = true;
-}
+void CudaPagedKvCache::begin_prefill(int seq_id) { blocks_.begin_prefill(seq_id); }
 
 void CudaPagedKvCache::end_prefill(int seq_id) {
-  Sequence& s = get(seq_id);
-  if (!s.prefilling) return;
-  s.prefilling = false;
-  close_pending_blocks(seq_id);
+  if (blocks_.end_prefill(seq_id)) close_pending_blocks(seq_id);
 }
 
 void CudaPagedKvCache::close_blocks(int seq_id, int upto) {
@@ -148,17 +159,16 @@ void CudaPagedKvCache::close_blocks(int seq_id, int upto) {
 }
 
 void CudaPagedKvCache::close_layer(Sequence& s, int seq_id, int layer, int upto) {
-  const size_t l = static_cast<size_t>(layer);
-  const int from = s.closed[l];
+  const int from = blocks_.closed_blocks(seq_id, layer), length = blocks_.length(seq_id, layer);
   if (upto <= from) return;
-  HACK_CHECK(full_blocks(s.lengths[l]) >= upto, "device KV cache: sequence {} layer {}: block {} is not full ({} tokens)",
-             seq_id, layer, upto - 1, s.lengths[l]);
+  HACK_CHECK(full_blocks(length) >= upto, "device KV cache: sequence {} layer {}: block {} is not full ({} tokens)",
+             seq_id, layer, upto - 1, length);
   const int n = upto - from;
   std::vector<uint64_t> args(4 * static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
     put_block_args(s, layer, from + i, hack_page(layer, s.hack_pages[static_cast<size_t>(from + i)]), args, i, n);
   quantize_blocks(layer, args, n);
-  s.closed[l] = upto;
+  blocks_.record_closed(seq_id, layer, upto);
 }
 
 void CudaPagedKvCache::put_block_args(const Sequence& s, int layer, int block, const void* page,
@@ -217,7 +227,7 @@ CudaPagedKvCache::Sequence& CudaPagedKvCache::get(int seq_id) {
 }
 
 void CudaPagedKvCache::add_sequence(int seq_id, int max_tokens) {
-  HACK_CHECK(!sequences_.contains(seq_id), "device KV cache: sequence {} already exists", seq_id);
+  HACK_CHECK(!blocks_.has_sequence(seq_id), "device KV cache: sequence {} already exists", seq_id);
   HACK_CHECK(max_tokens > 0, "device KV cache: sequence {} needs max_tokens > 0 (got {})", seq_id, max_tokens);
   const int need = pages_needed(max_tokens);
   HACK_CHECK(need <= free_pages(),
@@ -227,10 +237,8 @@ void CudaPagedKvCache::add_sequence(int seq_id, int max_tokens) {
   HACK_CHECK(blocks <= static_cast<int>(hack_free_.size()),
              "device KV cache: sequence {} needs {} HACK pages for {} tokens, {} of {} are free", seq_id, blocks,
              max_tokens, hack_free_.size(), options_.num_pages);
+  blocks_.add_sequence(seq_id, max_tokens);  // the budget counts the same page units
   Sequence s;
-  s.max_tokens = max_tokens;
-  s.lengths.assign(static_cast<size_t>(shape_.num_layers), 0);
-  s.closed.assign(static_cast<size_t>(shape_.num_layers), 0);
   s.pages.reserve(static_cast<size_t>(need));
   for (int i = 0; i < need; ++i) {
     s.pages.push_back(free_.back());
@@ -249,18 +257,10 @@ void CudaPagedKvCache::remove_sequence(int seq_id) {
   for (int p : it->second.pages) free_.push_back(p);
   for (int p : it->second.hack_pages) hack_free_.push_back(p);
   sequences_.erase(it);
-}
-
-bool CudaPagedKvCache::has_sequence(int seq_id) const { return sequences_.contains(seq_id); }
-
-int CudaPagedKvCache::length(int seq_id, int layer) const {
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
-  return get(seq_id).lengths[static_cast<size_t>(layer)];
+  blocks_.remove_sequence(seq_id);
 }
 
 std::span<const int> CudaPagedKvCache::page_table(int seq_id) const { return get(seq_id).pages; }
-
-int CudaPagedKvCache::max_tokens(int seq_id) const { return get(seq_id).max_tokens; }
 
 cuda::PagedKvLayer CudaPagedKvCache::layer(int layer) const {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
@@ -276,24 +276,13 @@ cuda::PagedKvLayer CudaPagedKvCache::layer(int layer) const {
 }
 
 void CudaPagedKvCache::commit_append(int layer, int seq_id, int start_pos, int n_tokens) {
-  Sequence& s = get(seq_id);
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
-  int& len = s.lengths[static_cast<size_t>(layer)];
-  HACK_CHECK(start_pos == len, "device KV cache: sequence {} layer {}: append at {} but length is {}", seq_id, layer,
-             start_pos, len);
-  HACK_CHECK(n_tokens >= 0 && start_pos + n_tokens <= s.max_tokens,
-             "device KV cache: sequence {}: {} + {} tokens exceed its reservation of {}", seq_id, start_pos, n_tokens,
-             s.max_tokens);
-  len += n_tokens;
+  blocks_.check_append(seq_id, layer, start_pos, n_tokens);
+  blocks_.record_append(seq_id, layer, n_tokens);
 }
 
 void CudaPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
   const Sequence& s = get(seq_id);
-  HACK_CHECK(start_pos == length(seq_id, layer), "device KV cache: sequence {} layer {}: append at {} but length is {}",
-             seq_id, layer, start_pos, length(seq_id, layer));
-  HACK_CHECK(n_tokens >= 0 && start_pos + n_tokens <= s.max_tokens,
-             "device KV cache: sequence {}: {} + {} tokens exceed its reservation of {}", seq_id, start_pos, n_tokens,
-             s.max_tokens);
+  blocks_.check_append(seq_id, layer, start_pos, n_tokens);
   const size_t H = static_cast<size_t>(shape_.num_kv_heads), hd = static_cast<size_t>(shape_.head_dim);
   const size_t pitch = static_cast<size_t>(options_.page_tokens) * hd * sizeof(uint16_t);  // head to head in a page
   std::vector<uint16_t> rows(H * hd);  // one token's K (or V), every head, as bf16
@@ -323,16 +312,13 @@ void CudaPagedKvCache::keep_tokens(int, int, const std::vector<int>&) {
   fail("device KV cache: static eviction (--kv-keep-*) is not offered on --device cuda yet; use --device cpu");
 }
 
-size_t CudaPagedKvCache::sequence_bytes(int max_tokens) const {
-  return static_cast<size_t>(pages_needed(max_tokens)) * cuda_kv_page_bytes(shape_, options_);
-}
-
 bool CudaPagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
   Sequence& s = get(seq_id);
-  if (max_tokens <= s.max_tokens) return true;
+  if (max_tokens <= blocks_.max_tokens(seq_id)) return true;
   const int more = pages_needed(max_tokens) - static_cast<int>(s.pages.size());
   const int more_hack = is_hack() ? full_blocks(max_tokens) - static_cast<int>(s.hack_pages.size()) : 0;
   if (more > free_pages() || more_hack > static_cast<int>(hack_free_.size())) return false;
+  if (!blocks_.try_extend_sequence(seq_id, max_tokens)) return false;
   for (int i = 0; i < more; ++i) {
     s.pages.push_back(free_.back());
     free_.pop_back();
@@ -341,12 +327,11 @@ bool CudaPagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
     s.hack_pages.push_back(hack_free_.back());
     hack_free_.pop_back();
   }
-  s.max_tokens = max_tokens;
   return true;
 }
 
 void CudaPagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) {
-  (void)get(seq_id);
+  (void)blocks_.max_tokens(seq_id);  // names an unknown sequence
   HACK_CHECK(observer == nullptr,
              "device KV cache: append observers (a decode node recording exact KV for the vault) are not offered on "
              "--device cuda yet");
@@ -355,27 +340,13 @@ void CudaPagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observe
 void CudaPagedKvCache::close_pending_blocks(int seq_id) {
   if (!is_hack()) return;
   Sequence& s = get(seq_id);
-  for (int l = 0; l < shape_.num_layers; ++l) close_layer(s, seq_id, l, full_blocks(s.lengths[static_cast<size_t>(l)]));
+  for (int l = 0; l < shape_.num_layers; ++l) close_layer(s, seq_id, l, blocks_.closable_blocks(seq_id, l));
 }
 
 void CudaPagedKvCache::close_pending_blocks(int seq_id, int layer) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
   if (!is_hack()) return;
-  Sequence& s = get(seq_id);
-  close_layer(s, seq_id, layer, full_blocks(s.lengths[static_cast<size_t>(layer)]));
-}
-
-int CudaPagedKvCache::pending_block_count(int seq_id, int layer) const {
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
-  if (!is_hack()) return 0;
-  const Sequence& s = get(seq_id);
-  return full_blocks(s.lengths[static_cast<size_t>(layer)]) - s.closed[static_cast<size_t>(layer)];
-}
-
-int CudaPagedKvCache::hack_page_count(int seq_id, int layer) const {
-  HACK_CHECK(is_hack(), "device KV cache: HACK pages exist only with --kv hack");
-  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
-  return get(seq_id).closed[static_cast<size_t>(layer)];
+  close_layer(get(seq_id), seq_id, layer, blocks_.closable_blocks(seq_id, layer));
 }
 
 void CudaPagedKvCache::read_hack_page(int seq_id, int layer, int index, std::byte* page) const {
@@ -390,10 +361,9 @@ void CudaPagedKvCache::peek_block_page(int seq_id, int layer, int block, std::by
   HACK_CHECK(is_hack(), "device KV cache: peek_block_page needs --kv hack");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
   const Sequence& s = get(seq_id);
-  const size_t l = static_cast<size_t>(layer);
-  HACK_CHECK(block >= 0 && block < full_blocks(s.lengths[l]), "device KV cache: sequence {} layer {} has no full block {}",
-             seq_id, layer, block);
-  if (block < s.closed[l]) {
+  HACK_CHECK(block >= 0 && block < full_blocks(blocks_.length(seq_id, layer)),
+             "device KV cache: sequence {} layer {} has no full block {}", seq_id, layer, block);
+  if (block < blocks_.closed_blocks(seq_id, layer)) {
     read_hack_page(seq_id, layer, block, page);
     return;
   }
@@ -411,21 +381,21 @@ void CudaPagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
   hack_layout(layer).validate(bytes, size);
   Sequence& s = get(seq_id);
-  const size_t l = static_cast<size_t>(layer);
   const int P = options_.page_tokens;
-  const int64_t expected = sinks() + static_cast<int64_t>(s.closed[l]) * P;
-  HACK_CHECK(s.lengths[l] == expected,
-             "append_hack_page: sequence {} layer {} holds {} tokens, a block starts at {}", seq_id, layer,
-             s.lengths[l], expected);
+  const int closed = blocks_.closed_blocks(seq_id, layer), length = blocks_.length(seq_id, layer);
+  const int64_t expected = sinks() + static_cast<int64_t>(closed) * P;
+  HACK_CHECK(length == expected, "append_hack_page: sequence {} layer {} holds {} tokens, a block starts at {}", seq_id,
+             layer, length, expected);
   HACK_CHECK(HackPageLayout::page_layer(bytes) == layer && HackPageLayout::page_first_token(bytes) == expected,
              "append_hack_page: page is layer {} token {}, expected layer {} token {}", HackPageLayout::page_layer(bytes),
              HackPageLayout::page_first_token(bytes), layer, expected);
-  HACK_CHECK(s.lengths[l] + P <= s.max_tokens && static_cast<size_t>(s.closed[l]) < s.hack_pages.size(),
-             "sequence {}: {} tokens exceed its capacity of {}", seq_id, s.lengths[l] + P, s.max_tokens);
-  HACK_CUDA_CHECK(cudaMemcpy(hack_page(layer, s.hack_pages[static_cast<size_t>(s.closed[l])]), bytes, size,
+  blocks_.check_append(seq_id, layer, length, P);
+  HACK_CHECK(static_cast<size_t>(closed) < s.hack_pages.size(), "sequence {}: {} tokens exceed its capacity of {}",
+             seq_id, length + P, blocks_.max_tokens(seq_id));
+  HACK_CUDA_CHECK(cudaMemcpy(hack_page(layer, s.hack_pages[static_cast<size_t>(closed)]), bytes, size,
                              cudaMemcpyHostToDevice));
-  ++s.closed[l];
-  s.lengths[l] += P;
+  blocks_.record_append(seq_id, layer, P);
+  blocks_.record_closed(seq_id, layer, closed + 1);
 }
 
 void CudaPagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k,
@@ -433,13 +403,13 @@ void CudaPagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token,
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
   HACK_CHECK(n_tokens >= 0, "copy_exact_tokens: negative token count {}", n_tokens);
   const Sequence& s = get(seq_id);
-  const size_t l = static_cast<size_t>(layer);
   const int S = sinks(), P = options_.page_tokens;
+  const int length = blocks_.length(seq_id, layer), closed = is_hack() ? blocks_.closed_blocks(seq_id, layer) : 0;
   // Check the whole range first so nothing is written for a bad one.
   for (int pos = first_token; pos < first_token + n_tokens; ++pos) {
-    HACK_CHECK(pos >= 0 && pos < s.lengths[l], "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer,
-               pos, s.lengths[l]);
-    HACK_CHECK(!is_hack() || pos < S || (pos - S) / P >= s.closed[l],
+    HACK_CHECK(pos >= 0 && pos < length, "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer,
+               pos, length);
+    HACK_CHECK(!is_hack() || pos < S || (pos - S) / P >= closed,
                "sequence {} layer {}: token {} lies in a quantized block", seq_id, layer, pos);
   }
   // Whole pages come to the host once; rows are picked from them.
@@ -465,10 +435,10 @@ void CudaPagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token,
 
 KvCacheStats CudaPagedKvCache::stats() const {
   KvCacheStats st;
-  st.sequences = static_cast<int64_t>(sequences_.size());
+  st.sequences = blocks_.sequence_count();
+  st.tokens = blocks_.token_count();
   const size_t unit = cuda_kv_page_bytes(shape_, options_);
   for (const auto& [id, s] : sequences_) {
-    st.tokens += s.lengths.front();
     st.bytes_reserved += s.pages.size() * unit;
     st.bytes_used += s.pages.size() * page_bytes() * static_cast<size_t>(shape_.num_layers);
     for (size_t l = 0; l < hack_stride_.size(); ++l) st.bytes_used += s.hack_pages.size() * hack_stride_[l];

@@ -1,0 +1,202 @@
+#include "hack/kv/block_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "hack/core/error.h"
+
+namespace hack {
+
+KvBlockManager::KvBlockManager(int num_layers, const KvCacheOptions& options, ReserveBytes reserve_bytes)
+    : num_layers_(num_layers),
+      options_(options),
+      reserve_bytes_(std::move(reserve_bytes)),
+      budget_(options.capacity_bytes) {
+  HACK_CHECK(num_layers > 0, "KV block manager: {} layers", num_layers);
+  HACK_CHECK(options.block_tokens > 0, "KV block manager: block_tokens must be positive, got {}", options.block_tokens);
+}
+
+KvBlockManager::Sequence& KvBlockManager::get(int seq_id) {
+  auto it = sequences_.find(seq_id);
+  HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
+  return it->second;
+}
+
+const KvBlockManager::Sequence& KvBlockManager::get(int seq_id) const {
+  auto it = sequences_.find(seq_id);
+  HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
+  return it->second;
+}
+
+KvBlockManager::Layer& KvBlockManager::layer_of(int seq_id, int layer) {
+  HACK_CHECK(layer >= 0 && layer < num_layers_, "layer {} out of range", layer);
+  return get(seq_id).layers[static_cast<size_t>(layer)];
+}
+
+const KvBlockManager::Layer& KvBlockManager::layer_of(int seq_id, int layer) const {
+  HACK_CHECK(layer >= 0 && layer < num_layers_, "layer {} out of range", layer);
+  return get(seq_id).layers[static_cast<size_t>(layer)];
+}
+
+void KvBlockManager::add_sequence(int seq_id, int max_tokens) {
+  HACK_CHECK(!sequences_.contains(seq_id), "sequence {} already exists", seq_id);
+  HACK_CHECK(max_tokens > 0, "sequence {}: max_tokens must be positive, got {}", seq_id, max_tokens);
+  const size_t bytes = reserve_bytes_(max_tokens);
+  HACK_CHECK(budget_.try_reserve(bytes), "sequence {}: {} tokens need {} KV bytes, {} of {} are committed", seq_id,
+             max_tokens, bytes, budget_.reserved(), budget_.capacity());
+  Sequence s;
+  s.max_tokens = max_tokens;
+  s.reserved_bytes = bytes;
+  s.layers.resize(static_cast<size_t>(num_layers_));
+  sequences_.emplace(seq_id, std::move(s));
+}
+
+bool KvBlockManager::remove_sequence(int seq_id) {
+  auto it = sequences_.find(seq_id);
+  if (it == sequences_.end()) return false;
+  budget_.release(it->second.reserved_bytes);
+  sequences_.erase(it);
+  return true;
+}
+
+bool KvBlockManager::try_extend_sequence(int seq_id, int max_tokens) {
+  Sequence& s = get(seq_id);
+  if (max_tokens <= s.max_tokens) return true;
+  const size_t bytes = reserve_bytes_(max_tokens);
+  if (bytes > s.reserved_bytes && !budget_.try_reserve(bytes - s.reserved_bytes)) return false;
+  s.reserved_bytes = std::max(s.reserved_bytes, bytes);
+  s.max_tokens = max_tokens;
+  return true;
+}
+
+int64_t KvBlockManager::token_count() const {
+  int64_t tokens = 0;
+  for (const auto& [id, s] : sequences_) tokens += s.layers.back().length;
+  return tokens;
+}
+
+int KvBlockManager::full_blocks(int length) const {
+  if (!hack()) return length / options_.block_tokens;
+  return std::max(0, length - options_.sinks) / options_.block_tokens;
+}
+
+int KvBlockManager::closed_blocks(int seq_id, int layer) const {
+  const Layer& l = layer_of(seq_id, layer);
+  if (!hack()) return (l.length + options_.block_tokens - 1) / options_.block_tokens;
+  return l.closed;
+}
+
+int KvBlockManager::pending_blocks(int seq_id, int layer) const {
+  if (!hack()) return 0;
+  const Layer& l = layer_of(seq_id, layer);
+  return full_blocks(l.length) - l.closed;
+}
+
+int KvBlockManager::closable_blocks(int seq_id, int layer) const {
+  const Layer& l = layer_of(seq_id, layer);
+  if (!hack()) return closed_blocks(seq_id, layer);
+  // Block b ends at S + (b + 1)·Π; it may close once that is ≤ length − R.
+  const int window_end = l.length - options_.recent_tokens - options_.sinks;
+  const int upto = window_end < 0 ? 0 : std::min(full_blocks(l.length), window_end / options_.block_tokens);
+  return std::max(l.closed, upto);
+}
+
+void KvBlockManager::check_append(int seq_id, int layer, int start_pos, int n_tokens) const {
+  const Sequence& s = get(seq_id);
+  const Layer& l = layer_of(seq_id, layer);
+  HACK_CHECK(start_pos == l.length, "sequence {} layer {}: append at {} but length is {}", seq_id, layer, start_pos,
+             l.length);
+  HACK_CHECK(n_tokens >= 0 && l.length + n_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}",
+             seq_id, l.length + n_tokens, s.max_tokens);
+}
+
+void KvBlockManager::record_append(int seq_id, int layer, int n_tokens) { layer_of(seq_id, layer).length += n_tokens; }
+
+void KvBlockManager::record_closed(int seq_id, int layer, int closed_blocks) {
+  Layer& l = layer_of(seq_id, layer);
+  HACK_CHECK(closed_blocks >= l.closed && closed_blocks <= full_blocks(l.length),
+             "sequence {} layer {}: {} closed blocks of {} tokens ({} closed before)", seq_id, layer, closed_blocks,
+             l.length, l.closed);
+  l.closed = closed_blocks;
+}
+
+void KvBlockManager::set_layer(int seq_id, int layer, int length, int closed) {
+  Layer& l = layer_of(seq_id, layer);
+  HACK_CHECK(length >= 0 && length <= get(seq_id).max_tokens && closed >= 0 && (!hack() || closed <= full_blocks(length)),
+             "sequence {} layer {}: {} tokens with {} closed blocks do not fit", seq_id, layer, length, closed);
+  l.length = length;
+  l.closed = hack() ? closed : 0;
+}
+
+void KvBlockManager::begin_prefill(int seq_id) {
+  Sequence& s = get(seq_id);
+  if (hack() && options_.exact_prefill) s.prefilling = true;
+}
+
+bool KvBlockManager::end_prefill(int seq_id) {
+  Sequence& s = get(seq_id);
+  return std::exchange(s.prefilling, false);
+}
+
+void KvBlockManager::list_segments(int length, int closed, std::vector<PlanSegment>& out) const {
+  const int T = options_.block_tokens;
+  if (!hack()) {
+    for (int i = 0; i * T < length; ++i) out.push_back({i * T, std::min(T, length - i * T), SegmentSlot::closed, i});
+    return;
+  }
+  const int S = options_.sinks;
+  if (S > 0 && length > 0) out.push_back({0, std::min(S, length), SegmentSlot::sinks, 0});
+  const int full = full_blocks(length);
+  for (int b = 0; b < full; ++b) {
+    const bool is_closed = b < closed;
+    out.push_back({S + b * T, T, is_closed ? SegmentSlot::closed : SegmentSlot::pending, is_closed ? b : b - closed});
+  }
+  const int first = S + full * T;
+  if (first < length) out.push_back({first, length - first, SegmentSlot::open, 0});
+}
+
+void KvBlockManager::plan(const KvShape& shape, std::span<const PlanItem> items, const PlanPolicy& policy,
+                          AttentionPlan& plan) const {
+  const int H = shape.num_kv_heads;
+  plan.clear();
+  plan.num_kv_heads = H;
+  plan.group_size = shape.group_size;
+  plan.k_dims.resize(static_cast<size_t>(shape.num_layers * H));
+  plan.v_dims.resize(plan.k_dims.size());
+  for (int l = 0; l < shape.num_layers; ++l)
+    for (int h = 0; h < H; ++h) {
+      const size_t at = static_cast<size_t>(l * H + h);
+      plan.k_dims[at] = shape.k_dim(l, h);
+      plan.v_dims[at] = shape.v_dim(l, h);
+    }
+  const int T = options_.block_tokens;
+  // Room for every item's segments at its largest length, so a growing context does not
+  // grow the plan during decode (sinks, open block and one spare around the full blocks).
+  size_t most_segments = 0;
+  for (const PlanItem& in : items)
+    if (sequences_.contains(in.seq_id)) most_segments += static_cast<size_t>(get(in.seq_id).max_tokens / T + 3);
+  plan.segments.reserve(most_segments);
+  for (const PlanItem& in : items) {
+    for (const PlanItem& seen : plan.items)
+      HACK_CHECK(seen.seq_id != in.seq_id, "attention plan: sequence {} appears twice in one step", in.seq_id);
+    const Sequence& s = get(in.seq_id);
+    const Layer& first = s.layers.front();
+    HACK_CHECK(in.n_tokens > 0 && in.start_pos == first.length,
+               "sequence {}: a chunk of {} tokens at {} but {} are stored", in.seq_id, in.n_tokens, in.start_pos,
+               first.length);
+    HACK_CHECK(in.start_pos + in.n_tokens <= s.max_tokens, "sequence {}: {} tokens exceed its capacity of {}", in.seq_id,
+               in.start_pos + in.n_tokens, s.max_tokens);
+    // The closed pages after the step's append: an append closes the pending blocks that
+    // have left the recent window (as of the length before it) unless a prefill is open.
+    int closed = closed_blocks(in.seq_id, 0);
+    if (hack() && !s.prefilling) closed = closable_blocks(in.seq_id, 0);
+    PlanItem item = in;
+    item.closed_pages = closed;
+    plan.items.push_back(item);
+    list_segments(in.start_pos + in.n_tokens, closed, plan.segments);
+    plan.segment_offsets.push_back(static_cast<int>(plan.segments.size()));
+  }
+  build_plan_tasks(plan, policy);
+}
+
+}  // namespace hack
