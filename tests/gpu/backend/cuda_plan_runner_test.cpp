@@ -133,8 +133,10 @@ void require_close(const std::vector<float>& gpu, const std::vector<float>& cpu,
   REQUIRE(std::none_of(gpu.begin(), gpu.end(), [](float x) { return std::isnan(x); }));
 }
 
-// Runs `plan` (the step's appends done) in every layer on both runners and compares.
-void run_both(Pair& p, const AttentionPlan& plan, const std::string& what, uint32_t seed, bool expect_splits) {
+// Runs `plan` (the step's appends done) in every layer on both runners and compares. One
+// runner may serve several plans in turn (its device buffers are reused).
+void run_both(Pair& p, CudaPlanRunner& runner, const AttentionPlan& plan, const std::string& what, uint32_t seed,
+              bool expect_splits) {
   int rows = 0;
   for (const PlanItem& it : plan.items) rows = std::max(rows, it.row + it.n_tokens);
   const size_t width = static_cast<size_t>(p.shape.num_kv_heads) * static_cast<size_t>(p.shape.group_size) *
@@ -143,7 +145,6 @@ void run_both(Pair& p, const AttentionPlan& plan, const std::string& what, uint3
   const float scale = 1.0f / std::sqrt(static_cast<float>(p.shape.head_dim));
   ThreadPool pool(2);
   AttentionWorkspace ws;
-  CudaPlanRunner runner;
   runner.upload(plan, *p.gpu);
   if (expect_splits) REQUIRE_FALSE(runner.flat().units.empty());
   std::mt19937 rng(seed);
@@ -174,11 +175,19 @@ void decode_case(const Config& c, uint32_t seed) {
   }
   PlanPolicy policy;
   policy.split_segments = 2;
-  AttentionPlan plan;
+  AttentionPlan plan, device_policy_plan;
   p.cpu->plan(items, policy, plan);
+  // The device's own policy: with 8 × SMs workers these decodes are cut per KV head.
+  const PlanPolicy device_policy = cuda_plan_policy(0);
+  int sm_count = 0;
+  REQUIRE(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  REQUIRE(device_policy.workers == 8 * sm_count);
+  p.cpu->plan(items, device_policy, device_policy_plan);
   for (const PlanItem& it : items) p.append(it.seq_id, 1);
   p.close_as_planned(plan);
-  run_both(p, plan, std::string(c.name) + " decode", seed + 1, true);
+  CudaPlanRunner runner;
+  run_both(p, runner, plan, std::string(c.name) + " decode", seed + 1, true);
+  run_both(p, runner, device_policy_plan, std::string(c.name) + " decode, device policy", seed + 4, false);
 
   // Per-head selections of two items (MPCache): the tasks of those heads read their lists.
   AttentionPlan selected;
@@ -190,7 +199,7 @@ void decode_case(const Config& c, uint32_t seed) {
   select_segments(selected, 4, 0, sel4);
   select_segments(selected, 5, 1, sel5);
   build_plan_tasks(selected, policy);
-  run_both(p, selected, std::string(c.name) + " selection", seed + 2, false);
+  run_both(p, runner, selected, std::string(c.name) + " selection", seed + 2, false);
 }
 
 // (b) multi-token prefill chunks: over a context (closed blocks, then the chunk's own pending
@@ -214,7 +223,8 @@ void prefill_case(const Config& c, uint32_t seed) {
   p.cpu->plan(items, policy, plan);
   for (const PlanItem& it : items) p.append(it.seq_id, it.n_tokens);
   p.close_as_planned(plan);
-  run_both(p, plan, std::string(c.name) + " prefill", seed + 3, true);
+  CudaPlanRunner runner;
+  run_both(p, runner, plan, std::string(c.name) + " prefill", seed + 3, true);
 }
 
 }  // namespace
