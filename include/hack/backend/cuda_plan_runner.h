@@ -2,7 +2,7 @@
 /// @brief The CUDA runner of the device-neutral AttentionPlan (kv/attention_plan.h): the
 /// device twin of PagedKvCache::run, over a CudaPagedKvCache (DESIGN.md §2: one plan, a
 /// storage + attention runner per device). Plan on the host once per step
-/// (PagedKvCache::plan, or any builder of the same plan), upload() it, then run() it in
+/// (PagedKv::plan: the block manager builds the same plan for either storage), upload() it, then run() it in
 /// every layer. Only compiled with HACK_HAVE_CUDA.
 ///
 /// upload flattens the plan (backend/flat_plan.h): every segment resolved to a page id and

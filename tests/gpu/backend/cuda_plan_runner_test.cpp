@@ -177,6 +177,19 @@ void decode_case(const Config& c, uint32_t seed) {
   policy.split_segments = 2;
   AttentionPlan plan, device_policy_plan;
   p.cpu->plan(items, policy, plan);
+  {  // The device cache's block manager plans the same step from its own state.
+    AttentionPlan own;
+    p.gpu->plan(items, policy, own);
+    REQUIRE(own.segment_offsets == plan.segment_offsets);
+    REQUIRE(own.items.size() == plan.items.size());
+    for (size_t i = 0; i < own.items.size(); ++i) REQUIRE(own.items[i].closed_pages == plan.items[i].closed_pages);
+    for (size_t i = 0; i < own.segments.size(); ++i) {
+      REQUIRE(own.segments[i].first_token == plan.segments[i].first_token);
+      REQUIRE(own.segments[i].slot == plan.segments[i].slot);
+      REQUIRE(own.segments[i].index == plan.segments[i].index);
+    }
+    REQUIRE(own.tasks.size() == plan.tasks.size());
+  }
   // The device's own policy: with 8 × SMs workers these decodes are cut per KV head.
   const PlanPolicy device_policy = cuda_plan_policy(0);
   int sm_count = 0;
