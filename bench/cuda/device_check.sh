@@ -12,11 +12,12 @@
 #
 #   bench/cuda/device_check.sh [steps...]
 #   steps: tests memcheck racecheck attn sweep profile sdpa run runs decode hackmem attn2 sdpa2 decodefp prefill cluster
-#   (default: tests cluster attn sdpa memcheck racecheck run)
+#          planattn planruns
+#   (default: tests cluster planattn attn sdpa memcheck racecheck run)
 set -u
 OUT=${OUT:-/tmp/hack-device-out}
 mkdir -p "$OUT"
-steps=${*:-tests cluster attn sdpa memcheck racecheck run}
+steps=${*:-tests cluster planattn attn sdpa memcheck racecheck run}
 here=$(pwd)
 # The tests find fixtures through the source path compiled in (/work/main).
 if [ "$here" != /work/main ] && [ ! -e /work/main ]; then mkdir -p /work && ln -s "$here" /work/main; fi
@@ -82,6 +83,14 @@ for s in $steps; do
     # token for token (bench/cuda/cluster_check.sh; `cpu` runs the same check on any machine).
     cluster) step cluster 150 env UCX_MODULE_DIR=$hb/lib/ucx OUT=$OUT/cluster bash bench/cuda/cluster_check.sh cuda \
                $hb/bin models/hack-tiny ;;
+    # The CUDA runner of the AttentionPlan in the whole model equals the kernels path token for
+    # token (bench/cuda/plan_attention_check.sh), and its speed beside the kernels' on 8B.
+    planattn) step plan_attention 120 bash bench/cuda/plan_attention_check.sh $hb/bin models/hack-tiny ;;
+    planruns) for attn in kernels plan; do
+                step hack_run_hack_8192_$attn 80 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv hack \
+                  --cuda-attention $attn --max-tokens 128 --ignore-eos --prompt-ids "$(seq -s, 100 8291)" --log-level warn \
+                  --max-model-len 16384
+              done ;;
     run) step hack_run 50 $hb/bin/hack-run --synthetic llama-8b --device cuda --kv fp --max-tokens 128 --ignore-eos \
            --prompt-ids "$(seq -s, 100 611)" --log-level warn ;;
     *) echo "unknown step $s" ;;

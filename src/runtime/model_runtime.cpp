@@ -24,6 +24,10 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
                    "cpu or cuda (cuda: bf16 weights and a pre-allocated paged KV pool on GPU 0, pages of --hack-block "
                    "tokens, sized by --kv-capacity-mb or else max-model-len; --kv fp, or --kv hack with --hack-recent 0 "
                    "and no --kv-select; what the device cannot run yet is refused by name)");
+  flags.add_string("cuda-attention", &c.cuda_attention,
+                   "--device cuda: attention by the device's decode/prefill kernels (kernels, the measured path) or by "
+                   "the CUDA runner of the same AttentionPlan the CPU runs (plan: also prompt chunks over a quantized "
+                   "past; a correctness reference, not tuned)");
   flags.add_int("threads", &c.threads, "compute threads; 0 = all cores");
   flags.add_string("weights-memory", &c.weights_memory,
                    "where the CPU backend reads the weight matrices: huge-pages (copied into memory advised for "
@@ -109,6 +113,7 @@ void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, int max_seque
   HACK_CHECK(!keep_options_from(c.kv).enabled(),
              "--device cuda: --kv-keep-ratio / --kv-keep-tokens (static eviction) run on --device cpu only so far");
   CudaBackendOptions bo;
+  bo.plan_attention = c.cuda_attention == "plan";
   // A decode step carries one token per sequence beside at most one prefill chunk.
   bo.max_batch_tokens = c.prefill_chunk + (max_sequences > 1 ? max_sequences : 0);
   bo.max_sequences = max_sequences;
@@ -152,6 +157,8 @@ std::unique_ptr<ModelRuntime> load_model_runtime(const ModelRuntimeConfig& given
   load_model(c, *rt);
   if (Model::wants_huge_pages(c.weights_memory) && rt->device == DeviceKind::cpu) rt->model.place_in_huge_pages();
   (void)cpu::parse_matmul_precision(c.matmul_precision);  // refused before a node binds its ports
+  HACK_CHECK(c.cuda_attention == "kernels" || c.cuda_attention == "plan",
+             "--cuda-attention must be kernels or plan, got '{}'", c.cuda_attention);
   rt->max_model_len = c.max_model_len > 0 ? c.max_model_len : rt->model.config.max_position_embeddings;
   rt->kv_options = kv_options_from(c, rt->model.config.num_layers);
   const KeepOptions keep = keep_options_from(c.kv);  // refused early, before a node binds its ports

@@ -76,6 +76,9 @@ TEST_CASE("hack-run rejects bad input with a clear message", "[e2e][hack-run]") 
   r = run_hack_run("--model " + tiny + " --prompt-ids 1,99999 --max-tokens 4");
   REQUIRE(r.exit_code == 1);
   REQUIRE(r.err.find("99999") != std::string::npos);
+  r = run_hack_run("--model " + tiny + " --prompt-ids 1,2 --max-tokens 4 --cuda-attention fast");
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("--cuda-attention must be kernels or plan") != std::string::npos);
   r = run_hack_run("--help");
   REQUIRE(r.exit_code == 0);
   REQUIRE(r.out.find("HACK_RUN_MAX_TOKENS") != std::string::npos);
@@ -99,8 +102,14 @@ TEST_CASE("hack-run --device cuda runs where it can and says why where it cannot
   r = run_hack_run(common + " --kv fp --json");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
-  REQUIRE(nlohmann::json::parse(r.out)["ids"].size() == 4);
+  const auto ids = nlohmann::json::parse(r.out)["ids"];
+  REQUIRE(ids.size() == 4);
   REQUIRE(r.err.find("bf16-paged-cuda") != std::string::npos);
+  // The CUDA runner of the AttentionPlan answers as the decode/prefill kernels do.
+  r = run_hack_run(common + " --kv fp --json --cuda-attention plan");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(nlohmann::json::parse(r.out)["ids"] == ids);
 }
 
 TEST_CASE("hack-run --kv hack generates from hack-tiny over closed HACK blocks", "[e2e][hack-run][hack]") {

@@ -22,6 +22,11 @@ struct CudaBackendOptions {
   int max_batch_tokens = 512;  ///< token rows per forward (prefill chunk + decode tokens); sizes the workspace
   int max_sequences = 64;      ///< chunks per forward
   int max_logit_rows = 64;     ///< rows per lm_head pass (bounds the device logits buffer)
+  /// Attention by the CUDA runner of the step's AttentionPlan (backend/cuda_plan_runner.h:
+  /// the plan the block manager builds for the CPU too; any chunk, including prompt chunks
+  /// over a quantized past) instead of the decode/prefill kernels (HackDecodePlan, the
+  /// measured path). hack-run and the nodes: --cuda-attention plan|kernels.
+  bool plan_attention = false;
 };
 
 /// Uploads the model's weights (as bf16) to the device and pre-allocates the workspace for

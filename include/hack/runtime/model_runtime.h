@@ -27,6 +27,7 @@ struct ModelRuntimeConfig {
   std::string synthetic;           ///< instead of model: random weights of a named shape
   std::string served_name;         ///< name reported to clients; default: the directory's name (nodes)
   std::string device = "cpu";      ///< cpu | cuda
+  std::string cuda_attention = "kernels";  ///< --device cuda: kernels | plan (CudaBackendOptions::plan_attention)
   int threads = 0;                 ///< 0 = all cores
   std::string weights_memory = "huge-pages";  ///< huge-pages | mmap (Model::place_in_huge_pages)
   std::string matmul_precision = "fp32";      ///< fp32 | bf16 (cpu::MatmulPrecision)

@@ -24,6 +24,8 @@
 #include "hack/model/rope.h"
 #include "hack/backend/cuda_backend.h"
 #include "hack/backend/cuda_check.h"
+#include "hack/backend/cuda_plan_runner.h"
+#include "hack/backend/flat_plan.h"
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/ops.h"
 #include "hack/kernels/cuda/hack.h"
@@ -264,7 +266,7 @@ class CudaBackend final : public Backend {
     size_t dec_rows = 0, dec_lengths = 0, dec_tables = 0;
     size_t pre_rows = 0, pre_tokens = 0, pre_start = 0, pre_tables = 0;
     size_t hack_pages = 0, hack_sinks = 0, hack_open = 0;  // --kv hack decode: per decode row
-    size_t page_tables = 0, total = 0;
+    size_t page_tables = 0, identity = 0, total = 0;  // identity: [T] 0 .. T − 1 (plan attention)
   };
   // One decode query (a chunk of one token) or one prefill chunk, as the plan records it.
   struct DecodeEntry {
@@ -339,6 +341,7 @@ class CudaBackend final : public Backend {
     act_ = alloc(T * I * sizeof(bf16));
     const size_t logit_rows = std::min(T, static_cast<size_t>(options_.max_logit_rows));
     logits_ = alloc(logit_rows * static_cast<size_t>(cfg_.vocab_size) * sizeof(float));
+    if (options_.plan_attention) plan_out_ = alloc(T * qd * sizeof(float));
     if (kv_.is_hack()) {
       hack_q_ = alloc(static_cast<size_t>(options_.max_sequences) * qd * sizeof(float));
       hack_out_ = alloc(static_cast<size_t>(options_.max_sequences) * qd * sizeof(float));
@@ -390,7 +393,7 @@ class CudaBackend final : public Backend {
       pages += static_cast<size_t>(CudaPagedKvCache::pages_for(kv.rows_for(c.start_pos + n), P));
       // The CPU cache would attend such a chunk to quantized blocks (multi-query homomorphic
       // attention, not on the device yet): a past already closed, or full blocks outside a prefill.
-      if (kv.is_hack() && n > 1)
+      if (kv.is_hack() && n > 1 && !options_.plan_attention)
         HACK_CHECK(kv.closed_blocks(c.seq_id) == 0 && (kv.prefilling(c.seq_id) || kv.full_blocks(c.start_pos) == 0),
                    "CUDA backend --kv hack: sequence {} holds quantized blocks; a prompt chunk over a quantized past "
                    "runs on --device cpu only",
@@ -404,7 +407,8 @@ class CudaBackend final : public Backend {
     for (const SequenceChunk& c : batch)
       plan_items_.push_back(PlanItem{c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()),
                                      static_cast<int>(plan_items_.empty() ? 0 : plan_items_.back().row + plan_items_.back().n_tokens)});
-    kv.plan(plan_items_, PlanPolicy{.workers = sm_count_}, attention_plan_);
+    kv.plan(plan_items_, options_.plan_attention ? device_plan_policy(sm_count_) : PlanPolicy{.workers = sm_count_},
+            attention_plan_);
     HACK_CHECK(T <= static_cast<size_t>(options_.max_batch_tokens),
                "CUDA backend: {} tokens in one forward, at most {} (max_batch_tokens)", T, options_.max_batch_tokens);
 
@@ -428,7 +432,8 @@ class CudaBackend final : public Backend {
     o.hack_sinks = o.hack_pages + n_chunks;
     o.hack_open = o.hack_sinks + n_chunks;
     o.page_tables = o.hack_open + n_chunks;
-    o.total = o.page_tables + pages;
+    o.identity = o.page_tables + pages;
+    o.total = o.identity + (options_.plan_attention ? T : 0);
     reserve_plan(o.total);
     int* h = ptr<int>(plan_host_);
 
@@ -473,14 +478,23 @@ class CudaBackend final : public Backend {
       h[o.dec_lengths + i] = dec_[i].length;
       h[o.dec_tables + i] = dec_[i].table_offset;
     }
-    if (kv.is_hack() && !dec_.empty()) plan_hack_decode_rows(o, h);
+    if (options_.plan_attention) {
+      for (size_t r = 0; r < T; ++r) h[o.identity + r] = static_cast<int>(r);
+      // Every chunk closes what the plan says (a decode token's filled blocks, a prompt
+      // chunk's past outside the prefill bracket), as the CPU cache does at the append.
+      if (kv.is_hack())
+        for (const PlanItem& it : attention_plan_.items) kv_.close_blocks(it.seq_id, it.closed_pages);
+      plan_runner_.upload(attention_plan_, kv_, stream_.get());
+    } else if (kv.is_hack() && !dec_.empty()) {
+      plan_hack_decode_rows(o, h);
+    }
     for (size_t i = 0; i < pre_.size(); ++i) {
       h[o.pre_rows + i] = pre_[i].row;
       h[o.pre_tokens + i] = pre_[i].n_tokens;
       h[o.pre_start + i] = pre_[i].start_pos;
       h[o.pre_tables + i] = pre_[i].table_offset;
     }
-    if (!dec_.empty() && !kv.is_hack()) {
+    if (!dec_.empty() && !kv.is_hack() && !options_.plan_attention) {
       const size_t smem = cuda::decode_attention_smem_bytes(cfg_.group_size(), cfg_.head_dim, P);
       HACK_CHECK(smem <= max_smem_bytes_,
                  "CUDA backend: decode attention with {} tokens per page needs {} bytes of shared memory, the device "
@@ -491,11 +505,19 @@ class CudaBackend final : public Backend {
                                     stream_.get()));
     off_ = o;
     n_logit_rows_ = static_cast<int>(L);
+    n_rows_ = static_cast<int>(T);
     return T;
   }
 
   void attention(int layer, const cuda::PagedKvLayer& kv_layer, const float* q, bf16* out, float scale) {
     const int* plan_d = ptr<int>(plan_dev_);
+    if (options_.plan_attention) {  // the step's AttentionPlan: f32 rows, then bf16 for o_proj
+      const int qd = cfg_.q_dim();
+      plan_runner_.run(layer, q, static_cast<size_t>(qd), ptr<float>(plan_out_), static_cast<size_t>(qd), scale,
+                       stream_.get());
+      cuda::scatter_rows_to_bf16(ptr<float>(plan_out_), plan_d + off_.identity, n_rows_, qd, out, stream_.get());
+      return;
+    }
     if (!dec_.empty() && kv_.is_hack()) hack_decode(layer, q, out, scale);
     if (!dec_.empty() && !kv_.is_hack()) {
       cuda::DecodeAttentionArgs a;
@@ -678,6 +700,9 @@ class CudaBackend final : public Backend {
   std::vector<DecodeEntry> dec_;
   std::vector<PlanItem> plan_items_;  // the step's chunks as the block manager plans them
   AttentionPlan attention_plan_;      // the step's plan (KvBlockManager::plan)
+  CudaPlanRunner plan_runner_;        // --cuda-attention plan: runs attention_plan_ in every layer
+  Buffer plan_out_;                   // --cuda-attention plan: f32 [max_batch_tokens][q_dim] attention output
+  int n_rows_ = 0;                    // token rows of the current forward
   std::vector<PrefillEntry> pre_;
   std::vector<int> seq_ids_;
   int n_logit_rows_ = 0;
