@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpu/cuda_test_util.h"
+#include "gpu/require_close.h"
 #include "hack/backend/cuda_paged_kv_cache.h"
 #include "hack/backend/cuda_plan_runner.h"
 #include "hack/core/thread_pool.h"
@@ -112,27 +113,6 @@ struct Pair {
   }
 };
 
-void require_close(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::string& what) {
-  REQUIRE(gpu.size() == cpu.size());
-  size_t worst = 0, exact = 0, nonzero = 0;
-  double worst_excess = -1.0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(gpu[i]) - cpu[i]);
-    const double excess = d - (1e-6 + 1e-5 * std::fabs(static_cast<double>(cpu[i])));
-    if (excess > worst_excess) {
-      worst_excess = excess;
-      worst = i;
-    }
-    exact += gpu[i] == cpu[i] ? 1 : 0;
-    nonzero += cpu[i] != 0.0f ? 1 : 0;
-  }
-  INFO(what << ": " << exact << " of " << cpu.size() << " outputs bit-identical; worst at " << worst << ": gpu "
-            << gpu[worst] << " cpu " << cpu[worst]);
-  REQUIRE(nonzero > cpu.size() / 2);  // the rows were written (a runner that writes nothing fails)
-  REQUIRE(worst_excess <= 0.0);
-  REQUIRE(std::none_of(gpu.begin(), gpu.end(), [](float x) { return std::isnan(x); }));
-}
-
 // Runs `plan` (the step's appends done) in every layer on both runners and compares. One
 // runner may serve several plans in turn (its device buffers are reused).
 void run_both(Pair& p, CudaPlanRunner& runner, const AttentionPlan& plan, const std::string& what, uint32_t seed,
@@ -156,7 +136,7 @@ void run_both(Pair& p, CudaPlanRunner& runner, const AttentionPlan& plan, const 
     const Buffer dout = test::to_device(std::vector<float>(n, 0.0f));
     runner.run(layer, test::dptr<float>(dq), width, test::dptr<float>(dout), width, scale);
     const std::vector<float> gpu_out = test::to_host<float>(dout, n);
-    require_close(gpu_out, cpu_out, what + " layer " + std::to_string(layer));
+    test::require_close(gpu_out, cpu_out, what + " layer " + std::to_string(layer), true);
   }
 }
 

@@ -28,6 +28,7 @@
 #include "hack/kernels/cpu/hack_attention.h"
 #include "hack/kv/hack_attention_plan.h"
 #include "hack/kv/paged_kv_cache.h"
+#include "gpu/require_close.h"
 #include "unit/kv/kv_test_util.h"
 
 using namespace hack;
@@ -173,25 +174,6 @@ namespace {
 
 constexpr int kHeads = 2, kBlock = 64, kSinks = 4;
 
-// Worst |gpu − cpu| against the stated tolerance, with the place it happened.
-void require_close(const std::vector<float>& gpu, const std::vector<float>& cpu, const char* what) {
-  REQUIRE(gpu.size() == cpu.size());
-  size_t worst = 0, exact = 0;
-  double worst_excess = -1.0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(gpu[i]) - cpu[i]);
-    const double excess = d - (1e-6 + 1e-5 * std::fabs(static_cast<double>(cpu[i])));
-    if (excess > worst_excess) {
-      worst_excess = excess;
-      worst = i;
-    }
-    exact += gpu[i] == cpu[i] ? 1 : 0;
-  }
-  INFO(what << ": " << exact << " of " << cpu.size() << " outputs bit-identical; worst at " << worst << ": gpu "
-            << gpu[worst] << " cpu " << cpu[worst]);
-  REQUIRE(worst_excess <= 0.0);
-  REQUIRE(std::none_of(gpu.begin(), gpu.end(), [](float x) { return std::isnan(x); }));
-}
 
 
 void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) {
@@ -323,7 +305,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
   HackDecodePlan single;
   single.splits = 1;
   single.pages_per_split = std::max(1, max_pages);
-  require_close(run_gpu(single), cpu_single, "one split vs PagedKvCache::attend");
+  test::require_close(run_gpu(single), cpu_single, "one split vs PagedKvCache::attend");
 
   // (b) The planned split, and (c) one page per split (sequences with fewer pages leave
   //     empty splits, which the combine skips): the CPU kernels over the same ranges,
@@ -390,7 +372,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
         }
       }
     }
-    require_close(run_gpu(plan), cpu_split, "split plan vs the CPU kernels over the same splits");
+    test::require_close(run_gpu(plan), cpu_split, "split plan vs the CPU kernels over the same splits");
   }
 }
 
