@@ -59,6 +59,23 @@ bool KvBlockManager::remove_sequence(int seq_id) {
   return true;
 }
 
+void KvBlockManager::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {
+  HACK_CHECK(n_tokens >= 0 && n_tokens <= max_tokens, "fork: {} tokens do not fit {}", n_tokens, max_tokens);
+  const int blocks = full_blocks(n_tokens);
+  const int first_open = (hack() ? options_.sinks : 0) + blocks * options_.block_tokens;
+  const Sequence& src = get(src_seq);
+  for (int l = 0; l < num_layers_; ++l) {
+    const Layer& from = src.layers[static_cast<size_t>(l)];
+    HACK_CHECK(n_tokens <= from.length, "fork: sequence {} holds {} tokens, not {}", src_seq, from.length, n_tokens);
+    HACK_CHECK(!hack() || n_tokens <= first_open || blocks >= from.closed,
+               "fork: token {} lies in a block sequence {} has already quantized", n_tokens, src_seq);
+  }
+  add_sequence(dst_seq, max_tokens);
+  const Sequence& from = get(src_seq);  // add_sequence may have moved it
+  for (int l = 0; l < num_layers_; ++l)
+    set_layer(dst_seq, l, n_tokens, std::min(blocks, from.layers[static_cast<size_t>(l)].closed));
+}
+
 bool KvBlockManager::try_extend_sequence(int seq_id, int max_tokens) {
   Sequence& s = get(seq_id);
   if (max_tokens <= s.max_tokens) return true;

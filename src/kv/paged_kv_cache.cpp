@@ -145,6 +145,10 @@ size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
 
 void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
   blocks_.add_sequence(seq_id, max_tokens);  // checks the id, the count and the budget
+  add_pages(seq_id, max_tokens);
+}
+
+void PagedKvCache::add_pages(int seq_id, int max_tokens) {
   auto s = std::make_unique<Sequence>();
   s->layers.resize(static_cast<size_t>(shape_.num_layers));
   const int max_pages = (max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1;
@@ -621,23 +625,17 @@ void PagedKvCache::set_select_options(const PageSelectOptions& select) {
 
 void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {
   const Sequence& src = get(src_seq);
-  HACK_CHECK(n_tokens >= 0 && n_tokens <= max_tokens, "fork: {} tokens do not fit {}", n_tokens, max_tokens);
+  // The block manager checks the cut, reserves dst and records its lengths and closed blocks
+  // (the closed ones among the first n_tokens); the pages follow that here.
+  blocks_.fork_sequence(src_seq, dst_seq, n_tokens, max_tokens);
+  add_pages(dst_seq, max_tokens);
   const int T = options_.block_tokens, S = options_.mode == KvMode::hack ? options_.sinks : 0;
   const int blocks = blocks_.full_blocks(n_tokens);
   const int tail = std::max(0, n_tokens - S - blocks * T);  // tokens of the partly filled block
-  for (const LayerPages& lp : src.layers) {
-    const int length = blocks_.length(src_seq, lp.layer);
-    HACK_CHECK(n_tokens <= length, "fork: sequence {} holds {} tokens, not {}", src_seq, length, n_tokens);
-    HACK_CHECK(options_.mode == KvMode::fp || tail == 0 || blocks >= static_cast<int>(lp.pages.size()),
-               "fork: token {} lies in a block sequence {} has already quantized", n_tokens, src_seq);
-  }
-  add_sequence(dst_seq, max_tokens);
   Sequence& dst = get(dst_seq);
   for (size_t l = 0; l < src.layers.size(); ++l) {
     const LayerPages& from = src.layers[l];
     LayerPages& to = dst.layers[l];
-    // Closed blocks shared as closed (as the pages below); fp mode counts its pages itself.
-    blocks_.set_layer(dst_seq, static_cast<int>(l), n_tokens, std::min(blocks, static_cast<int>(from.pages.size())));
     if (options_.mode == KvMode::fp) {
       for (int i = 0; i < blocks; ++i) {
         pages_of(from.layer).retain(from.pages[static_cast<size_t>(i)]);

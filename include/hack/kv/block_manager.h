@@ -54,6 +54,12 @@ class KvBlockManager {
   void add_sequence(int seq_id, int max_tokens);
   /// Forgets the sequence and gives its reservation back; false when it was unknown.
   bool remove_sequence(int seq_id);
+  /// Opens dst (reserving max_tokens) holding the first n_tokens of src in every layer: the
+  /// blocks src closed among them closed in dst too (the storage shares those pages; full
+  /// blocks src has not closed stay pending, a partly filled block is copied). Throws
+  /// hack::Error, nothing changed, when n_tokens exceeds max_tokens or what src holds, or
+  /// would cut into a block src has already closed (its exact tokens are gone).
+  void fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens);
   /// Grows the reservation to max_tokens (never shrinks it); false, nothing changed, when
   /// the budget cannot hold the difference.
   bool try_extend_sequence(int seq_id, int max_tokens);

@@ -183,6 +183,8 @@ class PagedKvCache final : public PagedKv {
   const Sequence& get(int seq_id) const;
   size_t reserve_bytes_for(int max_tokens) const;
   void release_pages(Sequence& s);
+  // The page tables of a sequence the block manager has just opened.
+  void add_pages(int seq_id, int max_tokens);
   Segment resolve(const LayerPages& lp, const PlanSegment& segment) const;
   cpu::ExactHeadView exact_view(int layer, const Segment& seg, int kv_head) const;
   cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;

@@ -175,3 +175,26 @@ TEST_CASE("block manager: a bare manager told what a storage did plans what the 
     CHECK(cache.stats().bytes_reserved == bare.reserved_bytes());
   }
 }
+
+TEST_CASE("block manager: a fork keeps the closed blocks among its tokens and never cuts a closed one") {
+  KvBlockManager m(2, hack_options(16, 4, 0), bytes_of);
+  m.add_sequence(1, 100);
+  for (int l = 0; l < 2; ++l) {
+    m.record_append(1, l, 60);  // sinks + 3 blocks + 8
+    m.record_closed(1, l, l == 0 ? 3 : 2);
+  }
+  m.fork_sequence(1, 2, 36, 80);  // sinks + 2 blocks: both closed in both layers
+  CHECK(m.length(2, 0) == 36);
+  CHECK(m.closed_blocks(2, 0) == 2);
+  CHECK(m.closed_blocks(2, 1) == 2);
+  CHECK(m.max_tokens(2) == 80);
+  m.fork_sequence(1, 3, 52, 60);  // 3 blocks: closed 3 in layer 0, 2 (one pending) in layer 1
+  CHECK(m.closed_blocks(3, 0) == 3);
+  CHECK(m.pending_blocks(3, 1) == 1);
+  REQUIRE_THROWS_AS(m.fork_sequence(1, 4, 40, 60), Error);  // token 40 lies in closed block 2
+  REQUIRE_THROWS_AS(m.fork_sequence(1, 4, 61, 80), Error);  // more than src holds
+  REQUIRE_THROWS_AS(m.fork_sequence(1, 4, 30, 20), Error);  // more than dst may hold
+  CHECK_FALSE(m.has_sequence(4));
+  m.fork_sequence(1, 4, 58, 60);  // in the open block (after every closed one): copied
+  CHECK(m.length(4, 1) == 58);
+}
