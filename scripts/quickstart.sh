@@ -6,7 +6,7 @@
 # only when a GPU is present or HACK_CUDA=1), start a local cluster (router + prefill + decode
 # + vault on loopback, KV streamed as HACK pages over UCX), answer a real question through the
 # OpenAI-compatible API, and stop the cluster. Each step says what it does and how long it took.
-# MODEL=DIR serves another model directory; BUILD_DIR (build), JOBS (all cores).
+# MODEL=DIR serves another model directory; BUILD_DIR (build), JOBS (all cores), UNITY_BATCH (16).
 # scripts/test.sh installs and builds everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +31,12 @@ elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -
 fi
 step 2 "configure $BUILD_DIR (daemons and hack-run only; CUDA $CUDA)"
 mkdir -p "$BUILD_DIR"
+# A unity build (CMake batches up to UNITY_BATCH, default 16, of a library's sources into one
+# translation unit, so the shared headers are parsed once per batch): about a third less CPU
+# than file by file (bench/RESULTS.md "Quickstart"). Only here; scripts/build.sh turns it off.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} \
-  -DHACK_BUILD_TESTS=OFF -DHACK_BUILD_BENCH=OFF -DHACK_CUDA="$CUDA" >"$BUILD_DIR/quickstart-configure.log" 2>&1 \
+  -DHACK_BUILD_TESTS=OFF -DHACK_BUILD_BENCH=OFF -DHACK_CUDA="$CUDA" \
+  -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE="${UNITY_BATCH:-16}" >"$BUILD_DIR/quickstart-configure.log" 2>&1 \
   || { cat "$BUILD_DIR/quickstart-configure.log" >&2; exit 1; }
 grep -E '^-- hackserve' "$BUILD_DIR/quickstart-configure.log" || true
 

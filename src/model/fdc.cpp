@@ -16,7 +16,7 @@ namespace hack {
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;  // not `json`: config.cpp's is nlohmann::json (unity builds)
 
 constexpr int kRankStep = 16;           // ranks are multiples of 16 (tensor-core tiles)
 constexpr double kOrthonormalTol = 1e-3;  // max |BᵀB − I| of a stored basis (f32 of a double eigensolve: ~1e-6)
@@ -97,18 +97,18 @@ void check_artifact(const FdcArtifact& a, const std::string& where) {
   check_basis(a.v_basis, a.v_singular, "v", a, where);
 }
 
-int json_int(const json& j, const char* key, const std::string& where) {
+int json_int(const ojson& j, const char* key, const std::string& where) {
   HACK_CHECK(j.contains(key) && j[key].is_number_integer(), "{}: \"fdc\" metadata needs an integer \"{}\"", where, key);
   return j[key].get<int>();
 }
 
 // [layer][head] ints of key `key` into ranks[·].*field.
-void read_rank_table(const json& j, const char* key, int FdcRanks::*field, FdcArtifact& a, const std::string& where) {
+void read_rank_table(const ojson& j, const char* key, int FdcRanks::*field, FdcArtifact& a, const std::string& where) {
   HACK_CHECK(j.contains(key) && j[key].is_array() && j[key].size() == static_cast<size_t>(a.num_layers),
              "{}: \"{}\" must list {} layers", where, key, a.num_layers);
   a.ranks.resize(head_count(a));
   for (size_t l = 0; l < j[key].size(); ++l) {
-    const json& row = j[key][l];
+    const ojson& row = j[key][l];
     HACK_CHECK(row.is_array() && row.size() == static_cast<size_t>(a.num_kv_heads),
                "{}: \"{}\"[{}] must list {} KV heads", where, key, l, a.num_kv_heads);
     for (size_t h = 0; h < row.size(); ++h) {
@@ -118,10 +118,10 @@ void read_rank_table(const json& j, const char* key, int FdcRanks::*field, FdcAr
   }
 }
 
-json rank_table(const FdcArtifact& a, int FdcRanks::*field) {
-  json t = json::array();
+ojson rank_table(const FdcArtifact& a, int FdcRanks::*field) {
+  ojson t = ojson::array();
   for (int l = 0; l < a.num_layers; ++l) {
-    json row = json::array();
+    ojson row = ojson::array();
     for (int h = 0; h < a.num_kv_heads; ++h) row.push_back(a.rank(l, h).*field);
     t.push_back(std::move(row));
   }
@@ -167,10 +167,10 @@ FdcArtifact load_fdc_artifact(const std::filesystem::path& path) {
   const auto file = SafetensorsFile::open(path);
   const auto meta = file->metadata().find("fdc");
   HACK_CHECK(meta != file->metadata().end(), "{}: not an FDC artifact (no \"fdc\" metadata)", where);
-  json j;
+  ojson j;
   try {
-    j = json::parse(meta->second);
-  } catch (const json::parse_error& e) {
+    j = ojson::parse(meta->second);
+  } catch (const ojson::parse_error& e) {
     fail("{}: \"fdc\" metadata is not JSON: {}", where, e.what());
   }
   HACK_CHECK(j.is_object(), "{}: \"fdc\" metadata must be a JSON object", where);
@@ -208,7 +208,7 @@ FdcArtifact load_fdc_artifact(const std::filesystem::path& path) {
 void save_fdc_artifact(FdcArtifact& a, const std::filesystem::path& path) {
   const std::string where = "FDC artifact " + path.string();
   check_artifact(a, where);
-  json j;
+  ojson j;
   j["version"] = kFdcArtifactVersion;
   j["num_layers"] = a.num_layers;
   j["num_kv_heads"] = a.num_kv_heads;
@@ -221,8 +221,8 @@ void save_fdc_artifact(FdcArtifact& a, const std::filesystem::path& path) {
   j["d_v"] = rank_table(a, &FdcRanks::d_v);
   if (!a.calibration_json.empty()) {
     try {
-      j["calibration"] = json::parse(a.calibration_json);
-    } catch (const json::parse_error& e) {
+      j["calibration"] = ojson::parse(a.calibration_json);
+    } catch (const ojson::parse_error& e) {
       fail("{}: calibration_json is not JSON: {}", where, e.what());
     }
     HACK_CHECK(j["calibration"].is_object(), "{}: calibration_json must be a JSON object", where);

@@ -21,7 +21,7 @@ namespace {
 
 constexpr int64_t kChunkElems = int64_t{1} << 20;
 
-uint64_t splitmix64(uint64_t& state) {
+uint64_t splitmix64_next(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -32,9 +32,9 @@ class Xoshiro256 {
  public:
   Xoshiro256(uint64_t seed, uint64_t tensor, uint64_t chunk) {
     uint64_t sm = seed;
-    sm = splitmix64(sm) ^ (tensor * 0xd1b54a32d192ed03ull);
-    sm = splitmix64(sm) ^ (chunk * 0xabc98388fb8fac03ull);
-    for (uint64_t& s : s_) s = splitmix64(sm);
+    sm = splitmix64_next(sm) ^ (tensor * 0xd1b54a32d192ed03ull);
+    sm = splitmix64_next(sm) ^ (chunk * 0xabc98388fb8fac03ull);
+    for (uint64_t& s : s_) s = splitmix64_next(sm);
   }
   uint64_t next() {
     const uint64_t result = rotl(s_[1] * 5, 7) * 9;

@@ -539,7 +539,7 @@ Value loop_attribute(const Value& obj, std::string_view name) {
   return missing_attribute(obj, name);
 }
 
-bool is_index(const Value& v) { return v.is_int() || v.is_bool(); }
+bool is_slice_index(const Value& v) { return v.is_int() || v.is_bool(); }
 
 }  // namespace
 
@@ -622,7 +622,7 @@ Value get_item(Interp& interp, const Value& obj, const Value& key) {
       break;
     case Kind::kList:
       if (!obj.is_sequence()) return Value::undefined(fmt::format("'{}' object is not subscriptable", obj.type_name()));
-      if (is_index(key)) {
+      if (is_slice_index(key)) {
         const auto& items = obj.as_list().items;
         int64_t i = key.as_int();
         if (i < 0) i += static_cast<int64_t>(items.size());
@@ -631,7 +631,7 @@ Value get_item(Interp& interp, const Value& obj, const Value& key) {
       }
       break;
     case Kind::kString:
-      if (is_index(key)) {
+      if (is_slice_index(key)) {
         const std::string& s = obj.as_string();
         const auto n = static_cast<int64_t>(text::length(s));
         int64_t i = key.as_int();
@@ -726,7 +726,7 @@ Value slice(Interp& interp, const Value& obj, const Value& start_v, const Value&
   }
   auto index_or_none = [](const Value& v) -> std::optional<int64_t> {
     if (v.is_none() || v.is_undefined()) return std::nullopt;
-    if (!is_index(v)) fail("slice indices must be integers or None, not {}", v.type_name());
+    if (!is_slice_index(v)) fail("slice indices must be integers or None, not {}", v.type_name());
     return v.as_int();
   };
   const auto start_o = index_or_none(start_v);
