@@ -72,11 +72,12 @@ PrefillWorker::~PrefillWorker() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
     cancel_running_ = true;
+    for (const auto& d : draining_) d->cancelled = true;
     left.swap(queue_);
     queued_tokens_ = 0;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) thread_.join();  // after the draining jobs have ended
   // Pages UCX may still read must outlive its sends: close the endpoints of such requests
   // (their sends fail) and wait; if UCX still holds them, the cache is left allocated.
   for (const Unsent& u : unsent_) ucx_.close(u.endpoint);
@@ -121,6 +122,8 @@ Status PrefillWorker::submit(PrefillJob job) {
     std::lock_guard lock(mutex_);
     if (stopping_) return Status::error("the prefill worker is shutting down");
     const bool known = (running_ && running_id_ == job.request_id) ||
+                       std::any_of(draining_.begin(), draining_.end(),
+                                   [&](const auto& d) { return !d->finished && d->queued.job.request_id == job.request_id; }) ||
                        std::any_of(queue_.begin(), queue_.end(),
                                    [&](const Queued& q) { return q.job.request_id == job.request_id; });
     if (known) return Status::error(fmt::format("request {} is already queued or running", job.request_id));
@@ -139,6 +142,11 @@ bool PrefillWorker::cancel(uint64_t request_id) {
       cancel_running_ = true;
       return true;
     }
+    for (const auto& d : draining_) {
+      if (d->settled || d->queued.job.request_id != request_id) continue;
+      d->cancelled = true;  // its drain thread sees it within kDrainPollS
+      return true;
+    }
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.job.request_id == request_id; });
     if (it == queue_.end()) return false;
     removed = std::move(*it);
@@ -153,7 +161,7 @@ bool PrefillWorker::cancel(uint64_t request_id) {
 
 int64_t PrefillWorker::queue_tokens() const {
   std::lock_guard lock(mutex_);
-  return queued_tokens_ + (running_ ? running_tokens_ : 0);
+  return queued_tokens_ + (running_ ? running_tokens_ : 0) + draining_tokens_;
 }
 
 PrefillWorkerStats PrefillWorker::stats() const {
@@ -176,13 +184,11 @@ void PrefillWorker::drop_endpoint(net::EndpointId endpoint, const Status& reason
   ucx_.close(endpoint);  // its other queued sends fail now, not after UCX's own timeout
 }
 
-bool PrefillWorker::retryable(const PrefillJob& job, const PrefillOutcome& outcome,
-                              std::optional<net::EndpointId> used) {
-  if (!std::holds_alternative<Status>(outcome) || job.peer.endpoint || !used || cancel_running_) return false;
-  std::lock_guard lock(mutex_);
-  if (stopping_) return false;
+bool PrefillWorker::retryable(const Draining& d) const {
+  if (d.queued.job.peer.endpoint || !d.peer || d.cancelled || stopping_) return false;
+  if (d.queued.attempt >= options_.send_retries) return false;
   // The transport broke under this job: its endpoint was lost or dropped after a failed send.
-  return std::find(lost_endpoints_.begin(), lost_endpoints_.end(), *used) != lost_endpoints_.end();
+  return std::find(lost_endpoints_.begin(), lost_endpoints_.end(), *d.peer) != lost_endpoints_.end();
 }
 
 net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
@@ -234,74 +240,208 @@ void PrefillWorker::update_kv_stats() {
   stats_.kv_bytes_used = kv.bytes_used;
 }
 
+bool PrefillWorker::may_start(const Queued& next) const {
+  const auto holding = std::count_if(draining_.begin(), draining_.end(), [](const auto& d) { return !d->freed; });
+  if (holding == 0) return true;  // nothing to wait for: a cache too small fails the job as before
+  if (holding >= options_.max_draining_jobs) return false;
+  // Its reservation must fit beside the sequences still draining (which go soon); otherwise it
+  // waits for them rather than failing.
+  const KvCacheStats kv = kv_->stats();
+  return kv.bytes_capacity == 0 || kv.bytes_reserved + kv_->sequence_bytes(static_cast<int>(next.job.tokens.size())) <= kv.bytes_capacity;
+}
+
+void PrefillWorker::free_settled() {
+  std::vector<Draining*> settled;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& d : draining_)
+      if (d->settled && !d->freed) settled.push_back(d.get());
+  }
+  // d->closed, added, seq and peer were written before settled (under mutex_), and no longer change.
+  for (Draining* d : settled) {
+    if (!d->added) continue;
+    if (d->closed) {
+      engine_->remove_sequence(d->seq);
+    } else {
+      spdlog::warn("prefill: request {}: UCX still holds some of its KV pages; freed once it lets go",
+                   d->queued.job.request_id);
+      unsent_.push_back(Unsent{d->queued.job.request_id, d->seq, *d->peer});
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    for (Draining* d : settled) d->freed = true;
+    if (!settled.empty()) update_kv_stats();
+    // A finished drain thread has returned from on_done and takes mutex_ no more: joins at once.
+    std::erase_if(draining_, [](const std::unique_ptr<Draining>& d) {
+      if (!d->finished) return false;
+      d->waiter.join();
+      return true;
+    });
+  }
+  if (!settled.empty()) wake_.notify_all();  // their drain threads wait for freed
+}
+
 void PrefillWorker::run() {
+  const auto to_free = [&] {
+    return std::any_of(draining_.begin(), draining_.end(), [](const auto& d) { return (d->settled && !d->freed) || d->finished; });
+  };
   for (;;) {
     release_unsent();
-    Queued queued;
+    free_settled();
+    auto d = std::make_unique<Draining>();
     {
       std::unique_lock lock(mutex_);
-      const auto ready = [&] { return stopping_ || !queue_.empty(); };
-      if (unsent_.empty()) {
-        wake_.wait(lock, ready);
-      } else if (!wake_.wait_for(lock, std::chrono::duration<double>(kReleaseWaitS), ready)) {
-        continue;  // look at the unsent requests again
+      if (stopping_) break;
+      if (to_free()) continue;
+      const auto ready = [&] { return stopping_ || to_free() || (!queue_.empty() && may_start(queue_.front())); };
+      if (!ready()) {
+        if (unsent_.empty()) {
+          wake_.wait(lock, ready);
+        } else {
+          wake_.wait_for(lock, std::chrono::duration<double>(kReleaseWaitS), ready);  // then look at them again
+        }
+        continue;
       }
-      if (stopping_) return;
-      queued = std::move(queue_.front());
+      d->queued = std::move(queue_.front());
       queue_.pop_front();
-      queued_tokens_ -= static_cast<int64_t>(queued.job.tokens.size());
+      queued_tokens_ -= static_cast<int64_t>(d->queued.job.tokens.size());
       running_ = true;
-      running_id_ = queued.job.request_id;
-      running_tokens_ = static_cast<int64_t>(queued.job.tokens.size());
+      running_id_ = d->queued.job.request_id;
+      running_tokens_ = static_cast<int64_t>(d->queued.job.tokens.size());
       cancel_running_ = false;
     }
-    std::optional<net::EndpointId> used;
-    PrefillOutcome outcome = run_job(queued, used);
-    for (int retry = 0; retry < options_.send_retries && retryable(queued.job, outcome, used); ++retry) {
-      // Same request id from seq 0 on a new endpoint: the sender must have let go of the
-      // failed attempt first (its messages on the closed endpoint fail or are dropped).
-      if (!sender_->wait_request_closed(queued.job.request_id, options_.retry_wait_s)) break;
-      spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", queued.job.request_id,
-                   queued.job.peer.host, queued.job.peer.port, std::get<Status>(outcome).message());
-      {
-        std::lock_guard lock(mutex_);
-        ++stats_.send_retries;
-      }
-      used.reset();
-      outcome = run_job(queued, used);
-    }
+    compute(*d);
+    Draining* draining = d.get();
     {
-      // Book-keeping first, so a caller woken by on_done sees the job gone.
       std::lock_guard lock(mutex_);
       running_ = false;
       running_tokens_ = 0;
-      if (const auto* r = std::get_if<PrefillResult>(&outcome)) {
-        ++stats_.jobs_done;
-        stats_.kv_bytes_sent += r->kv_bytes;
-      } else {
-        ++stats_.jobs_failed;
-      }
-      update_kv_stats();
+      draining_tokens_ += static_cast<int64_t>(draining->queued.job.tokens.size());
+      if (cancel_running_) draining->cancelled = true;  // cancelled after its last layer
+      draining_.push_back(std::move(d));
     }
-    if (queued.job.on_done) queued.job.on_done(queued.job.request_id, std::move(outcome));
+    draining->waiter = std::thread([this, draining] { drain(*draining); });
+  }
+  // Shutting down: the destructor cancelled the draining jobs; free their sequences as their
+  // drain threads settle, and join them.
+  for (;;) {
+    free_settled();
+    std::unique_lock lock(mutex_);
+    if (draining_.empty()) return;
+    wake_.wait_for(lock, std::chrono::duration<double>(kDrainPollS), to_free);
   }
 }
 
-PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::EndpointId>& used) {
-  PrefillJob& job = queued.job;
+void PrefillWorker::drain(Draining& d) {
+  const PrefillJob& job = d.queued.job;
+  const uint64_t id = job.request_id;
+  Status status = d.status;
+  if (status.is_ok()) {
+    // Success only once every message has left (a lost peer fails the job instead).
+    const double deadline = d.t_stored + options_.send_timeout_s;
+    for (;;) {
+      if (d.cancelled) {
+        status = Status::error(fmt::format("request {} was cancelled", id));
+        break;
+      }
+      const Status s = sender_->wait_request(id, kDrainPollS);
+      if (s) break;
+      if (!sender_->request_pending(id)) {
+        status = Status::error(s.message().starts_with(fmt::format("request {}", id)) ? s.message()
+                                                                                      : fmt::format("request {}: {}", id, s.message()));
+        break;
+      }
+      if (monotonic_s() > deadline) {
+        status = Status::error(fmt::format("request {}: KV not sent after {} s ({} bytes)", id, options_.send_timeout_s,
+                                           d.result.kv_bytes));
+        break;
+      }
+    }
+  }
+  const double t_end = monotonic_s();
+  bool retry = false;
+  if (!status.is_ok()) {
+    spdlog::warn("prefill: request {} failed: {}", id, status.message());
+    if (d.peer) sender_->cancel(*d.peer, id, status.message());
+    std::lock_guard lock(mutex_);
+    retry = retryable(d);
+  }
+  // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is done
+  // with every message of the request — at once on success (wait_request saw them all out)
+  // and soon after a broken transport (its sends fail). A decode node that stalls holds them
+  // longer: the sequence is then freed later (release_unsent) and the worker goes on.
+  bool closed = !(d.added && d.peer) || sender_->wait_request_closed(id, kReleaseWaitS);
+  // Same request id from seq 0 on a new endpoint: the sender must have let go of the failed
+  // attempt first (its messages on the closed endpoint fail or are dropped).
+  if (retry) closed = retry = sender_->wait_request_closed(id, options_.retry_wait_s);
+  if (status.is_ok()) {
+    PrefillTimings& tm = d.result.timings;
+    tm.drain_s = t_end - d.t_stored;
+    tm.total_s = t_end - d.queued.submitted_s;
+    const PrefixRestoreResult& pr = d.result.prefix;
+    spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
+                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
+                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
+                 id, job.tokens.size(), pr.tokens, job.tokens.size() - static_cast<size_t>(pr.tokens), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
+                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
+                 tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
+                 tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages);
+  }
+  std::optional<PrefillJob> report;
+  {
+    std::unique_lock lock(mutex_);
+    d.closed = closed;
+    d.settled = true;
+    wake_.notify_all();
+    // The engine thread frees the sequence first, so a caller woken by on_done sees the cache
+    // without it — unless it is computing the next job: the reply does not wait for that.
+    wake_.wait(lock, [&] { return d.freed || running_; });
+    draining_tokens_ -= static_cast<int64_t>(job.tokens.size());
+    if (retry) {
+      spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", id, job.peer.host,
+                   job.peer.port, status.message());
+      ++stats_.send_retries;
+      queued_tokens_ += static_cast<int64_t>(job.tokens.size());
+      queue_.push_front(Queued{std::move(d.queued.job), d.queued.submitted_s, d.queued.attempt + 1});
+    } else {
+      // Book-keeping first, so a caller woken by on_done sees the job gone.
+      if (status.is_ok()) {
+        ++stats_.jobs_done;
+        stats_.kv_bytes_sent += d.result.kv_bytes;
+      } else {
+        ++stats_.jobs_failed;
+      }
+      report = std::move(d.queued.job);
+    }
+  }
+  if (retry) wake_.notify_all();
+  if (report && report->on_done) {
+    if (status.is_ok()) {
+      report->on_done(id, std::move(d.result));
+    } else {
+      report->on_done(id, status);
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    d.finished = true;
+  }
+  wake_.notify_all();
+}
+
+void PrefillWorker::compute(Draining& d) {
+  PrefillJob& job = d.queued.job;
   const uint64_t id = job.request_id;
   const double t_start = monotonic_s();
-  const int seq = next_seq_id_++;
+  const int seq = d.seq = next_seq_id_++;
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  std::optional<net::EndpointId> peer;
-  bool added = false;
-  PrefillResult result;
-  Status status;  // ok unless the job failed
+  std::optional<net::EndpointId>& peer = d.peer;
+  PrefillResult& result = d.result;
   try {
     peer = resolve(job.peer);
-    used = peer;
     engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
-    added = true;
+    d.added = true;
     if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
     Sampler sampler(job.sampling, static_cast<int>(vocab), options_.constraints, job.eos_ids);
     // A migrated stream: the prompt counts as prompt, the generated tail as this sampler's own
@@ -413,53 +553,16 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     if (prefix_) prefix_->finish_capture();
     const double t_stored = monotonic_s();
 
-    // Success only once every message has left (a lost peer fails the job instead).
-    const double deadline = monotonic_s() + options_.send_timeout_s;
-    for (;;) {
-      if (cancel_running_) fail("request {} was cancelled", id);
-      const Status s = sender_->wait_request(id, kDrainPollS);
-      if (s) break;
-      if (!sender_->request_pending(id)) throw Error(s.message());
-      if (monotonic_s() > deadline)
-        fail("request {}: KV not sent after {} s ({} bytes)", id, options_.send_timeout_s, cursor.bytes);
-    }
-    const double t_end = monotonic_s();
-    result.timings.queue_s = t_start - queued.submitted_s;
+    d.t_stored = t_stored;
+    result.timings.queue_s = t_start - d.queued.submitted_s;
     result.timings.prefill_s = t_prefilled - t_start;
     result.timings.sample_s = t_sampled - t_prefilled;
     result.timings.store_s = t_stored - t_sampled;
-    result.timings.drain_s = t_end - t_stored;
-    result.timings.total_s = t_end - queued.submitted_s;
-    const PrefillTimings& tm = result.timings;
-    const PrefixRestoreResult& pr = result.prefix;
-    spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
-                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
-                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
-                 id, job.tokens.size(), restored, compute.size(), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
-                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
-                 tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
-                 tm.drain_s * 1e3, cursor.bytes, cursor.messages);
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string prefix = fmt::format("request {}", id);
-    status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
+    d.status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
   }
-  if (!status.is_ok()) {
-    spdlog::warn("prefill: request {} failed: {}", id, status.message());
-    if (peer) sender_->cancel(*peer, id, status.message());
-  }
-  // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is done
-  // with every message of the request — at once on success (wait_request saw them all out)
-  // and soon after a broken transport (its sends fail). A decode node that stalls holds them
-  // longer: the sequence is then freed later (release_unsent) and the worker goes on.
-  if (added && peer && !sender_->wait_request_closed(id, kReleaseWaitS)) {
-    spdlog::warn("prefill: request {}: UCX still holds some of its KV pages; freed once it lets go", id);
-    unsent_.push_back(Unsent{id, seq, *peer});
-    added = false;
-  }
-  if (added) engine_->remove_sequence(seq);
-  if (status.is_ok()) return result;
-  return status;
 }
 
 }  // namespace hack::server
