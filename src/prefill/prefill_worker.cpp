@@ -49,6 +49,7 @@ PrefillWorker::PrefillWorker(EngineParts engine, net::UcxWorker& ucx, PrefillWor
   backend_ = std::move(engine.backend);
   engine_ = std::move(engine.engine);
   HACK_CHECK(options_.send_retries >= 0, "prefill worker: send_retries must not be negative");
+  HACK_CHECK(options_.max_draining_jobs >= 0, "prefill worker: max_draining_jobs must not be negative");
   net::KvSenderCallbacks sender_callbacks;
   // A failed send means the transport to that decode node broke, even when UCX has not (yet)
   // failed the endpoint itself: left cached, it would fail every later job to the node.
@@ -243,7 +244,7 @@ void PrefillWorker::update_kv_stats() {
 bool PrefillWorker::may_start(const Queued& next) const {
   const auto holding = std::count_if(draining_.begin(), draining_.end(), [](const auto& d) { return !d->freed; });
   if (holding == 0) return true;  // nothing to wait for: a cache too small fails the job as before
-  if (holding >= options_.max_draining_jobs) return false;
+  if (holding > options_.max_draining_jobs) return false;
   // Its reservation must fit beside the sequences still draining (which go soon); otherwise it
   // waits for them rather than failing.
   const KvCacheStats kv = kv_->stats();

@@ -6,9 +6,9 @@
 /// in request_done's payload, and the job ends once every message has left.
 ///
 /// Jobs are pipelined: once job i's compute has ended, its messages drain (watched by a drain
-/// thread of its own) while the engine thread computes job i+1. At most
-/// PrefillWorkerOptions::max_draining_jobs jobs drain at once, and a job starts beside draining
-/// ones only when the cache's byte budget can reserve its sequence too. Only the engine thread
+/// thread of its own) while the engine thread computes job i+1. A job starts while at most
+/// PrefillWorkerOptions::max_draining_jobs earlier ones drain, and only when the cache's byte
+/// budget can reserve its sequence beside theirs. Only the engine thread
 /// touches the cache: a drain thread that saw its job end posts "free sequence N" back to it.
 /// A drain that fails (a lost decode node, a cancel, a timeout) fails that job only.
 ///
@@ -67,9 +67,10 @@ struct PrefillWorkerOptions {
   bool send_exact_tail = false;
   /// Builds jobs' grammar constraints (SamplingParams::grammar); null: grammar jobs fail.
   const LogitsConstraintFactory* constraints = nullptr;
-  /// Jobs whose KV may still be draining while the next job computes (each holds its
-  /// sequence's KV until its last message has left). 0: a job starts only once the previous
-  /// one has drained (no pipelining).
+  /// A job starts its compute only while at most this many earlier jobs' KV is still
+  /// draining (each holds its sequence's KV until its last message has left), and only when
+  /// the cache's byte budget can reserve its sequence beside theirs. 0: a job starts only
+  /// once the previous one has drained (no pipelining).
   int max_draining_jobs = 4;
 };
 
