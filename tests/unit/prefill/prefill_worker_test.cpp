@@ -679,7 +679,7 @@ bool wait_kv_empty(PrefillWorker& worker, double timeout_s) {
 
 }  // namespace
 
-TEST_CASE("prefill worker: job i+1 computes while job i's KV drains; 0 draining jobs waits for the drain",
+TEST_CASE("prefill worker: job i+1 computes while job i's KV drains, and with 0 draining jobs waits for the drain",
           "[server][prefill][pipeline]") {
   Fixture f;
   for (int max_draining : {4, 0}) {
