@@ -10,19 +10,20 @@
 #   MODEL=../main/models/smollm2-135m-instruct VALUES="0 4" bench/prefill_pipeline.sh
 #   PREFILL_BIN=/path/to/old/hack-prefill VALUES="main 0 4" ...   ("main": that binary, no flag)
 #
-# Settings: MODEL, VALUES, BUILD_DIR (build), PORT (18000; prefill PORT+200, decode PORT+300),
-# THREADS (1 per node), SHORT_LEN (64), SHORT_CONC (16), SHORT_N (64), LONG_LEN (1024),
+# Settings: MODEL, VALUES, WORKLOADS ("short long"), BUILD_DIR (build), PORT (18000; prefill PORT+200, decode PORT+300),
+# THREADS (1 per node), SHORT_LEN (64), SHORT_CONC (16), SHORT_N (64), LONG_LEN (1000: hack-tiny holds 1024 positions, output included),
 # LONG_CONC (4), LONG_N (16), OUT (/tmp/prefill_pipeline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODEL=${MODEL:-models/hack-tiny}
 VALUES=${VALUES:-"0 4"}
+WORKLOADS=${WORKLOADS:-"short long"}
 BUILD_DIR=${BUILD_DIR:-build}
 PORT=${PORT:-18000}
 THREADS=${THREADS:-1}
 SHORT_LEN=${SHORT_LEN:-64} SHORT_CONC=${SHORT_CONC:-16} SHORT_N=${SHORT_N:-64}
-LONG_LEN=${LONG_LEN:-1024} LONG_CONC=${LONG_CONC:-4} LONG_N=${LONG_N:-16}
+LONG_LEN=${LONG_LEN:-1000} LONG_CONC=${LONG_CONC:-4} LONG_N=${LONG_N:-16}
 OUT=${OUT:-/tmp/prefill_pipeline}
 BIN=$BUILD_DIR/bin
 PREFILL_BIN=${PREFILL_BIN:-$BIN/hack-prefill}
@@ -31,6 +32,7 @@ mkdir -p "$OUT"
 (umask 077 && head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$OUT/secret")
 
 pids=()
+run=0
 stop() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -65,9 +67,9 @@ for v in $VALUES; do
     --decode 127.0.0.1:$((PORT + 300)) --secret-file "$OUT/secret" >"$OUT/router-$v.out" 2>"$OUT/router-$v.log" &
   pids+=($!)
   wait_http "http://127.0.0.1:$PORT/health"
-  for w in short long; do
+  for w in $WORKLOADS; do
     if [ $w = short ]; then len=$SHORT_LEN conc=$SHORT_CONC n=$SHORT_N; else len=$LONG_LEN conc=$LONG_CONC n=$LONG_N; fi
-    dir="$OUT/$v-$w"
+    dir="$OUT/$v-$w-$((++run))"
     python3 bench/load/hack_load.py --base-url "http://127.0.0.1:$PORT/v1" --concurrency-sweep "$conc" -n "$n" \
       --warmup "$conc" --input-len "$len" --output-len 4 --out-dir "$dir" --no-plots --label "max-draining-jobs $v" \
       >"$dir.txt" 2>&1 || { echo "prefill_pipeline: hack_load failed ($dir.txt)" >&2; cat "$dir.txt" >&2; exit 1; }
