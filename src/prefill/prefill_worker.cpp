@@ -16,8 +16,9 @@ namespace hack::server {
 
 namespace {
 
-// How often a job waiting for its KV to leave looks at its cancel flag.
-constexpr double kDrainPollS = 0.02;
+// How long the engine thread, with jobs draining and none it may start, waits on the oldest
+// drain before it looks at the queue, cancels and the other drains again.
+constexpr double kIdlePollS = 0.005;
 // How long an ended job waits for UCX to let go of its borrowed pages before the worker moves
 // on (the sequence is then freed later), and how often such sequences are looked at again.
 constexpr double kReleaseWaitS = 0.5;
@@ -124,7 +125,7 @@ Status PrefillWorker::submit(PrefillJob job) {
     if (stopping_) return Status::error("the prefill worker is shutting down");
     const bool known = (running_ && running_id_ == job.request_id) ||
                        std::any_of(draining_.begin(), draining_.end(),
-                                   [&](const auto& d) { return !d->finished && d->queued.job.request_id == job.request_id; }) ||
+                                   [&](const auto& d) { return !d->reported && d->queued.job.request_id == job.request_id; }) ||
                        std::any_of(queue_.begin(), queue_.end(),
                                    [&](const Queued& q) { return q.job.request_id == job.request_id; });
     if (known) return Status::error(fmt::format("request {} is already queued or running", job.request_id));
@@ -145,7 +146,7 @@ bool PrefillWorker::cancel(uint64_t request_id) {
     }
     for (const auto& d : draining_) {
       if (d->settled || d->queued.job.request_id != request_id) continue;
-      d->cancelled = true;  // its drain thread sees it within kDrainPollS
+      d->cancelled = true;  // the engine thread sees it at its next look (a layer, or kIdlePollS)
       return true;
     }
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.job.request_id == request_id; });
@@ -251,52 +252,150 @@ bool PrefillWorker::may_start(const Queued& next) const {
   return kv.bytes_capacity == 0 || kv.bytes_reserved + kv_->sequence_bytes(static_cast<int>(next.job.tokens.size())) <= kv.bytes_capacity;
 }
 
-void PrefillWorker::free_settled() {
-  std::vector<Draining*> settled;
-  {
-    std::lock_guard lock(mutex_);
-    for (const auto& d : draining_)
-      if (d->settled && !d->freed) settled.push_back(d.get());
-  }
-  // d->closed, added, seq and peer were written before settled (under mutex_), and no longer change.
-  for (Draining* d : settled) {
-    if (!d->added) continue;
-    if (d->closed) {
-      engine_->remove_sequence(d->seq);
-    } else {
-      spdlog::warn("prefill: request {}: UCX still holds some of its KV pages; freed once it lets go",
-                   d->queued.job.request_id);
-      unsent_.push_back(Unsent{d->queued.job.request_id, d->seq, *d->peer});
+void PrefillWorker::poll_drains(bool may_free) {
+  bool erase = false;
+  for (const auto& entry : draining_) {  // only this thread changes the list
+    Draining& d = *entry;
+    const uint64_t id = d.queued.job.request_id;
+    if (!d.settled) {
+      Status status = d.status;
+      bool settled = !status.is_ok();
+      if (!settled && d.cancelled) {
+        status = Status::error(fmt::format("request {} was cancelled", id));
+        settled = true;
+      } else if (!settled) {
+        // Success only once every message has left (a lost peer fails the job instead).
+        const Status s = sender_->wait_request(id, 0.0);
+        if (s) {
+          settled = true;
+        } else if (!sender_->request_pending(id)) {
+          const std::string prefix = fmt::format("request {}", id);
+          status = Status::error(s.message().starts_with(prefix) ? s.message() : prefix + ": " + s.message());
+          settled = true;
+        } else if (monotonic_s() > d.t_stored + options_.send_timeout_s) {
+          status = Status::error(fmt::format("request {}: KV not sent after {} s ({} bytes)", id,
+                                             options_.send_timeout_s, d.result.kv_bytes));
+          settled = true;
+        }
+      }
+      if (!settled) continue;
+      d.settled = true;
+      d.status = status;
+      d.t_end = monotonic_s();
+      d.close_by_s = d.t_end + kReleaseWaitS;
+      if (!status.is_ok()) {
+        spdlog::warn("prefill: request {} failed: {}", id, status.message());
+        if (d.peer) sender_->cancel(*d.peer, id, status.message());
+        std::lock_guard lock(mutex_);
+        d.retry = retryable(d);
+        // Same request id from seq 0 on a new endpoint: the sender must let go of the failed
+        // attempt first (its messages on the closed endpoint fail or are dropped).
+        if (d.retry) d.close_by_s += options_.retry_wait_s;
+      }
     }
+    if (!d.reported) {
+      // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is
+      // done with every message of the request — at once on success (every message left) and
+      // soon after a broken transport (its sends fail). A decode node that stalls holds them
+      // longer: the sequence is then freed later (release_unsent) and the worker goes on.
+      const bool must_close = (d.added && d.peer) || d.retry;
+      d.closed = !must_close || sender_->wait_request_closed(id, 0.0);
+      if (!d.closed && monotonic_s() < d.close_by_s) continue;
+      if (d.retry && !d.closed) d.retry = false;
+      if (may_free) free_sequence(d);  // before on_done: a caller then sees the cache without it
+      report(d);
+    }
+    if (!d.freed && may_free) free_sequence(d);
+    erase = erase || d.freed;
   }
+  if (!erase) return;
+  std::lock_guard lock(mutex_);
+  std::erase_if(draining_, [](const std::unique_ptr<Draining>& d) { return d->reported && d->freed; });
+  update_kv_stats();
+}
+
+void PrefillWorker::free_sequence(Draining& d) {
+  d.freed = true;
+  if (!d.added) return;
+  if (d.closed) {
+    engine_->remove_sequence(d.seq);
+    return;
+  }
+  spdlog::warn("prefill: request {}: UCX still holds some of its KV pages; freed once it lets go", d.queued.job.request_id);
+  unsent_.push_back(Unsent{d.queued.job.request_id, d.seq, *d.peer});
+}
+
+void PrefillWorker::report(Draining& d) {
+  d.reported = true;
+  const uint64_t id = d.queued.job.request_id;
+  const Status status = d.status;
+  if (status.is_ok()) {
+    PrefillTimings& tm = d.result.timings;
+    tm.drain_s = d.t_end - d.t_stored;
+    tm.total_s = d.t_end - d.queued.submitted_s;
+    const PrefixRestoreResult& pr = d.result.prefix;
+    const size_t tokens = d.queued.job.tokens.size();
+    spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
+                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
+                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
+                 id, tokens, pr.tokens, tokens - static_cast<size_t>(pr.tokens), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
+                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
+                 tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
+                 tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages);
+  }
+  PrefillJob job;
   {
+    // Book-keeping first, so a caller woken by on_done sees the job gone.
     std::lock_guard lock(mutex_);
-    for (Draining* d : settled) d->freed = true;
-    if (!settled.empty()) update_kv_stats();
-    // A finished drain thread has returned from on_done and takes mutex_ no more: joins at once.
-    std::erase_if(draining_, [](const std::unique_ptr<Draining>& d) {
-      if (!d->finished) return false;
-      d->waiter.join();
-      return true;
-    });
+    draining_tokens_ -= static_cast<int64_t>(d.queued.job.tokens.size());
+    if (d.retry) {
+      spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", id, d.queued.job.peer.host,
+                   d.queued.job.peer.port, status.message());
+      ++stats_.send_retries;
+      queued_tokens_ += static_cast<int64_t>(d.queued.job.tokens.size());
+      queue_.push_front(Queued{std::move(d.queued.job), d.queued.submitted_s, d.queued.attempt + 1});
+      d.queued.job.request_id = id;  // still named in draining_ until its sequence is freed
+      return;
+    }
+    if (status.is_ok()) {
+      ++stats_.jobs_done;
+      stats_.kv_bytes_sent += d.result.kv_bytes;
+    } else {
+      ++stats_.jobs_failed;
+    }
+    if (d.freed) update_kv_stats();
+    job.on_done = std::move(d.queued.job.on_done);
   }
-  if (!settled.empty()) wake_.notify_all();  // their drain threads wait for freed
+  if (!job.on_done) return;
+  if (status.is_ok()) {
+    job.on_done(id, std::move(d.result));
+  } else {
+    job.on_done(id, status);
+  }
 }
 
 void PrefillWorker::run() {
-  const auto to_free = [&] {
-    return std::any_of(draining_.begin(), draining_.end(), [](const auto& d) { return (d->settled && !d->freed) || d->finished; });
-  };
   for (;;) {
     release_unsent();
-    free_settled();
-    auto d = std::make_unique<Draining>();
+    poll_drains(true);
+    std::unique_ptr<Draining> d;
+    const Draining* oldest = nullptr;  // to wait on when nothing may start
     {
       std::unique_lock lock(mutex_);
       if (stopping_) break;
-      if (to_free()) continue;
-      const auto ready = [&] { return stopping_ || to_free() || (!queue_.empty() && may_start(queue_.front())); };
-      if (!ready()) {
+      if (!queue_.empty() && may_start(queue_.front())) {
+        d = std::make_unique<Draining>();
+        d->queued = std::move(queue_.front());
+        queue_.pop_front();
+        queued_tokens_ -= static_cast<int64_t>(d->queued.job.tokens.size());
+        running_ = true;
+        running_id_ = d->queued.job.request_id;
+        running_tokens_ = static_cast<int64_t>(d->queued.job.tokens.size());
+        cancel_running_ = false;
+      } else if (!draining_.empty()) {
+        oldest = draining_.front().get();
+      } else {
+        const auto ready = [&] { return stopping_ || !queue_.empty(); };
         if (unsent_.empty()) {
           wake_.wait(lock, ready);
         } else {
@@ -304,131 +403,34 @@ void PrefillWorker::run() {
         }
         continue;
       }
-      d->queued = std::move(queue_.front());
-      queue_.pop_front();
-      queued_tokens_ -= static_cast<int64_t>(d->queued.job.tokens.size());
-      running_ = true;
-      running_id_ = d->queued.job.request_id;
-      running_tokens_ = static_cast<int64_t>(d->queued.job.tokens.size());
-      cancel_running_ = false;
+    }
+    if (oldest != nullptr) {
+      // Jobs drain and none may start: wake when the oldest's messages have left (or UCX let
+      // go of them), or soon, to see new jobs, cancels and the other drains.
+      const uint64_t id = oldest->queued.job.request_id;
+      if (oldest->settled) {
+        (void)sender_->wait_request_closed(id, kIdlePollS);
+      } else {
+        (void)sender_->wait_request(id, kIdlePollS);
+      }
+      continue;
     }
     compute(*d);
-    Draining* draining = d.get();
     {
       std::lock_guard lock(mutex_);
       running_ = false;
       running_tokens_ = 0;
-      draining_tokens_ += static_cast<int64_t>(draining->queued.job.tokens.size());
-      if (cancel_running_) draining->cancelled = true;  // cancelled after its last layer
+      draining_tokens_ += static_cast<int64_t>(d->queued.job.tokens.size());
+      if (cancel_running_) d->cancelled = true;  // cancelled after its last layer
       draining_.push_back(std::move(d));
     }
-    draining->waiter = std::thread([this, draining] { drain(*draining); });
   }
-  // Shutting down: the destructor cancelled the draining jobs; free their sequences as their
-  // drain threads settle, and join them.
+  // Shutting down: the destructor cancelled the draining jobs; end them.
   for (;;) {
-    free_settled();
-    std::unique_lock lock(mutex_);
+    poll_drains(true);
     if (draining_.empty()) return;
-    wake_.wait_for(lock, std::chrono::duration<double>(kDrainPollS), to_free);
+    std::this_thread::sleep_for(std::chrono::duration<double>(kIdlePollS));
   }
-}
-
-void PrefillWorker::drain(Draining& d) {
-  const PrefillJob& job = d.queued.job;
-  const uint64_t id = job.request_id;
-  Status status = d.status;
-  if (status.is_ok()) {
-    // Success only once every message has left (a lost peer fails the job instead).
-    const double deadline = d.t_stored + options_.send_timeout_s;
-    for (;;) {
-      if (d.cancelled) {
-        status = Status::error(fmt::format("request {} was cancelled", id));
-        break;
-      }
-      const Status s = sender_->wait_request(id, kDrainPollS);
-      if (s) break;
-      if (!sender_->request_pending(id)) {
-        status = Status::error(s.message().starts_with(fmt::format("request {}", id)) ? s.message()
-                                                                                      : fmt::format("request {}: {}", id, s.message()));
-        break;
-      }
-      if (monotonic_s() > deadline) {
-        status = Status::error(fmt::format("request {}: KV not sent after {} s ({} bytes)", id, options_.send_timeout_s,
-                                           d.result.kv_bytes));
-        break;
-      }
-    }
-  }
-  const double t_end = monotonic_s();
-  bool retry = false;
-  if (!status.is_ok()) {
-    spdlog::warn("prefill: request {} failed: {}", id, status.message());
-    if (d.peer) sender_->cancel(*d.peer, id, status.message());
-    std::lock_guard lock(mutex_);
-    retry = retryable(d);
-  }
-  // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is done
-  // with every message of the request — at once on success (wait_request saw them all out)
-  // and soon after a broken transport (its sends fail). A decode node that stalls holds them
-  // longer: the sequence is then freed later (release_unsent) and the worker goes on.
-  bool closed = !(d.added && d.peer) || sender_->wait_request_closed(id, kReleaseWaitS);
-  // Same request id from seq 0 on a new endpoint: the sender must have let go of the failed
-  // attempt first (its messages on the closed endpoint fail or are dropped).
-  if (retry) closed = retry = sender_->wait_request_closed(id, options_.retry_wait_s);
-  if (status.is_ok()) {
-    PrefillTimings& tm = d.result.timings;
-    tm.drain_s = t_end - d.t_stored;
-    tm.total_s = t_end - d.queued.submitted_s;
-    const PrefixRestoreResult& pr = d.result.prefix;
-    spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
-                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
-                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
-                 id, job.tokens.size(), pr.tokens, job.tokens.size() - static_cast<size_t>(pr.tokens), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
-                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
-                 tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
-                 tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages);
-  }
-  std::optional<PrefillJob> report;
-  {
-    std::unique_lock lock(mutex_);
-    d.closed = closed;
-    d.settled = true;
-    wake_.notify_all();
-    // The engine thread frees the sequence first, so a caller woken by on_done sees the cache
-    // without it — unless it is computing the next job: the reply does not wait for that.
-    wake_.wait(lock, [&] { return d.freed || running_; });
-    draining_tokens_ -= static_cast<int64_t>(job.tokens.size());
-    if (retry) {
-      spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", id, job.peer.host,
-                   job.peer.port, status.message());
-      ++stats_.send_retries;
-      queued_tokens_ += static_cast<int64_t>(job.tokens.size());
-      queue_.push_front(Queued{std::move(d.queued.job), d.queued.submitted_s, d.queued.attempt + 1});
-    } else {
-      // Book-keeping first, so a caller woken by on_done sees the job gone.
-      if (status.is_ok()) {
-        ++stats_.jobs_done;
-        stats_.kv_bytes_sent += d.result.kv_bytes;
-      } else {
-        ++stats_.jobs_failed;
-      }
-      report = std::move(d.queued.job);
-    }
-  }
-  if (retry) wake_.notify_all();
-  if (report && report->on_done) {
-    if (status.is_ok()) {
-      report->on_done(id, std::move(d.result));
-    } else {
-      report->on_done(id, status);
-    }
-  }
-  {
-    std::lock_guard lock(mutex_);
-    d.finished = true;
-  }
-  wake_.notify_all();
 }
 
 void PrefillWorker::compute(Draining& d) {
@@ -492,6 +494,7 @@ void PrefillWorker::compute(Draining& d) {
     const double t_compute = monotonic_s();
     engine_->prefill(seq, compute, logits, all_logits, [&](int layer, bool last_chunk) {
       if (cancel_running_) fail("request {} was cancelled", id);
+      if (!draining_.empty()) poll_drains(/*may_free=*/false);  // earlier jobs' drains end while this one computes
       if (evicting && !last_chunk) return;
       const double t_layer = monotonic_s();
       const auto l = static_cast<uint32_t>(layer);

@@ -5,12 +5,13 @@
 /// of layer l overlaps the compute of layers l+1..; then the first token is sampled, sent
 /// in request_done's payload, and the job ends once every message has left.
 ///
-/// Jobs are pipelined: once job i's compute has ended, its messages drain (watched by a drain
-/// thread of its own) while the engine thread computes job i+1. A job starts while at most
-/// PrefillWorkerOptions::max_draining_jobs earlier ones drain, and only when the cache's byte
-/// budget can reserve its sequence beside theirs. Only the engine thread
-/// touches the cache: a drain thread that saw its job end posts "free sequence N" back to it.
-/// A drain that fails (a lost decode node, a cancel, a timeout) fails that job only.
+/// Jobs are pipelined: once job i's compute has ended, its messages drain while the engine
+/// thread computes job i+1. A job starts while at most PrefillWorkerOptions::max_draining_jobs
+/// earlier ones drain, and only when the cache's byte budget can reserve its sequence beside
+/// theirs. The engine thread watches the drains itself (between layers while it computes,
+/// waiting on the oldest while it has nothing to start), so no other thread touches the cache:
+/// a drain that ends while a job computes is reported at once and its sequence freed once that
+/// compute ends. A drain that fails (a lost decode node, a cancel, a timeout) fails that job only.
 ///
 /// request_done payload (JSON): {"token": id, "logprob": lp, "top_logprobs": [[id, lp], ...],
 /// "seed": u64, "prompt_tokens": n} — logprob/top_logprobs as SampleResult (0 / [] unless
@@ -126,9 +127,10 @@ struct PrefillJob {
   std::vector<int> eos_ids;        ///< the model's EOS ids (for min_tokens)
   DecodePeer peer;
   bool corrupt_page_for_test = false;  ///< fault tests: the first HACK page gets a flipped byte
-  /// Runs once per accepted job: on the job's drain thread once it has ended (after the engine
-  /// thread freed its sequence, unless that thread was busy computing the next job), or on the
-  /// thread that calls cancel() / the destructor for a job still queued then.
+  /// Runs once per accepted job: on the worker's thread (once the job's sequence is freed,
+  /// unless the job's drain ended while another job computed: then at once, and the sequence
+  /// goes when that compute ends), or on the thread that calls cancel() / the destructor for a
+  /// job still queued then.
   std::function<void(uint64_t request_id, PrefillOutcome outcome)> on_done;
 };
 
@@ -162,7 +164,7 @@ class PrefillWorker {
   /// a token outside the vocabulary, no peer.
   Status submit(PrefillJob job);
   /// Cancels a queued job (removed at once), the computing one (it stops at the next layer
-  /// boundary) or a draining one (within kDrainPollS); the receiver is told, the sequence
+  /// boundary) or a draining one (at the engine thread's next look); the receiver is told, the sequence
   /// freed, on_done gets an error. False when no such job is queued, computing or draining.
   bool cancel(uint64_t request_id);
 
@@ -180,35 +182,37 @@ class PrefillWorker {
     int attempt = 0;  ///< runs so far that failed on a broken transport (send_retries)
   };
   /// A job whose compute has ended: its messages drain (or it failed) while later jobs compute.
-  /// The engine thread fills it and starts `waiter`; then the fields below `waiter` are
-  /// shared with that thread under mutex_.
+  /// Engine thread only, but for `cancelled` (cancel() sets it) and the list entry itself
+  /// (cancel() and submit() read request ids under mutex_).
   struct Draining {
     Queued queued;
     int seq = 0;
     bool added = false;                   ///< the sequence is in the cache
     std::optional<net::EndpointId> peer;  ///< where its KV went, once resolved
     PrefillResult result;
-    Status status;                        ///< the compute's failure, or ok
+    Status status;                        ///< the compute's failure, then the drain's
     double t_stored = 0;                  ///< compute, sample and store done
     std::atomic<bool> cancelled{false};
-    std::thread waiter;                   ///< drain(): watches the messages, ends the job
-    // mutex_:
-    bool settled = false;  ///< the drain thread knows the outcome; the sequence may be freed
-    bool closed = false;   ///< UCX let go of every page of it (else: unsent_)
-    bool freed = false;    ///< the engine thread has dealt with the sequence
-    bool finished = false; ///< the drain thread is done (on_done returned): join it
+    bool settled = false;     ///< the outcome is known (every message left, or it failed)
+    double t_end = 0;         ///< when it settled
+    double close_by_s = 0;    ///< settled: how long to wait for UCX to let go of its messages
+    bool retry = false;       ///< failed on a broken transport: runs again (send_retries)
+    bool closed = false;      ///< UCX let go of every page (else the sequence goes to unsent_)
+    bool reported = false;    ///< on_done ran (or the job was queued again)
+    bool freed = false;       ///< its sequence is freed (or handed to unsent_)
   };
   void run();
   /// The job's compute: the prefill, its KV handed to the sender, the first token sampled and
   /// request_done queued. A failure is left in d.status.
   void compute(Draining& d);
-  /// A job's drain thread: waits for its messages to leave (or a failure, cancel, timeout),
-  /// waits for UCX to let go, posts the sequence to be freed, then reports the outcome or
-  /// queues the job again (send_retries).
-  void drain(Draining& d);
-  /// Engine thread: frees (or hands to unsent_) the sequences of settled drains and joins the
-  /// drain threads that are done.
-  void free_settled();
+  /// Engine thread: moves every draining job on without waiting — settles it (its messages
+  /// left, it failed, was cancelled or timed out), waits for UCX to let go of it (up to a
+  /// deadline), reports it (or queues it again) and, with may_free (no forward running), frees
+  /// its sequence.
+  void poll_drains(bool may_free);
+  void free_sequence(Draining& d);
+  /// Books the ended job and calls on_done, or queues it again (retry).
+  void report(Draining& d);
   /// Whether `next` may start now beside the jobs still draining (mutex_ held).
   bool may_start(const Queued& next) const;
   net::EndpointId resolve(const DecodePeer& peer);
@@ -241,8 +245,8 @@ class PrefillWorker {
   int64_t draining_tokens_ = 0;    // prompt tokens of draining jobs not yet reported
   int64_t queued_tokens_ = 0;
   std::atomic<bool> cancel_running_{false};
-  // Jobs past their compute, oldest first. The list is changed by the engine thread only, under
-  // mutex_ (so cancel() and submit() may read it).
+  // Jobs past their compute, oldest first. Changed by the engine thread only, under mutex_ (so
+  // cancel() and submit() may read it).
   std::list<std::unique_ptr<Draining>> draining_;
   PrefillWorkerStats stats_;
   std::map<std::string, net::EndpointId> peers_;  // "host:port" → endpoint
