@@ -39,7 +39,8 @@
 # WARMUP (2), MAX_MODEL_LEN (4096), MODEL (models/hack-tiny), THREADS (1 per node),
 # KV_DTYPE (bf16), DELAY (one-way netem delay added on each end, e.g. 1ms; default none),
 # LINK_CHECK (1: measure each rate with a TCP transfer), SUBNET (10.231.7), BUILD_DIR (build),
-# KEEP_LOGS (1: keep the logs dir), PYTHON (python3).
+# KEEP_LOGS (1: keep the logs dir), PYTHON (python3), PREFILL_BIN (another hack-prefill, e.g. an
+# older build), PREFILL_FLAGS (appended to hack-prefill's command line, e.g. --max-draining-jobs 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -197,7 +198,7 @@ start_cluster() {  # KV
     "$BIN/hack-decode" "${node[@]}" --host "$IP_D" --ucx-port 0
   DEC_PORT=$(ready "decode-$kv" 'hack-decode ready' | awk '{print $4}')
   start "prefill-$kv" "$NS_P" UCX_TLS=tcp "UCX_NET_DEVICES=$VETH_P" -- \
-    "$BIN/hack-prefill" "${node[@]}" --host 127.0.0.1
+    "${PREFILL_BIN:-$BIN/hack-prefill}" "${node[@]}" --host 127.0.0.1 ${PREFILL_FLAGS:-}
   PRE_PORT=$(ready "prefill-$kv" 'hack-prefill ready' | awk '{print $4}')
   start "router-$kv" "$NS_P" -- "$BIN/hack-router" --model "$ROOT/$MODEL" --port 0 \
     --max-model-len "$MAX_MODEL_LEN" --prefill "127.0.0.1:$PRE_PORT" --decode "$IP_D:$DEC_PORT" \

@@ -49,6 +49,10 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                 "runs again on a freshly connected endpoint before it fails");
   flags.add_float("send-retry-wait", &c.send_retry_wait_s,
                   "seconds such a retry waits for the failed attempt's messages to be dropped (no retry after)");
+  flags.add_int("max-draining-jobs", &c.max_draining_jobs,
+                "prefills whose KV may still be streaming to their decode nodes while the next prompt computes "
+                "(each keeps its KV here until sent; a prompt also waits while the KV budget cannot hold it beside "
+                "them); 0 = the next prompt starts only once the previous one's KV has left");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks,
                  "honour fault-injection fields (test_corrupt_page), --test-layer-delay-ms and POST "
                  "/internal/test/hold-ucx; never in production");
@@ -103,7 +107,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const PrefillServerConfig& c) : config(c) {
-    rt = load_model_runtime(config.model);  // one job at a time: one sequence per forward
+    rt = load_model_runtime(config.model);  // one job computes at a time: one sequence per forward
     ucx = std::make_unique<net::UcxWorker>();
     HACK_CHECK(config.kv_connect == "auto" || config.kv_connect == "listener",
                "--kv-connect must be auto or listener, got '{}'", config.kv_connect);
@@ -123,6 +127,9 @@ struct PrefillServer::Impl {
     wo.send_timeout_s = config.send_timeout_s;
     wo.send_retries = config.send_retries;
     wo.retry_wait_s = config.send_retry_wait_s;
+    HACK_CHECK(config.max_draining_jobs >= 0 && config.max_draining_jobs <= 1024,
+               "--max-draining-jobs must be in [0, 1024], got {}", config.max_draining_jobs);
+    wo.max_draining_jobs = config.max_draining_jobs;
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
     wo.test_layer_delay_ms = config.test_layer_delay_ms;

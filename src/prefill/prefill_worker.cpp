@@ -16,8 +16,9 @@ namespace hack::server {
 
 namespace {
 
-// How often a job waiting for its KV to leave looks at its cancel flag.
-constexpr double kDrainPollS = 0.02;
+// How long the engine thread, with jobs draining and none it may start, waits on the oldest
+// drain before it looks at the queue, cancels and the other drains again.
+constexpr double kIdlePollS = 0.005;
 // How long an ended job waits for UCX to let go of its borrowed pages before the worker moves
 // on (the sequence is then freed later), and how often such sequences are looked at again.
 constexpr double kReleaseWaitS = 0.5;
@@ -49,6 +50,7 @@ PrefillWorker::PrefillWorker(EngineParts engine, net::UcxWorker& ucx, PrefillWor
   backend_ = std::move(engine.backend);
   engine_ = std::move(engine.engine);
   HACK_CHECK(options_.send_retries >= 0, "prefill worker: send_retries must not be negative");
+  HACK_CHECK(options_.max_draining_jobs >= 0, "prefill worker: max_draining_jobs must not be negative");
   net::KvSenderCallbacks sender_callbacks;
   // A failed send means the transport to that decode node broke, even when UCX has not (yet)
   // failed the endpoint itself: left cached, it would fail every later job to the node.
@@ -72,11 +74,12 @@ PrefillWorker::~PrefillWorker() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
     cancel_running_ = true;
+    for (const auto& d : draining_) d->cancelled = true;
     left.swap(queue_);
     queued_tokens_ = 0;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) thread_.join();  // after the draining jobs have ended
   // Pages UCX may still read must outlive its sends: close the endpoints of such requests
   // (their sends fail) and wait; if UCX still holds them, the cache is left allocated.
   for (const Unsent& u : unsent_) ucx_.close(u.endpoint);
@@ -121,6 +124,8 @@ Status PrefillWorker::submit(PrefillJob job) {
     std::lock_guard lock(mutex_);
     if (stopping_) return Status::error("the prefill worker is shutting down");
     const bool known = (running_ && running_id_ == job.request_id) ||
+                       std::any_of(draining_.begin(), draining_.end(),
+                                   [&](const auto& d) { return !d->reported && d->queued.job.request_id == job.request_id; }) ||
                        std::any_of(queue_.begin(), queue_.end(),
                                    [&](const Queued& q) { return q.job.request_id == job.request_id; });
     if (known) return Status::error(fmt::format("request {} is already queued or running", job.request_id));
@@ -139,6 +144,11 @@ bool PrefillWorker::cancel(uint64_t request_id) {
       cancel_running_ = true;
       return true;
     }
+    for (const auto& d : draining_) {
+      if (d->settled || d->queued.job.request_id != request_id) continue;
+      d->cancelled = true;  // the engine thread sees it at its next look (a layer, or kIdlePollS)
+      return true;
+    }
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.job.request_id == request_id; });
     if (it == queue_.end()) return false;
     removed = std::move(*it);
@@ -153,7 +163,7 @@ bool PrefillWorker::cancel(uint64_t request_id) {
 
 int64_t PrefillWorker::queue_tokens() const {
   std::lock_guard lock(mutex_);
-  return queued_tokens_ + (running_ ? running_tokens_ : 0);
+  return queued_tokens_ + (running_ ? running_tokens_ : 0) + draining_tokens_;
 }
 
 PrefillWorkerStats PrefillWorker::stats() const {
@@ -176,13 +186,11 @@ void PrefillWorker::drop_endpoint(net::EndpointId endpoint, const Status& reason
   ucx_.close(endpoint);  // its other queued sends fail now, not after UCX's own timeout
 }
 
-bool PrefillWorker::retryable(const PrefillJob& job, const PrefillOutcome& outcome,
-                              std::optional<net::EndpointId> used) {
-  if (!std::holds_alternative<Status>(outcome) || job.peer.endpoint || !used || cancel_running_) return false;
-  std::lock_guard lock(mutex_);
-  if (stopping_) return false;
+bool PrefillWorker::retryable(const Draining& d) const {
+  if (d.queued.job.peer.endpoint || !d.peer || d.cancelled || stopping_) return false;
+  if (d.queued.attempt >= options_.send_retries) return false;
   // The transport broke under this job: its endpoint was lost or dropped after a failed send.
-  return std::find(lost_endpoints_.begin(), lost_endpoints_.end(), *used) != lost_endpoints_.end();
+  return std::find(lost_endpoints_.begin(), lost_endpoints_.end(), *d.peer) != lost_endpoints_.end();
 }
 
 net::EndpointId PrefillWorker::resolve(const DecodePeer& peer) {
@@ -234,74 +242,209 @@ void PrefillWorker::update_kv_stats() {
   stats_.kv_bytes_used = kv.bytes_used;
 }
 
-void PrefillWorker::run() {
-  for (;;) {
-    release_unsent();
-    Queued queued;
-    {
-      std::unique_lock lock(mutex_);
-      const auto ready = [&] { return stopping_ || !queue_.empty(); };
-      if (unsent_.empty()) {
-        wake_.wait(lock, ready);
-      } else if (!wake_.wait_for(lock, std::chrono::duration<double>(kReleaseWaitS), ready)) {
-        continue;  // look at the unsent requests again
+bool PrefillWorker::may_start(const Queued& next) const {
+  const auto holding = std::count_if(draining_.begin(), draining_.end(), [](const auto& d) { return !d->freed; });
+  if (holding == 0) return true;  // nothing to wait for: a cache too small fails the job as before
+  if (holding > options_.max_draining_jobs) return false;
+  // Its reservation must fit beside the sequences still draining (which go soon); otherwise it
+  // waits for them rather than failing.
+  const KvCacheStats kv = kv_->stats();
+  return kv.bytes_capacity == 0 || kv.bytes_reserved + kv_->sequence_bytes(static_cast<int>(next.job.tokens.size())) <= kv.bytes_capacity;
+}
+
+void PrefillWorker::poll_drains(bool may_free) {
+  bool erase = false;
+  for (const auto& entry : draining_) {  // only this thread changes the list
+    Draining& d = *entry;
+    const uint64_t id = d.queued.job.request_id;
+    if (!d.settled) {
+      Status status = d.status;
+      bool settled = !status.is_ok();
+      if (!settled && d.cancelled) {
+        status = Status::error(fmt::format("request {} was cancelled", id));
+        settled = true;
+      } else if (!settled) {
+        // Success only once every message has left (a lost peer fails the job instead).
+        const Status s = sender_->wait_request(id, 0.0);
+        if (s) {
+          settled = true;
+        } else if (!sender_->request_pending(id)) {
+          const std::string prefix = fmt::format("request {}", id);
+          status = Status::error(s.message().starts_with(prefix) ? s.message() : prefix + ": " + s.message());
+          settled = true;
+        } else if (monotonic_s() > d.t_stored + options_.send_timeout_s) {
+          status = Status::error(fmt::format("request {}: KV not sent after {} s ({} bytes)", id,
+                                             options_.send_timeout_s, d.result.kv_bytes));
+          settled = true;
+        }
       }
-      if (stopping_) return;
-      queued = std::move(queue_.front());
-      queue_.pop_front();
-      queued_tokens_ -= static_cast<int64_t>(queued.job.tokens.size());
-      running_ = true;
-      running_id_ = queued.job.request_id;
-      running_tokens_ = static_cast<int64_t>(queued.job.tokens.size());
-      cancel_running_ = false;
-    }
-    std::optional<net::EndpointId> used;
-    PrefillOutcome outcome = run_job(queued, used);
-    for (int retry = 0; retry < options_.send_retries && retryable(queued.job, outcome, used); ++retry) {
-      // Same request id from seq 0 on a new endpoint: the sender must have let go of the
-      // failed attempt first (its messages on the closed endpoint fail or are dropped).
-      if (!sender_->wait_request_closed(queued.job.request_id, options_.retry_wait_s)) break;
-      spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", queued.job.request_id,
-                   queued.job.peer.host, queued.job.peer.port, std::get<Status>(outcome).message());
-      {
+      if (!settled) continue;
+      d.settled = true;
+      d.status = status;
+      d.t_end = monotonic_s();
+      d.close_by_s = d.t_end + kReleaseWaitS;
+      if (!status.is_ok()) {
+        spdlog::warn("prefill: request {} failed: {}", id, status.message());
+        if (d.peer) sender_->cancel(*d.peer, id, status.message());
         std::lock_guard lock(mutex_);
-        ++stats_.send_retries;
+        d.retry = retryable(d);
+        // Same request id from seq 0 on a new endpoint: the sender must let go of the failed
+        // attempt first (its messages on the closed endpoint fail or are dropped).
+        if (d.retry) d.close_by_s += options_.retry_wait_s;
       }
-      used.reset();
-      outcome = run_job(queued, used);
     }
-    {
-      // Book-keeping first, so a caller woken by on_done sees the job gone.
-      std::lock_guard lock(mutex_);
-      running_ = false;
-      running_tokens_ = 0;
-      if (const auto* r = std::get_if<PrefillResult>(&outcome)) {
-        ++stats_.jobs_done;
-        stats_.kv_bytes_sent += r->kv_bytes;
-      } else {
-        ++stats_.jobs_failed;
-      }
-      update_kv_stats();
+    if (!d.reported) {
+      // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is
+      // done with every message of the request — at once on success (every message left) and
+      // soon after a broken transport (its sends fail). A decode node that stalls holds them
+      // longer: the sequence is then freed later (release_unsent) and the worker goes on.
+      const bool must_close = (d.added && d.peer) || d.retry;
+      d.closed = !must_close || sender_->wait_request_closed(id, 0.0);
+      if (!d.closed && monotonic_s() < d.close_by_s) continue;
+      if (d.retry && !d.closed) d.retry = false;
+      if (may_free) free_sequence(d);  // before on_done: a caller then sees the cache without it
+      report(d);
     }
-    if (queued.job.on_done) queued.job.on_done(queued.job.request_id, std::move(outcome));
+    if (!d.freed && may_free) free_sequence(d);
+    erase = erase || d.freed;
+  }
+  if (!erase) return;
+  std::lock_guard lock(mutex_);
+  std::erase_if(draining_, [](const std::unique_ptr<Draining>& d) { return d->reported && d->freed; });
+  update_kv_stats();
+}
+
+void PrefillWorker::free_sequence(Draining& d) {
+  d.freed = true;
+  if (!d.added) return;
+  if (d.closed) {
+    engine_->remove_sequence(d.seq);
+    return;
+  }
+  spdlog::warn("prefill: request {}: UCX still holds some of its KV pages; freed once it lets go", d.queued.job.request_id);
+  unsent_.push_back(Unsent{d.queued.job.request_id, d.seq, *d.peer});
+}
+
+void PrefillWorker::report(Draining& d) {
+  d.reported = true;
+  const uint64_t id = d.queued.job.request_id;
+  const Status status = d.status;
+  if (status.is_ok()) {
+    PrefillTimings& tm = d.result.timings;
+    tm.drain_s = d.t_end - d.t_stored;
+    tm.total_s = d.t_end - d.queued.submitted_s;
+    const PrefixRestoreResult& pr = d.result.prefix;
+    const size_t tokens = d.queued.job.tokens.size();
+    spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
+                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
+                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
+                 id, tokens, pr.tokens, tokens - static_cast<size_t>(pr.tokens), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
+                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
+                 tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
+                 tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages);
+  }
+  PrefillJob job;
+  {
+    // Book-keeping first, so a caller woken by on_done sees the job gone.
+    std::lock_guard lock(mutex_);
+    draining_tokens_ -= static_cast<int64_t>(d.queued.job.tokens.size());
+    if (d.retry) {
+      spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", id, d.queued.job.peer.host,
+                   d.queued.job.peer.port, status.message());
+      ++stats_.send_retries;
+      queued_tokens_ += static_cast<int64_t>(d.queued.job.tokens.size());
+      queue_.push_front(Queued{std::move(d.queued.job), d.queued.submitted_s, d.queued.attempt + 1});
+      d.queued.job.request_id = id;  // still named in draining_ until its sequence is freed
+      return;
+    }
+    if (status.is_ok()) {
+      ++stats_.jobs_done;
+      stats_.kv_bytes_sent += d.result.kv_bytes;
+    } else {
+      ++stats_.jobs_failed;
+    }
+    if (d.freed) update_kv_stats();
+    job.on_done = std::move(d.queued.job.on_done);
+  }
+  if (!job.on_done) return;
+  if (status.is_ok()) {
+    job.on_done(id, std::move(d.result));
+  } else {
+    job.on_done(id, status);
   }
 }
 
-PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::EndpointId>& used) {
-  PrefillJob& job = queued.job;
+void PrefillWorker::run() {
+  for (;;) {
+    release_unsent();
+    poll_drains(true);
+    std::unique_ptr<Draining> d;
+    const Draining* oldest = nullptr;  // to wait on when nothing may start
+    {
+      std::unique_lock lock(mutex_);
+      if (stopping_) break;
+      if (!queue_.empty() && may_start(queue_.front())) {
+        d = std::make_unique<Draining>();
+        d->queued = std::move(queue_.front());
+        queue_.pop_front();
+        queued_tokens_ -= static_cast<int64_t>(d->queued.job.tokens.size());
+        running_ = true;
+        running_id_ = d->queued.job.request_id;
+        running_tokens_ = static_cast<int64_t>(d->queued.job.tokens.size());
+        cancel_running_ = false;
+      } else if (!draining_.empty()) {
+        oldest = draining_.front().get();
+      } else {
+        const auto ready = [&] { return stopping_ || !queue_.empty(); };
+        if (unsent_.empty()) {
+          wake_.wait(lock, ready);
+        } else {
+          wake_.wait_for(lock, std::chrono::duration<double>(kReleaseWaitS), ready);  // then look at them again
+        }
+        continue;
+      }
+    }
+    if (oldest != nullptr) {
+      // Jobs drain and none may start: wake when the oldest's messages have left (or UCX let
+      // go of them), or soon, to see new jobs, cancels and the other drains.
+      const uint64_t id = oldest->queued.job.request_id;
+      if (oldest->settled) {
+        (void)sender_->wait_request_closed(id, kIdlePollS);
+      } else {
+        (void)sender_->wait_request(id, kIdlePollS);
+      }
+      continue;
+    }
+    compute(*d);
+    {
+      std::lock_guard lock(mutex_);
+      running_ = false;
+      running_tokens_ = 0;
+      draining_tokens_ += static_cast<int64_t>(d->queued.job.tokens.size());
+      if (cancel_running_) d->cancelled = true;  // cancelled after its last layer
+      draining_.push_back(std::move(d));
+    }
+  }
+  // Shutting down: the destructor cancelled the draining jobs; end them.
+  for (;;) {
+    poll_drains(true);
+    if (draining_.empty()) return;
+    std::this_thread::sleep_for(std::chrono::duration<double>(kIdlePollS));
+  }
+}
+
+void PrefillWorker::compute(Draining& d) {
+  PrefillJob& job = d.queued.job;
   const uint64_t id = job.request_id;
   const double t_start = monotonic_s();
-  const int seq = next_seq_id_++;
+  const int seq = d.seq = next_seq_id_++;
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  std::optional<net::EndpointId> peer;
-  bool added = false;
-  PrefillResult result;
-  Status status;  // ok unless the job failed
+  std::optional<net::EndpointId>& peer = d.peer;
+  PrefillResult& result = d.result;
   try {
     peer = resolve(job.peer);
-    used = peer;
     engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
-    added = true;
+    d.added = true;
     if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
     Sampler sampler(job.sampling, static_cast<int>(vocab), options_.constraints, job.eos_ids);
     // A migrated stream: the prompt counts as prompt, the generated tail as this sampler's own
@@ -351,6 +494,7 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     const double t_compute = monotonic_s();
     engine_->prefill(seq, compute, logits, all_logits, [&](int layer, bool last_chunk) {
       if (cancel_running_) fail("request {} was cancelled", id);
+      if (!draining_.empty()) poll_drains(/*may_free=*/false);  // earlier jobs' drains end while this one computes
       if (evicting && !last_chunk) return;
       const double t_layer = monotonic_s();
       const auto l = static_cast<uint32_t>(layer);
@@ -413,53 +557,16 @@ PrefillOutcome PrefillWorker::run_job(Queued& queued, std::optional<net::Endpoin
     if (prefix_) prefix_->finish_capture();
     const double t_stored = monotonic_s();
 
-    // Success only once every message has left (a lost peer fails the job instead).
-    const double deadline = monotonic_s() + options_.send_timeout_s;
-    for (;;) {
-      if (cancel_running_) fail("request {} was cancelled", id);
-      const Status s = sender_->wait_request(id, kDrainPollS);
-      if (s) break;
-      if (!sender_->request_pending(id)) throw Error(s.message());
-      if (monotonic_s() > deadline)
-        fail("request {}: KV not sent after {} s ({} bytes)", id, options_.send_timeout_s, cursor.bytes);
-    }
-    const double t_end = monotonic_s();
-    result.timings.queue_s = t_start - queued.submitted_s;
+    d.t_stored = t_stored;
+    result.timings.queue_s = t_start - d.queued.submitted_s;
     result.timings.prefill_s = t_prefilled - t_start;
     result.timings.sample_s = t_sampled - t_prefilled;
     result.timings.store_s = t_stored - t_sampled;
-    result.timings.drain_s = t_end - t_stored;
-    result.timings.total_s = t_end - queued.submitted_s;
-    const PrefillTimings& tm = result.timings;
-    const PrefixRestoreResult& pr = result.prefix;
-    spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
-                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
-                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
-                 id, job.tokens.size(), restored, compute.size(), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
-                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
-                 tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
-                 tm.drain_s * 1e3, cursor.bytes, cursor.messages);
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string prefix = fmt::format("request {}", id);
-    status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
+    d.status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
   }
-  if (!status.is_ok()) {
-    spdlog::warn("prefill: request {} failed: {}", id, status.message());
-    if (peer) sender_->cancel(*peer, id, status.message());
-  }
-  // The sequence's pages went out borrowed (send_page_borrowed): they stay until UCX is done
-  // with every message of the request — at once on success (wait_request saw them all out)
-  // and soon after a broken transport (its sends fail). A decode node that stalls holds them
-  // longer: the sequence is then freed later (release_unsent) and the worker goes on.
-  if (added && peer && !sender_->wait_request_closed(id, kReleaseWaitS)) {
-    spdlog::warn("prefill: request {}: UCX still holds some of its KV pages; freed once it lets go", id);
-    unsent_.push_back(Unsent{id, seq, *peer});
-    added = false;
-  }
-  if (added) engine_->remove_sequence(seq);
-  if (status.is_ok()) return result;
-  return status;
 }
 
 }  // namespace hack::server

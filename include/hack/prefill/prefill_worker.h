@@ -5,6 +5,14 @@
 /// of layer l overlaps the compute of layers l+1..; then the first token is sampled, sent
 /// in request_done's payload, and the job ends once every message has left.
 ///
+/// Jobs are pipelined: once job i's compute has ended, its messages drain while the engine
+/// thread computes job i+1. A job starts while at most PrefillWorkerOptions::max_draining_jobs
+/// earlier ones drain, and only when the cache's byte budget can reserve its sequence beside
+/// theirs. The engine thread watches the drains itself (between layers while it computes,
+/// waiting on the oldest while it has nothing to start), so no other thread touches the cache:
+/// a drain that ends while a job computes is reported at once and its sequence freed once that
+/// compute ends. A drain that fails (a lost decode node, a cancel, a timeout) fails that job only.
+///
 /// request_done payload (JSON): {"token": id, "logprob": lp, "top_logprobs": [[id, lp], ...],
 /// "seed": u64, "prompt_tokens": n} — logprob/top_logprobs as SampleResult (0 / [] unless
 /// requested). The decode node continues with Sampler{seed}, add_prompt_tokens(prompt),
@@ -16,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +68,11 @@ struct PrefillWorkerOptions {
   bool send_exact_tail = false;
   /// Builds jobs' grammar constraints (SamplingParams::grammar); null: grammar jobs fail.
   const LogitsConstraintFactory* constraints = nullptr;
+  /// A job starts its compute only while at most this many earlier jobs' KV is still
+  /// draining (each holds its sequence's KV until its last message has left), and only when
+  /// the cache's byte budget can reserve its sequence beside theirs. 0: a job starts only
+  /// once the previous one has drained (no pipelining).
+  int max_draining_jobs = 4;
 };
 
 /// Where a job's KV goes: an endpoint of the worker's UcxWorker, or a decode node's UCX
@@ -113,8 +127,10 @@ struct PrefillJob {
   std::vector<int> eos_ids;        ///< the model's EOS ids (for min_tokens)
   DecodePeer peer;
   bool corrupt_page_for_test = false;  ///< fault tests: the first HACK page gets a flipped byte
-  /// Runs once per accepted job: on the worker's thread, or on the thread that calls
-  /// cancel() / the destructor for a job still queued then.
+  /// Runs once per accepted job: on the worker's thread (once the job's sequence is freed,
+  /// unless the job's drain ended while another job computed: then at once, and the sequence
+  /// goes when that compute ends), or on the thread that calls cancel() / the destructor for a
+  /// job still queued then.
   std::function<void(uint64_t request_id, PrefillOutcome outcome)> on_done;
 };
 
@@ -147,12 +163,13 @@ class PrefillWorker {
   /// prompt, a request id already queued or running, sampling params out of range,
   /// a token outside the vocabulary, no peer.
   Status submit(PrefillJob job);
-  /// Cancels a queued job (removed at once) or the running one (it stops at the next layer
-  /// boundary or while its KV drains); the receiver is told, the sequence freed, on_done
-  /// gets an error. False when no such job is queued or running.
+  /// Cancels a queued job (removed at once), the computing one (it stops at the next layer
+  /// boundary) or a draining one (at the engine thread's next look); the receiver is told, the sequence
+  /// freed, on_done gets an error. False when no such job is queued, computing or draining.
   bool cancel(uint64_t request_id);
 
-  /// Prompt tokens of queued jobs plus the running one (the router's queue length).
+  /// Prompt tokens of queued jobs plus the computing and draining ones (the router's queue
+  /// length: a job counts until its reply).
   int64_t queue_tokens() const;
   PrefillWorkerStats stats() const;
   /// The cache (for tests and metrics; touched by the engine thread only while jobs run).
@@ -162,15 +179,47 @@ class PrefillWorker {
   struct Queued {
     PrefillJob job;
     double submitted_s = 0;
+    int attempt = 0;  ///< runs so far that failed on a broken transport (send_retries)
+  };
+  /// A job whose compute has ended: its messages drain (or it failed) while later jobs compute.
+  /// Engine thread only, but for `cancelled` (cancel() sets it) and the list entry itself
+  /// (cancel() and submit() read request ids under mutex_).
+  struct Draining {
+    Queued queued;
+    int seq = 0;
+    bool added = false;                   ///< the sequence is in the cache
+    std::optional<net::EndpointId> peer;  ///< where its KV went, once resolved
+    PrefillResult result;
+    Status status;                        ///< the compute's failure, then the drain's
+    double t_stored = 0;                  ///< compute, sample and store done
+    std::atomic<bool> cancelled{false};
+    bool settled = false;     ///< the outcome is known (every message left, or it failed)
+    double t_end = 0;         ///< when it settled
+    double close_by_s = 0;    ///< settled: how long to wait for UCX to let go of its messages
+    bool retry = false;       ///< failed on a broken transport: runs again (send_retries)
+    bool closed = false;      ///< UCX let go of every page (else the sequence goes to unsent_)
+    bool reported = false;    ///< on_done ran (or the job was queued again)
+    bool freed = false;       ///< its sequence is freed (or handed to unsent_)
   };
   void run();
-  /// `used`: the endpoint the job's KV went to (set once resolved).
-  PrefillOutcome run_job(Queued& queued, std::optional<net::EndpointId>& used);
+  /// The job's compute: the prefill, its KV handed to the sender, the first token sampled and
+  /// request_done queued. A failure is left in d.status.
+  void compute(Draining& d);
+  /// Engine thread: moves every draining job on without waiting — settles it (its messages
+  /// left, it failed, was cancelled or timed out), waits for UCX to let go of it (up to a
+  /// deadline), reports it (or queues it again) and, with may_free (no forward running), frees
+  /// its sequence.
+  void poll_drains(bool may_free);
+  void free_sequence(Draining& d);
+  /// Books the ended job and calls on_done, or queues it again (retry).
+  void report(Draining& d);
+  /// Whether `next` may start now beside the jobs still draining (mutex_ held).
+  bool may_start(const Queued& next) const;
   net::EndpointId resolve(const DecodePeer& peer);
   /// Closes an endpoint whose transport broke and forgets it (any thread).
   void drop_endpoint(net::EndpointId endpoint, const Status& reason);
-  /// Whether a failed job is worth running again on a fresh endpoint (see send_retries).
-  bool retryable(const PrefillJob& job, const PrefillOutcome& outcome, std::optional<net::EndpointId> used);
+  /// Whether a failed job is worth running again on a fresh endpoint (see send_retries; mutex_ held).
+  bool retryable(const Draining& d) const;
   /// Frees the sequences of ended requests whose borrowed pages UCX has now let go of.
   void release_unsent();
   /// Refreshes stats_'s KV fields from the cache (mutex_ held).
@@ -190,11 +239,15 @@ class PrefillWorker {
   std::condition_variable wake_;
   std::deque<Queued> queue_;
   bool stopping_ = false;
-  uint64_t running_id_ = 0;
-  bool running_ = false;
-  int64_t running_tokens_ = 0;
+  uint64_t running_id_ = 0;        // the computing job
+  bool running_ = false;           // a job computes
+  int64_t running_tokens_ = 0;     // its prompt tokens
+  int64_t draining_tokens_ = 0;    // prompt tokens of draining jobs not yet reported
   int64_t queued_tokens_ = 0;
   std::atomic<bool> cancel_running_{false};
+  // Jobs past their compute, oldest first. Changed by the engine thread only, under mutex_ (so
+  // cancel() and submit() may read it).
+  std::list<std::unique_ptr<Draining>> draining_;
   PrefillWorkerStats stats_;
   std::map<std::string, net::EndpointId> peers_;  // "host:port" → endpoint
   std::deque<net::EndpointId> lost_endpoints_;  // recently lost or dropped (mutex_): never cached again

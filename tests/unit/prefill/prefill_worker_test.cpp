@@ -633,3 +633,188 @@ TEST_CASE("prefill worker: a decode node restarted on its port behind a stale en
     CHECK(worker.kv().stats().sequences == 0);
   }
 }
+
+// Pipelining: job i's KV drains while job i+1 computes. A decode node whose progress thread is
+// held (ProgressHold) holds the drain of every job sent to it: its KV (1500 tokens of HACK
+// pages, rendezvous messages) cannot leave until the node runs again.
+namespace {
+
+struct TwoNodes {
+  Inbox inbox_a, inbox_b;
+  net::UcxWorker rx_a{net::test::options_for("tcp")}, rx_b{net::test::options_for("tcp")};
+  net::KvReceiver receiver_a{rx_a, inbox_a.callbacks()}, receiver_b{rx_b, inbox_b.callbacks()};
+  uint16_t port_a = rx_a.listen("127.0.0.1", 0), port_b = rx_b.listen("127.0.0.1", 0);
+  net::UcxWorker tx_worker{net::test::options_for("tcp")};
+};
+
+PrefillWorkerOptions pipelined_options(int max_draining_jobs) {
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::hack);
+  wo.engine.prefill_chunk_tokens = 64;
+  wo.send_timeout_s = 60.0;  // a held drain stays held; the test lets it go
+  wo.max_draining_jobs = max_draining_jobs;
+  return wo;
+}
+
+bool has_outcome(Outcomes& outcomes, uint64_t id) {
+  std::lock_guard lock(outcomes.mutex);
+  return outcomes.by_id.contains(id);
+}
+
+bool succeeded(Outcomes& outcomes, uint64_t id) {
+  std::lock_guard lock(outcomes.mutex);
+  auto it = outcomes.by_id.find(id);
+  return it != outcomes.by_id.end() && std::holds_alternative<PrefillResult>(it->second);
+}
+
+// Waits until the worker has freed every sequence (stats are refreshed as sequences go).
+bool wait_kv_empty(PrefillWorker& worker, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (worker.stats().kv_sequences != 0 || worker.stats().kv_bytes_used != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("prefill worker: job i+1 computes while job i's KV drains, and with 0 draining jobs waits for the drain",
+          "[server][prefill][pipeline]") {
+  Fixture f;
+  for (int max_draining : {4, 0}) {
+    INFO("max_draining_jobs " << max_draining);
+    TwoNodes nodes;
+    Outcomes outcomes;
+    PrefillWorkerOptions wo = pipelined_options(max_draining);
+    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
+    ProgressHold hold(nodes.rx_a);
+    REQUIRE(hold.wait_held(net::test::kWaitS));
+    REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
+    REQUIRE(worker.submit(greedy_job(2, 300, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
+    if (max_draining > 0) {
+      // Job 2 computed and its KV reached B while job 1's KV is still held for A.
+      REQUIRE(outcomes.wait(2, net::test::kWaitS));
+      CHECK(succeeded(outcomes, 2));
+      CHECK_FALSE(has_outcome(outcomes, 1));
+      CHECK(worker.queue_tokens() == 1500);  // job 1 counts until its reply
+    } else {
+      // Job 2 waits for job 1's drain.
+      CHECK_FALSE(outcomes.wait(2, 2.0));
+      CHECK_FALSE(has_outcome(outcomes, 1));
+      CHECK(worker.queue_tokens() == 1800);
+    }
+    hold.let_go();
+    REQUIRE(outcomes.wait(1, net::test::kWaitS));
+    REQUIRE(outcomes.wait(2, net::test::kWaitS));
+    CHECK(succeeded(outcomes, 1));
+    CHECK(succeeded(outcomes, 2));
+    if (max_draining == 0) {
+      // One after the other: job 2 started only once job 1 had drained.
+      const auto& r1 = std::get<PrefillResult>(outcomes.by_id.at(1));
+      const auto& r2 = std::get<PrefillResult>(outcomes.by_id.at(2));
+      CHECK(r2.timings.queue_s >= r1.timings.total_s - r1.timings.queue_s - 0.05);
+    }
+    CHECK(wait_kv_empty(worker, net::test::kWaitS));
+    CHECK(worker.queue_tokens() == 0);
+    CHECK(worker.stats().jobs_done == 2);
+  }
+}
+
+TEST_CASE("prefill worker: at most max_draining_jobs jobs drain while the next one computes",
+          "[server][prefill][pipeline]") {
+  Fixture f;
+  for (int max_draining : {1, 2}) {
+    INFO("max_draining_jobs " << max_draining);
+    TwoNodes nodes;
+    Outcomes outcomes;
+    PrefillWorkerOptions wo = pipelined_options(max_draining);
+    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
+    ProgressHold hold(nodes.rx_a);
+    REQUIRE(hold.wait_held(net::test::kWaitS));
+    // Jobs 1 and 2 drain to the held node A; job 3 goes to B and needs a free draining slot.
+    REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
+    REQUIRE(worker.submit(greedy_job(2, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
+    REQUIRE(worker.submit(greedy_job(3, 100, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
+    if (max_draining >= 2) {
+      REQUIRE(outcomes.wait(3, net::test::kWaitS));
+      CHECK(succeeded(outcomes, 3));
+    } else {
+      CHECK_FALSE(outcomes.wait(3, 2.0));  // job 2 computed beside job 1's drain; job 3 may not
+    }
+    CHECK_FALSE(has_outcome(outcomes, 1));
+    CHECK_FALSE(has_outcome(outcomes, 2));
+    hold.let_go();
+    for (uint64_t id : {1, 2, 3}) {
+      REQUIRE(outcomes.wait(id, net::test::kWaitS));
+      CHECK(succeeded(outcomes, id));
+    }
+    CHECK(wait_kv_empty(worker, net::test::kWaitS));
+  }
+}
+
+TEST_CASE("prefill worker: a job waits for draining jobs when the KV budget cannot hold it beside them",
+          "[server][prefill][pipeline]") {
+  Fixture f;
+  TwoNodes nodes;
+  Outcomes outcomes;
+  PrefillWorkerOptions wo = pipelined_options(4);
+  // Room for one 1500-token sequence, not two.
+  wo.kv.capacity_bytes = make_paged_kv_cache(f.shape, wo.kv)->sequence_bytes(1500) * 3 / 2;
+  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
+  ProgressHold hold(nodes.rx_a);
+  REQUIRE(hold.wait_held(net::test::kWaitS));
+  REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
+  REQUIRE(worker.submit(greedy_job(2, 1500, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
+  CHECK_FALSE(outcomes.wait(2, 2.0));  // neither run nor failed for want of memory
+  hold.let_go();
+  REQUIRE(outcomes.wait(1, net::test::kWaitS));
+  REQUIRE(outcomes.wait(2, net::test::kWaitS));
+  CHECK(succeeded(outcomes, 1));
+  INFO(outcomes.error_of(2));
+  CHECK(succeeded(outcomes, 2));
+  CHECK(wait_kv_empty(worker, net::test::kWaitS));
+}
+
+TEST_CASE("prefill worker: a drain that fails or is cancelled fails its job only, not the one computing after it",
+          "[server][prefill][pipeline]") {
+  Fixture f;
+  for (const bool cancel : {false, true}) {
+    INFO((cancel ? "job 1 cancelled while draining" : "job 1's drain times out"));
+    TwoNodes nodes;
+    Outcomes outcomes;
+    PrefillWorkerOptions wo = pipelined_options(4);
+    wo.send_timeout_s = cancel ? 60.0 : 1.0;
+    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
+    ProgressHold hold(nodes.rx_a);
+    REQUIRE(hold.wait_held(net::test::kWaitS));
+    REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
+    // Jobs 2 and 3 compute while job 1 drains, and are still in flight when it fails.
+    REQUIRE(worker.submit(greedy_job(2, 2000, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
+    REQUIRE(worker.submit(greedy_job(3, 300, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
+    if (cancel) {
+      REQUIRE(nodes.inbox_b.wait_seen(2, net::test::kWaitS));  // job 1 has computed: it drains now
+      CHECK(worker.cancel(1));
+    }
+    REQUIRE(outcomes.wait(1, net::test::kWaitS));
+    CHECK_THAT(outcomes.error_of(1), Catch::Contains(cancel ? "cancelled" : "not sent"));
+    for (uint64_t id : {2, 3}) {
+      REQUIRE(outcomes.wait(id, net::test::kWaitS));
+      INFO("job " << id << ": " << outcomes.error_of(id));
+      CHECK(succeeded(outcomes, id));
+    }
+    // B got jobs 2 and 3 whole; nothing of theirs failed.
+    int done = 0;
+    while (done < 2) {
+      auto e = nodes.inbox_b.next(net::test::kWaitS);
+      REQUIRE(e.has_value());
+      REQUIRE(e->kind != Inbox::Event::error);
+      if (e->kind == Inbox::Event::done) ++done;
+    }
+    CHECK(worker.stats().jobs_failed == 1);
+    CHECK(worker.stats().jobs_done == 2);
+    hold.let_go();  // UCX lets go of job 1's pages; the worker frees its sequence
+    CHECK(wait_kv_empty(worker, net::test::kWaitS));
+    CHECK(worker.queue_tokens() == 0);
+  }
+}
