@@ -16,8 +16,17 @@ mkdir -p "$OUT"
 export UCX_TLS=${UCX_TLS:-tcp} UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 secret="$OUT/secret"
 head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$secret"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+# start runs in a command substitution (a subshell), so the daemons' pids go to a file.
+pidfile="$OUT/pids"
+: > "$pidfile"
+cleanup() {
+  local p
+  for p in $(cat "$pidfile" 2>/dev/null); do kill "$p" 2>/dev/null; done
+  for p in $(cat "$pidfile" 2>/dev/null); do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  done
+  : > "$pidfile"
+}
 trap cleanup EXIT
 
 # start NAME READY_REGEX CMD...: runs CMD with stdout to $OUT/NAME.out; prints the first
@@ -26,8 +35,8 @@ start() {
   local name=$1 regex=$2
   shift 2
   "$@" > "$OUT/$name.out" 2> "$OUT/$name.log" &
-  pids+=($!)
   local pid=$!
+  echo "$pid" >> "$pidfile"
   for _ in $(seq 1200); do
     local port
     port=$(sed -n -E "s/$regex/\\1/p" "$OUT/$name.out" | head -n 1)
@@ -77,7 +86,6 @@ EOF
     fi
   done
   cleanup
-  pids=()
 done
 echo "cluster_check: $fails difference(s); logs in $OUT"
 [ "$fails" = 0 ]
