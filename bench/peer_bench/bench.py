@@ -493,12 +493,14 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     def report(reps_done):
         """Prints the table and writes the JSON (after every repeat, so an interrupted run keeps what it measured)."""
-        # Greedy agreement: every engine/config against llama.cpp fa off at the same thread count.
+        # Greedy agreement: every engine/config against llama.cpp (fa off where it ran, else fa on)
+        # at the same thread count.
         agreement = []
+        ref_cfg = "fa off" if False in fas else "fa on"
         for (engine, cfg, t), ids in sorted(outputs.items()):
-            ref = outputs.get(("llama.cpp", "fa off", t))
-            if ref is not None and (engine, cfg) != ("llama.cpp", "fa off"):
-                agreement.append({"engine": engine, "config": cfg, "threads": t, "vs": "llama.cpp fa off",
+            ref = outputs.get(("llama.cpp", ref_cfg, t))
+            if ref is not None and (engine, cfg) != ("llama.cpp", ref_cfg):
+                agreement.append({"engine": engine, "config": cfg, "threads": t, "vs": f"llama.cpp {ref_cfg}",
                                   "common_prefix": common_prefix(ids, ref), "of": len(ref)})
 
         results = []
