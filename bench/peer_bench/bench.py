@@ -30,13 +30,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import re
+
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / "models" / "smollm2-135m-instruct"
-CHAT_PROMPT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-               "<|im_start|>user\nExplain in a few paragraphs how a CPU cache works.<|im_end|>\n"
-               "<|im_start|>assistant\n")
+QWEN = "qwen2.5-coder-1.5b-instruct"
+# The Q4_K_M GGUF scripts/fetch-models.sh converts the Qwen directory from (the bf16 GGUF's metadata).
+QWEN_SOURCE_GGUF = REPO / ".cache" / "models" / f"{QWEN}-q4_k_m.gguf"
+USER_TURN = "<|im_start|>user\nExplain in a few paragraphs how a CPU cache works.<|im_end|>\n<|im_start|>assistant\n"
+CHAT_PROMPTS = {  # each model's own default system prompt (both use ChatML)
+    "smollm2": "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
+    "qwen": "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n",
+}
 # Text the long prompts are cut from (repeated if it is too short).
 PROMPT_SOURCES = ["README.md", "bench/RESULTS.md"]
 
@@ -95,6 +102,16 @@ class OtherCpu:
                 "other_cores_mean": round(sum(s) / len(s), 2)}
 
 
+def cpu_info():
+    """The CPU model name and which of the flags that pick hack's kernels it has."""
+    text = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    flags = set((re.search(r"^flags\s*:\s*(.*)$", text, re.M) or re.match("()", "")).group(1).split())
+    wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"]
+    return {"model": model.group(1) if model else "?",
+            "flags": " ".join(f"{f}{'+' if f in flags else '-'}" for f in wanted)}
+
+
 # ---------------------------------------------------------------- models
 
 def write_random_llama_1b(out_dir: Path):
@@ -141,6 +158,37 @@ def write_random_llama_1b(out_dir: Path):
         tensors[p + "mlp.down_proj.weight"] = normal((h, ffn), out_std)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     tmp.rename(out_dir)
+
+
+def gguf_from_source(source: Path, hf_dir: Path, gguf: Path, llama_src: Path):
+    """bf16 GGUF with the HF directory's weights and the source GGUF's metadata (gguf_from_hf.py):
+    for a model whose HF directory was itself converted from a GGUF (Qwen)."""
+    if gguf.exists():
+        return
+    if not source.exists():
+        sys.exit(f"no {source}: scripts/fetch-models.sh {QWEN} keeps it there (or pass --source-gguf)")
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["nice", sys.executable, str(Path(__file__).with_name("gguf_from_hf.py")), "--source-gguf", str(source),
+           "--hf-dir", str(hf_dir), "--out", str(gguf), "--gguf-py", str(llama_src / "gguf-py")]
+    print("[peer] " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def decode_weight_bytes(hf_dir: Path):
+    """Bytes of weights one decode step streams: all of them but the embedding table when the
+    model has its own lm_head (a tied table is read whole as the output matrix)."""
+    total, embed, untied = 0, 0, False
+    for st in hf_dir.glob("model*.safetensors"):
+        with open(st, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            n = t["data_offsets"][1] - t["data_offsets"][0]
+            total += n
+            embed += n if name == "model.embed_tokens.weight" else 0
+            untied |= name == "lm_head.weight"
+    return total - embed if untied else total
 
 
 def convert_to_gguf(hf_dir: Path, gguf: Path, llama_src: Path):
@@ -291,7 +339,9 @@ def hack_run(hack_bin: Path, model_dir: Path, prompt, max_tokens, threads, kv):
         raise RuntimeError(f"hack-run failed ({p.returncode}): {p.stderr[-2000:]}")
     out = json.loads(p.stdout)
     assert out["prompt_ids"] == list(prompt)
-    return out["ids"], out["timing"]
+    # The CPU path its kernels took, from the summary line ("... | cpu, 2 threads, isa avx512bf16, ...").
+    isa = re.search(r"\bisa (\S+?),", p.stderr)
+    return out["ids"], {**out["timing"], "isa": isa.group(1) if isa else "?"}
 
 
 def hack_batch(decode_bench: Path, model_dir: Path, prompt_tokens, n_seqs, max_tokens, threads, kv):
@@ -332,7 +382,7 @@ def progress(engine, cfg, t, kind, n, timing):
 
 
 def median_timing(runs):
-    keys = runs[0].keys()
+    keys = [k for k in runs[0].keys() if k != "isa"]
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
@@ -347,7 +397,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--llama-src", required=True, help="llama.cpp source (convert_hf_to_gguf.py, gguf-py)")
-    ap.add_argument("--model", default="smollm2", help="smollm2 | 1b (llama-1b shape, random bf16 weights)")
+    ap.add_argument("--model", default="smollm2",
+                    help=f"smollm2 | 1b (llama-1b shape, random bf16 weights) | qwen ({QWEN}, models/{QWEN})")
+    ap.add_argument("--source-gguf", default=str(QWEN_SOURCE_GGUF),
+                    help="qwen: the GGUF models/%(default)s was converted from (metadata of the bf16 GGUF)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
@@ -366,8 +419,13 @@ def main():
     peer = build / "peer"
     hack_bin = build / "bin" / "hack-run"
     llama_src = Path(a.llama_src).resolve()
+    chat_prompt = CHAT_PROMPTS["qwen" if a.model in ("qwen", QWEN) else "smollm2"] + USER_TURN
     if a.model == "smollm2":
         hf_dir, name = SMOLLM2, "smollm2-135m-instruct"
+    elif a.model in ("qwen", QWEN):
+        hf_dir, name = REPO / "models" / QWEN, QWEN
+        if not (hf_dir / "config.json").exists():
+            sys.exit(f"no {hf_dir}: scripts/fetch-models.sh {QWEN}")
     elif a.model == "1b":
         name = "llama-1b-random"
         hf_dir = peer / "models" / name
@@ -375,10 +433,13 @@ def main():
             print(f"[peer] writing {hf_dir} (random bf16 weights, llama-1b shape)", flush=True)
             write_random_llama_1b(hf_dir)
     else:
-        sys.exit(f"--model: smollm2 or 1b, got {a.model}")
+        sys.exit(f"--model: smollm2, 1b or qwen, got {a.model}")
     gguf = peer / "gguf" / f"{name}-bf16.gguf"
-    convert_to_gguf(hf_dir, gguf, llama_src)
-    weight_bytes = sum(f.stat().st_size for f in hf_dir.glob("model*.safetensors"))
+    if name == QWEN:
+        gguf_from_source(Path(a.source_gguf), hf_dir, gguf, llama_src)
+    else:
+        convert_to_gguf(hf_dir, gguf, llama_src)
+    weight_bytes = decode_weight_bytes(hf_dir)
 
     threads = [int(t) for t in a.threads.split(",")]
     prompt_lens = [int(n) for n in a.prompt_lens.split(",") if n]
@@ -391,9 +452,9 @@ def main():
     # Token ids, from llama.cpp's tokenizer; hack's tokenizer must agree on the same text.
     text = "\n".join((REPO / p).read_text() for p in PROMPT_SOURCES)
     long_ids = llm.tokenize(text, special=False)
-    chat_ids = llm.tokenize(CHAT_PROMPT, special=True)
+    chat_ids = llm.tokenize(chat_prompt, special=True)
     tokenize_bin = build / "bin" / "hack-tokenize"
-    long_hack, chat_hack = hack_tokenize(tokenize_bin, hf_dir, text), hack_tokenize(tokenize_bin, hf_dir, CHAT_PROMPT)
+    long_hack, chat_hack = hack_tokenize(tokenize_bin, hf_dir, text), hack_tokenize(tokenize_bin, hf_dir, chat_prompt)
     tokenizer_check = {"text_chars": len(text), "text_ids_llama": len(long_ids), "text_ids_hack": len(long_hack),
                        "text_identical": long_ids == long_hack, "text_common_prefix": common_prefix(long_ids, long_hack),
                        "chat_ids": len(chat_ids), "chat_identical": chat_ids == chat_hack}
@@ -416,6 +477,7 @@ def main():
     def max_tokens_of(kind):
         return 1 if kind == "prompt" else a.decode_tokens
 
+    cpu = cpu_info()
     quiet = wait_quiet(a.quiet_load, a.quiet_wait_s)
     print(f"[peer] load {quiet['loadavg_1m_at_start']:.2f} at start (quiet={quiet['quiet']}, waited "
           f"{quiet['waited_s']} s)", flush=True)
@@ -431,12 +493,14 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     def report(reps_done):
         """Prints the table and writes the JSON (after every repeat, so an interrupted run keeps what it measured)."""
-        # Greedy agreement: every engine/config against llama.cpp fa off at the same thread count.
+        # Greedy agreement: every engine/config against llama.cpp (fa off where it ran, else fa on)
+        # at the same thread count.
         agreement = []
+        ref_cfg = "fa off" if False in fas else "fa on"
         for (engine, cfg, t), ids in sorted(outputs.items()):
-            ref = outputs.get(("llama.cpp", "fa off", t))
-            if ref is not None and (engine, cfg) != ("llama.cpp", "fa off"):
-                agreement.append({"engine": engine, "config": cfg, "threads": t, "vs": "llama.cpp fa off",
+            ref = outputs.get(("llama.cpp", ref_cfg, t))
+            if ref is not None and (engine, cfg) != ("llama.cpp", ref_cfg):
+                agreement.append({"engine": engine, "config": cfg, "threads": t, "vs": f"llama.cpp {ref_cfg}",
                                   "common_prefix": common_prefix(ids, ref), "of": len(ref)})
 
         results = []
@@ -487,7 +551,9 @@ def main():
         load_summary = {**quiet, "loadavg_1m_during": {"min": min(loads), "median": statistics.median(loads),
                                                        "max": max(loads)}, **other.summary()}
         print()
-        print(f"model {name} ({weight_bytes / 1e6:.0f} MB bf16 weights), decode after a {len(chat_ids)}-token chat "
+        isas = sorted({r.get("isa", "?") for k, rs in runs.items() if k[0] == "hack" for r in rs if "isa" in r})
+        print(f"machine: {cpu['model']}; {cpu['flags']}; hack-run's CPU path (isa): {', '.join(isas) or '-'}")
+        print(f"model {name} ({weight_bytes / 1e6:.0f} MB of bf16 weights read per decode token), decode after a {len(chat_ids)}-token chat "
               f"prompt for {a.decode_tokens} tokens, medians of {reps_done} (of {a.repeats}); ratio = hack / llama.cpp {ref_col[1]}")
         print(table)
         print()
@@ -503,7 +569,7 @@ def main():
 
         out = {
             "date": started.isoformat(timespec="seconds"), "model": name, "hf_dir": str(hf_dir), "gguf": str(gguf),
-            "weight_bytes": weight_bytes, "llama_cpp_python": llama_cpp.__version__,
+            "weight_bytes": weight_bytes, "cpu": cpu, "hack_isa": isas, "llama_cpp_python": llama_cpp.__version__,
             "hack_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                                           text=True).stdout.strip(),
             "cpu_count": os.cpu_count(), "threads": threads, "repeats": a.repeats, "repeats_done": reps_done, "decode_tokens": a.decode_tokens,

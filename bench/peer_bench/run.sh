@@ -7,6 +7,7 @@
 #
 #   bench/peer_bench/run.sh                      # SmolLM2-135M, 1 and 2 threads
 #   bench/peer_bench/run.sh --model 1b           # the llama-1b shape (random bf16 weights)
+#   bench/peer_bench/run.sh --model qwen         # Qwen2.5-Coder-1.5B-Instruct (models/, fetch-models.sh)
 #   bench/peer_bench/run.sh --help               # bench.py's flags
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,7 +46,15 @@ fi
 # llama.cpp's converter imports torch and transformers (and the 1B shape is written with
 # safetensors): where the system site packages lack them (a machine without the fixture
 # generator's requirements), install the versions scripts/requirements-fixtures.txt pins.
-if ! "$VENV/bin/python" -c 'import torch, transformers, safetensors' 2>/dev/null; then
+# Qwen needs none of them: its bf16 GGUF is written by gguf_from_hf.py (numpy + gguf-py).
+model=smollm2
+for ((i = 1; i <= $#; i++)); do
+  case "${!i}" in
+    --model) j=$((i + 1)); model=${!j:-} ;;
+    --model=*) model=${!i#--model=} ;;
+  esac
+done
+if [[ "$model" != qwen* ]] && ! "$VENV/bin/python" -c 'import torch, transformers, safetensors' 2>/dev/null; then
   echo "installing the converter's requirements into $VENV" >&2
   "$VENV/bin/pip" install -c scripts/requirements-fixtures.txt torch transformers safetensors
 fi
