@@ -269,8 +269,14 @@ void PrefillWorker::poll_drains(bool may_free) {
         if (s) {
           settled = true;
         } else if (!sender_->request_pending(id)) {
-          const std::string prefix = fmt::format("request {}", id);
-          status = Status::error(s.message().starts_with(prefix) ? s.message() : prefix + ": " + s.message());
+          // It settled between the two calls (its last message left, or it failed): `s` is
+          // the stale "not yet sent", so ask again for the outcome.
+          const Status outcome = sender_->wait_request(id, 0.0);
+          if (!outcome) {
+            const std::string prefix = fmt::format("request {}", id);
+            status = Status::error(outcome.message().starts_with(prefix) ? outcome.message()
+                                                                         : prefix + ": " + outcome.message());
+          }
           settled = true;
         } else if (monotonic_s() > d.t_stored + options_.send_timeout_s) {
           status = Status::error(fmt::format("request {}: KV not sent after {} s ({} bytes)", id,
