@@ -285,7 +285,10 @@ void PrefillWorker::poll_drains(bool may_free) {
         }
       }
       if (!settled) continue;
-      d.settled = true;
+      {
+        std::lock_guard lock(mutex_);  // cancel() reads `settled`
+        d.settled = true;
+      }
       d.status = status;
       d.t_end = monotonic_s();
       d.close_by_s = d.t_end + kReleaseWaitS;
@@ -332,7 +335,6 @@ void PrefillWorker::free_sequence(Draining& d) {
 }
 
 void PrefillWorker::report(Draining& d) {
-  d.reported = true;
   const uint64_t id = d.queued.job.request_id;
   const Status status = d.status;
   if (status.is_ok()) {
@@ -351,8 +353,10 @@ void PrefillWorker::report(Draining& d) {
   }
   PrefillJob job;
   {
-    // Book-keeping first, so a caller woken by on_done sees the job gone.
+    // Book-keeping first, so a caller woken by on_done sees the job gone. `reported` under
+    // mutex_: submit() reads it to tell a resubmitted id from one still in flight.
     std::lock_guard lock(mutex_);
+    d.reported = true;
     draining_tokens_ -= static_cast<int64_t>(d.queued.job.tokens.size());
     if (d.retry) {
       spdlog::warn("prefill: request {}: sending again on a new endpoint to {}:{} after: {}", id, d.queued.job.peer.host,
