@@ -21,20 +21,11 @@
 #include "hack/kv/kv_stream.h"
 #include "hack/kv/paged_kv_cache.h"
 #include "hack/model/weights.h"
+#include "../tests/support/synthetic_model.h"  // test::random_prompt: the prompts the prefill tests use
 
 using namespace hack;
 
 namespace {
-
-std::vector<int> prompt_of(int length, int vocab, uint32_t seed) {
-  std::vector<int> p(static_cast<size_t>(length));
-  uint32_t x = seed * 2654435761u + 1;
-  for (int& t : p) {
-    x = x * 1664525u + 1013904223u;
-    t = static_cast<int>((x >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return p;
-}
 
 // Every KV message a prefill node would send for the sequence, concatenated.
 std::vector<std::byte> exported(PagedKv& kv, int seq, int layers) {
@@ -54,7 +45,7 @@ void run_group(const Model& model, ThreadPool& pool, KvMode mode, const std::vec
   o.mode = mode;
   const int vocab = model.config.vocab_size, layers = model.config.num_layers;
   std::vector<std::vector<int>> prompts;
-  for (size_t i = 0; i < lengths.size(); ++i) prompts.push_back(prompt_of(lengths[i], vocab, static_cast<uint32_t>(7 + i)));
+  for (size_t i = 0; i < lengths.size(); ++i) prompts.push_back(test::random_prompt(lengths[i], vocab, static_cast<uint32_t>(7 + i)));
   CpuEngine single = make_cpu_engine(model, pool, o, EngineOptions{});
   CpuEngine batched = make_cpu_engine(model, pool, o, EngineOptions{});
   // Warm both (first-touch of weights, workspaces).

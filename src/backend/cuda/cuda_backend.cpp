@@ -271,7 +271,7 @@ class CudaBackend final : public Backend {
   // One decode query (a chunk of one token) or one prefill chunk, as the plan records it.
   struct DecodeEntry {
     int row, length, table_offset, seq_id;
-    int closed_pages;  // the step's AttentionPlan: blocks closed once this step's token is appended
+    int closed_pages;  // blocks closed once this step's token is appended (KvBlockManager::closable_blocks)
   };
   struct PrefillEntry {
     int row, n_tokens, start_pos, table_offset;
@@ -400,15 +400,16 @@ class CudaBackend final : public Backend {
                    c.seq_id);
     }
     if (T == 0) return 0;
-    // The step's AttentionPlan from the device-neutral block manager, exactly as the CPU
-    // builds it (same chunks, same state, same segments and closed pages): the HACK decode
-    // rows close what it says. The device kernels below still take their own page arrays.
-    plan_items_.clear();
-    for (const SequenceChunk& c : batch)
-      plan_items_.push_back(PlanItem{c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()),
-                                     static_cast<int>(plan_items_.empty() ? 0 : plan_items_.back().row + plan_items_.back().n_tokens)});
-    kv.plan(plan_items_, options_.plan_attention ? device_plan_policy(sm_count_) : PlanPolicy{.workers = sm_count_},
-            attention_plan_);
+    // --cuda-attention plan: the step's AttentionPlan from the device-neutral block manager,
+    // exactly as the CPU builds it. The kernels path needs only the plan's closing rule
+    // (KvBlockManager::closable_blocks, below), not its segments and tasks.
+    if (options_.plan_attention) {
+      plan_items_.clear();
+      for (const SequenceChunk& c : batch)
+        plan_items_.push_back(PlanItem{c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()),
+                                       static_cast<int>(plan_items_.empty() ? 0 : plan_items_.back().row + plan_items_.back().n_tokens)});
+      kv.plan(plan_items_, device_plan_policy(sm_count_), attention_plan_);
+    }
     HACK_CHECK(T <= static_cast<size_t>(options_.max_batch_tokens),
                "CUDA backend: {} tokens in one forward, at most {} (max_batch_tokens)", T, options_.max_batch_tokens);
 
@@ -440,8 +441,7 @@ class CudaBackend final : public Backend {
     int row = 0, n_logits = 0, table_at = 0;
     max_decode_pages_ = 0;
     max_prefill_tokens_ = 0;
-    for (size_t item = 0; item < batch.size(); ++item) {
-      const SequenceChunk& c = batch[item];
+    for (const SequenceChunk& c : batch) {
       const int n = static_cast<int>(c.tokens.size());
       const std::span<const int> table = kv.page_table(c.seq_id);
       const int used_pages = CudaPagedKvCache::pages_for(kv.rows_for(c.start_pos + n), P);
@@ -464,7 +464,9 @@ class CudaBackend final : public Backend {
       }
       // A prompt's one-token chunk inside a HACK prefill attends to its exact past, as a prefill.
       if (n == 1 && !(kv.is_hack() && kv.prefilling(c.seq_id))) {
-        dec_.push_back({row, c.start_pos + 1, table_at, c.seq_id, attention_plan_.items[item].closed_pages});
+        // The blocks closed once this token is appended: the rule the plan and the CPU use.
+        const int closed = kv.is_hack() ? kv.blocks().closable_blocks(c.seq_id, 0) : 0;
+        dec_.push_back({row, c.start_pos + 1, table_at, c.seq_id, closed});
         max_decode_pages_ = std::max(max_decode_pages_, used_pages);
       } else {
         pre_.push_back({row, n, c.start_pos, table_at});
@@ -698,8 +700,8 @@ class CudaBackend final : public Backend {
   // The current forward's plan.
   PlanOffsets off_;
   std::vector<DecodeEntry> dec_;
-  std::vector<PlanItem> plan_items_;  // the step's chunks as the block manager plans them
-  AttentionPlan attention_plan_;      // the step's plan (KvBlockManager::plan)
+  std::vector<PlanItem> plan_items_;  // --cuda-attention plan: the step's chunks as the block manager plans them
+  AttentionPlan attention_plan_;      // --cuda-attention plan: the step's plan (KvBlockManager::plan)
   CudaPlanRunner plan_runner_;        // --cuda-attention plan: runs attention_plan_ in every layer
   Buffer plan_out_;                   // --cuda-attention plan: f32 [max_batch_tokens][q_dim] attention output
   int n_rows_ = 0;                    // token rows of the current forward

@@ -656,6 +656,20 @@ PrefillWorkerOptions pipelined_options(int max_draining_jobs) {
   return wo;
 }
 
+// What every pipelining test starts from: two decode nodes, a prefill worker sending to
+// them with `wo`, and node A's network thread held (its drains stay pending until let go).
+struct HeldPipeline {
+  TwoNodes nodes;
+  Outcomes outcomes;
+  PrefillWorker worker;
+  ProgressHold hold;
+  HeldPipeline(Fixture& f, const PrefillWorkerOptions& wo)
+      : worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo),
+        hold(nodes.rx_a) {
+    REQUIRE(hold.wait_held(net::test::kWaitS));
+  }
+};
+
 bool has_outcome(Outcomes& outcomes, uint64_t id) {
   std::lock_guard lock(outcomes.mutex);
   return outcomes.by_id.contains(id);
@@ -684,12 +698,8 @@ TEST_CASE("prefill worker: job i+1 computes while job i's KV drains, and with 0 
   Fixture f;
   for (int max_draining : {4, 0}) {
     INFO("max_draining_jobs " << max_draining);
-    TwoNodes nodes;
-    Outcomes outcomes;
-    PrefillWorkerOptions wo = pipelined_options(max_draining);
-    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
-    ProgressHold hold(nodes.rx_a);
-    REQUIRE(hold.wait_held(net::test::kWaitS));
+    HeldPipeline p(f, pipelined_options(max_draining));
+    auto& [nodes, outcomes, worker, hold] = p;
     REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
     REQUIRE(worker.submit(greedy_job(2, 300, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
     if (max_draining > 0) {
@@ -726,12 +736,8 @@ TEST_CASE("prefill worker: at most max_draining_jobs jobs drain while the next o
   Fixture f;
   for (int max_draining : {1, 2}) {
     INFO("max_draining_jobs " << max_draining);
-    TwoNodes nodes;
-    Outcomes outcomes;
-    PrefillWorkerOptions wo = pipelined_options(max_draining);
-    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
-    ProgressHold hold(nodes.rx_a);
-    REQUIRE(hold.wait_held(net::test::kWaitS));
+    HeldPipeline p(f, pipelined_options(max_draining));
+    auto& [nodes, outcomes, worker, hold] = p;
     // Jobs 1 and 2 drain to the held node A; job 3 goes to B and needs a free draining slot.
     REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
     REQUIRE(worker.submit(greedy_job(2, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
@@ -756,14 +762,11 @@ TEST_CASE("prefill worker: at most max_draining_jobs jobs drain while the next o
 TEST_CASE("prefill worker: a job waits for draining jobs when the KV budget cannot hold it beside them",
           "[server][prefill][pipeline]") {
   Fixture f;
-  TwoNodes nodes;
-  Outcomes outcomes;
   PrefillWorkerOptions wo = pipelined_options(4);
   // Room for one 1500-token sequence, not two.
   wo.kv.capacity_bytes = make_paged_kv_cache(f.shape, wo.kv)->sequence_bytes(1500) * 3 / 2;
-  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
-  ProgressHold hold(nodes.rx_a);
-  REQUIRE(hold.wait_held(net::test::kWaitS));
+  HeldPipeline p(f, wo);
+  auto& [nodes, outcomes, worker, hold] = p;
   REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
   REQUIRE(worker.submit(greedy_job(2, 1500, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
   CHECK_FALSE(outcomes.wait(2, 2.0));  // neither run nor failed for want of memory
@@ -781,13 +784,10 @@ TEST_CASE("prefill worker: a drain that fails or is cancelled fails its job only
   Fixture f;
   for (const bool cancel : {false, true}) {
     INFO((cancel ? "job 1 cancelled while draining" : "job 1's drain times out"));
-    TwoNodes nodes;
-    Outcomes outcomes;
     PrefillWorkerOptions wo = pipelined_options(4);
     wo.send_timeout_s = cancel ? 60.0 : 1.0;
-    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), nodes.tx_worker, wo);
-    ProgressHold hold(nodes.rx_a);
-    REQUIRE(hold.wait_held(net::test::kWaitS));
+    HeldPipeline p(f, wo);
+    auto& [nodes, outcomes, worker, hold] = p;
     REQUIRE(worker.submit(greedy_job(1, 1500, f.cfg.vocab_size, nodes.port_a, outcomes)).is_ok());
     // Jobs 2 and 3 compute while job 1 drains, and are still in flight when it fails.
     REQUIRE(worker.submit(greedy_job(2, 2000, f.cfg.vocab_size, nodes.port_b, outcomes)).is_ok());
