@@ -22,6 +22,7 @@
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
 #include "hack/decode/recompute_budget.h"
+#include "hack/kv/kv_flags.h"
 #include "hack/model/weights.h"
 
 namespace {
@@ -50,7 +51,7 @@ std::vector<int> parse_ints(const std::string& list) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_dir, chunks_flag = "0,16", budget = "adaptive";
+  std::string model_dir, chunks_flag = "0,16", budget = "fixed";
   int streams = 8, long_prompt = 2048, threads = 0, plain_steps = 16;
   hack::FlagSet flags("recompute_itl", "Running streams' inter-token gaps while a long sequence is recomputed.",
                       "HACK_RECOMPUTE_ITL");
@@ -60,6 +61,8 @@ int main(int argc, char** argv) {
   flags.add_string("chunks", &chunks_flag, "recompute chunk sizes to compare (0 = all at once, the old behaviour)");
   flags.add_int("threads", &threads, "compute threads; 0 = all cores");
   flags.add_int("plain-steps", &plain_steps, "decode steps without a recompute, for the baseline gap");
+  hack::KvFlags kv_flags;  // the nodes' KV flags and defaults: the model's hack_kv.json, else K4/V4
+  hack::add_kv_flags(flags, kv_flags);
   flags.add_string("budget", &budget,
                    "adaptive (pieces of at most `chunk` tokens, sized by RecomputeBudget as the decode scheduler "
                    "does) or fixed (every piece `chunk` tokens)");
@@ -71,7 +74,10 @@ int main(int argc, char** argv) {
     const int vocab = model.config.vocab_size;
     std::printf("model %s, %d threads, kernels %s; %d streams, recompute of %d tokens\n", model_dir.c_str(),
                 pool.size(), hack::cpu_isa_name(hack::cpu_isa()), streams, long_prompt);
-    hack::KvCacheOptions ko;  // the nodes' default: --kv hack
+    // What hack-decode builds from the same flags: with the defaults, the model's calibrated
+    // allocation (hack_kv.json, with its recent window) or K4/V4.
+    const hack::KvCacheOptions ko = hack::kv_options_from(kv_flags, model_dir, model.config.num_layers);
+    std::printf("kv %s: %s\n", kv_flags.kv.c_str(), hack::describe(ko).c_str());
     std::vector<int> longp;
     for (int i = 0; i < long_prompt; ++i) longp.push_back((i * 131 + 17) % vocab);
     for (const int chunk : parse_ints(chunks_flag)) {
@@ -121,10 +127,20 @@ int main(int argc, char** argv) {
       const double total = ms_since(t_start);
       const double median = quantile(plain, 0.5);
       const auto worst = std::max_element(gaps.begin(), gaps.end());
+      const double gap_median = quantile(gaps, 0.5), gap_p99 = quantile(gaps, 0.99);
       std::printf("%s chunk %4d: plain step %.1f ms | over the recompute (%zu steps, %.2f s): gap median %.1f, p99 %.1f, "
-                  "max %.1f ms (step %td); p99 / plain median %.2f\n",
-                  chunk == 0 ? "all at once" : budget.c_str(), chunk, median, gaps.size(), total / 1000, quantile(gaps, 0.5), quantile(gaps, 0.99), *worst,
-                  worst - gaps.begin() + 1, quantile(gaps, 0.99) / median);
+                  "max %.1f ms (step %td); p99 / gap median %.2f, p99 / plain median %.2f\n",
+                  chunk == 0 ? "all at once" : budget.c_str(), chunk, median, gaps.size(), total / 1000, gap_median,
+                  gap_p99, *worst, worst - gaps.begin() + 1, gap_p99 / gap_median, gap_p99 / median);
+      // The five largest gaps and their steps: a spike at the last step is the bracket's close.
+      std::vector<size_t> order(gaps.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      const size_t top = std::min<size_t>(5, order.size());
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(top), order.end(),
+                        [&](size_t a, size_t b) { return gaps[a] > gaps[b]; });
+      std::printf("  largest gaps:");
+      for (size_t i = 0; i < top; ++i) std::printf(" %.1f ms (step %zu)", gaps[order[i]], order[i] + 1);
+      std::printf("\n");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "recompute_itl: %s\n", e.what());

@@ -477,7 +477,8 @@ void DecodeScheduler::step() {
   Engine::PrefillPiece piece;
   if (recomputing != nullptr) {
     Request& r = *recomputing;
-    const int budget = recompute_budget_.next_piece(static_cast<int>(batch.size()));
+    const int budget = options_.recompute_adaptive ? recompute_budget_.next_piece(static_cast<int>(batch.size()))
+                                                   : options_.recompute_chunk_tokens;
     const size_t n = std::min(r.recompute.size() - r.recomputed, static_cast<size_t>(budget));
     piece = {r.seq_id, std::span<const int>(r.recompute).subspan(r.recomputed, n), r.recomputed == 0,
              r.recomputed + n == r.recompute.size()};

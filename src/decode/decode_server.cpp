@@ -41,6 +41,9 @@ void add_decode_flags(FlagSet& flags, DecodeServerConfig& c) {
   flags.add_int("recompute-chunk-tokens", &c.recompute_chunk_tokens,
                 "a preempted request's KV is recomputed this many tokens per decode step, in the same forward as "
                 "the running streams (they keep their pace); 0 = all at once on readmission");
+  flags.add_string("recompute-budget", &c.recompute_budget,
+                   "fixed (every piece --recompute-chunk-tokens) or adaptive (smaller pieces when a step would "
+                   "exceed 2x a plain decode step; slower recomputes, measured in bench/RESULTS.md)");
   flags.add_float("kv-timeout", &c.kv_timeout_s, "seconds an admitted request waits for its KV from prefill");
   flags.add_float("ready-probe-timeout", &c.ready_probe_timeout_s,
                   "seconds a self-probe of the UCX listener waits for its message (repeated until one passes; "
@@ -107,9 +110,12 @@ struct DecodeServer::Impl {
                               .kv_wait_timeout_s = config.kv_timeout_s,
                               .test_step_delay_ms = config.test_step_delay_ms,
                               .recompute_chunk_tokens = config.recompute_chunk_tokens,
+                              .recompute_adaptive = config.recompute_budget == "adaptive",
                               .idle_trim_s = config.idle_trim_s};
     HACK_CHECK(config.recompute_chunk_tokens >= 0, "--recompute-chunk-tokens must not be negative, got {}",
                config.recompute_chunk_tokens);
+    HACK_CHECK(config.recompute_budget == "fixed" || config.recompute_budget == "adaptive",
+               "--recompute-budget must be fixed or adaptive, got '{}'", config.recompute_budget);
     so.constraints = rt->constraints.get();
     if (!config.vault.address.empty()) {
       // A finished request's blocks past its prompt's last full block go to the vault, keyed

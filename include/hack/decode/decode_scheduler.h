@@ -69,12 +69,19 @@ struct DecodeSchedulerOptions {
   int reserve_ahead_tokens = 64;    ///< reservation step beyond the current length
   double kv_wait_timeout_s = 120;   ///< an admitted request waiting for remote KV fails after this
   int test_step_delay_ms = 0;       ///< tests: sleep this long after each decode step (long streams on a tiny model)
-  /// A preempted request's KV is recomputed at most this many tokens per decode step, batched
-  /// with the running streams' tokens, and fewer when that keeps a step within 2× a plain
-  /// decode step (decode/recompute_budget.h, measured as the node runs); 0 = the whole
-  /// recompute at once when it is readmitted (every running stream waits for it). A prompt
-  /// that static eviction prunes is recomputed at once.
+  /// A preempted request's KV is recomputed this many tokens per decode step, batched with
+  /// the running streams' tokens; 0 = the whole recompute at once when it is readmitted
+  /// (every running stream waits for it). A prompt that static eviction prunes is recomputed
+  /// at once. Equal pieces keep every step of the recompute alike: on SmolLM2 (2 cores) the
+  /// streams' p99 gap is 1.3× their median with pieces of 16 and the 2K recompute takes 15 s
+  /// (bench/RESULTS.md "Decode node: a recompute in pieces").
   int recompute_chunk_tokens = 16;
+  /// Pieces of at most recompute_chunk_tokens, fewer when that keeps a step within 2× a plain
+  /// decode step (decode/recompute_budget.h, measured as the node runs). Off by default: a
+  /// piece's cost is mostly fixed (the step leaves the GEMV path), so the budget shrinks pieces
+  /// to one token, the recompute takes ~12× longer and the streams' p99 gap rises to 2.4×
+  /// their median (same bench).
+  bool recompute_adaptive = false;
   double idle_trim_s = 1.0;         ///< idle this long after requests: free memory back to the system (0 = never)
   /// > 0: keep each sequence's exact KV from its prompt's last full `record_block_tokens`
   /// block on (decode/kv_recorder.h) and hand it to on_finished_kv when the request finishes

@@ -26,6 +26,7 @@ struct DecodeServerConfig {
   int max_batch = 64;
   int reserve_ahead_tokens = 64;
   int recompute_chunk_tokens = 16;  ///< DecodeSchedulerOptions::recompute_chunk_tokens
+  std::string recompute_budget = "fixed";  ///< fixed | adaptive (DecodeSchedulerOptions::recompute_adaptive)
   float kv_timeout_s = 120;
   /// Seconds one self-probe of the UCX listener (net/listener_probe.h) waits for its message;
   /// a failed probe is repeated (after as long again) until one passes. /health says

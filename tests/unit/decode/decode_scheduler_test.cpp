@@ -307,7 +307,8 @@ TEST_CASE("KV pressure preempts, recomputes and still finishes every request", "
   // bf16 open blocks dominate) and the first HACK page either of them adds overflows.
   // Recomputes run in pieces beside the running streams' tokens, or (0) all at once.
   const int chunk = GENERATE(16, 0);
-  INFO("recompute_chunk_tokens " << chunk);
+  const bool adaptive = GENERATE(false, true);
+  INFO("recompute_chunk_tokens " << chunk << (adaptive ? ", adaptive" : ", fixed"));
   const KvCacheOptions probe = kv_options(KvMode::hack);
   Node sizing(probe);
   const size_t one = sizing.kv->sequence_bytes(64 + 200);
@@ -316,7 +317,8 @@ TEST_CASE("KV pressure preempts, recomputes and still finishes every request", "
   DecodeSchedulerStats st;
   {
     DecodeScheduler scheduler(node.engine, *node.kv,
-                              DecodeSchedulerOptions{.reserve_ahead_tokens = 16, .recompute_chunk_tokens = chunk});
+                              DecodeSchedulerOptions{.reserve_ahead_tokens = 16, .recompute_chunk_tokens = chunk,
+                                                     .recompute_adaptive = adaptive});
     for (uint64_t id = 1; id <= 8; ++id) {
       SamplingParams p = greedy(200);
       p.ignore_eos = true;
