@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hack/core/cpu_features.h"
+
 namespace hack::cpu {
 
 /// Writable view of one KV head's fields in a HACK page (the quantizer's twin of
@@ -38,6 +40,15 @@ struct HackBlockRounding {
   int64_t first_token = 0;
   int head = 0;
 };
+
+/// The clipped 2-bit ranges (quant::clip_k_range_2bit) of `channels` K channels at once:
+/// on entry lo[c]/hi[c] hold channel c's extremes over the block's `tokens` rows (row t at
+/// k + t·k_stride, channel c at column c), on return the chosen range. `isa` above scalar runs
+/// 8 channels per AVX2 register, every lane doing the scalar definition's float operations in
+/// its order, so the result is bit-identical (this file is compiled without fp contraction,
+/// like the device code). The search is most of a 2-bit K block's quantization (~20× the rest).
+void clip_k_ranges_2bit(const uint16_t* k, size_t k_stride, int tokens, int channels, float* lo, float* hi,
+                        CpuIsa isa);
 
 /// K of one head: per-channel min/scale over the block's Π tokens (2-bit nearest clips the
 /// range, quant::clip_k_range_2bit), codes, and per (partition, token) code sums.
