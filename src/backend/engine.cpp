@@ -34,6 +34,7 @@ void Engine::add_sequence(int seq_id, int max_tokens) {
 CpuEngine make_cpu_engine(const Model& model, ThreadPool& pool, const KvCacheOptions& kv_options, EngineOptions options) {
   CpuEngine e;
   e.kv = make_paged_kv_cache(kv_shape(model), kv_options);
+  e.kv->set_quantize_pool(&pool);  // the engine thread appends and closes between its parallel regions
   e.backend = make_cpu_backend(model, pool, *e.kv, options.matmul_precision);
   e.engine = std::make_unique<Engine>(*e.backend, options, &pool);
   return e;

@@ -224,13 +224,41 @@ void PagedKvCache::quantize_pending(int seq_id, int layer) {
   // The blocks that have left the recent window (the block manager's rule, the same on
   // every device); pending blocks are the full ones past the closed pages.
   const size_t upto = static_cast<size_t>(blocks_.closable_blocks(seq_id, layer));
-  size_t done = 0;
-  for (; done < lp.pending.size() && lp.pages.size() < upto; ++done) {
-    const PageRef block = lp.pending[done];
-    const PageRef page = pages_of(layer).allocate();
-    quantize_block(layer, block.data, options_.sinks + static_cast<int64_t>(lp.pages.size()) * T, page.data);
-    lp.pages.push_back(page);
-    open_pool_->release(block);
+  const size_t done = upto > lp.pages.size() ? std::min(lp.pending.size(), upto - lp.pages.size()) : 0;
+  if (done == 0) {
+    blocks_.record_closed(seq_id, layer, static_cast<int>(lp.pages.size()));
+    return;
+  }
+  // Pages come from the pools first; the quantization of each block (a pure function of its
+  // tokens and position) may then run in parallel. One block (a decode step's closing) needs
+  // no list.
+  PageRef one;
+  std::vector<PageRef> many;
+  if (done == 1) {
+    one = pages_of(layer).allocate();
+  } else {
+    many.reserve(done);
+    for (size_t i = 0; i < done; ++i) many.push_back(pages_of(layer).allocate());
+  }
+  PageRef* fresh = done == 1 ? &one : many.data();
+  const int64_t first = options_.sinks + static_cast<int64_t>(lp.pages.size()) * T;
+  const auto quantize = [&](size_t b0, size_t b1) {
+    for (size_t i = b0; i < b1; ++i)
+      quantize_block(layer, lp.pending[i].data, first + static_cast<int64_t>(i) * T, fresh[i].data);
+  };
+  try {
+    if (quantize_pool_ != nullptr && done > 1 && quantize_pool_->size() > 1) {
+      quantize_pool_->parallel_for_dynamic(done, 1, quantize);  // a late worker takes what is left
+    } else {
+      quantize(0, done);
+    }
+  } catch (...) {  // the blocks stay pending, the new pages go back
+    for (size_t i = 0; i < done; ++i) pages_of(layer).release(fresh[i]);
+    throw;
+  }
+  for (size_t i = 0; i < done; ++i) {
+    lp.pages.push_back(fresh[i]);
+    open_pool_->release(lp.pending[i]);
   }
   lp.pending.erase(lp.pending.begin(), lp.pending.begin() + static_cast<std::ptrdiff_t>(done));
   blocks_.record_closed(seq_id, layer, static_cast<int>(lp.pages.size()));

@@ -133,6 +133,14 @@ class PagedKvCache final : public PagedKv {
   void close_pending_blocks(int seq_id) override;
   /// The same for one layer (so a layer can be exported as soon as its prefill is done).
   void close_pending_blocks(int seq_id, int layer) override;
+  /// Where a layer has several blocks to close at once (a prompt's end, a recompute's last
+  /// piece, a prefix hit's restored blocks) they are quantized in parallel on `pool`; the
+  /// pages are the same bytes (each block's quantization is a pure function of its tokens).
+  /// nullptr (the default): on the calling thread. With a pool set, appends and closes must
+  /// come from one thread at a time, outside the pool's own work (make_cpu_engine passes the
+  /// engine's, whose thread runs the steps); without one, different sequences may append
+  /// concurrently.
+  void set_quantize_pool(ThreadPool* pool) { quantize_pool_ = pool; }
   /// Sets (or with nullptr clears) the sequence's append observer; it must outlive the
   /// sequence or be cleared first. remove_sequence forgets it.
   void set_append_observer(int seq_id, KvAppendObserver* observer) override;
@@ -250,6 +258,7 @@ class PagedKvCache final : public PagedKv {
   std::unique_ptr<PagePool> open_pool_;        // hack: bf16 open blocks
   std::unique_ptr<PagePool> sink_pool_;        // hack: bf16 sinks
   std::unordered_map<int, std::unique_ptr<Sequence>> sequences_;
+  ThreadPool* quantize_pool_ = nullptr;        // set_quantize_pool
 };
 
 /// The paged cache for `--kv fp|hack`.
