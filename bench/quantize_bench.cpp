@@ -22,17 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<int> parse_ints(const std::string& list) {
-  std::vector<int> out;
-  size_t at = 0;
-  for (;;) {
-    const size_t comma = list.find(',', at);
-    out.push_back(std::stoi(list.substr(at, comma - at)));
-    if (comma == std::string::npos) return out;
-    at = comma + 1;
-  }
-}
-
 template <class F>
 double us_per_call(int n, F&& f) {
   const auto t0 = Clock::now();
@@ -57,10 +46,10 @@ int main(int argc, char** argv) {
                 hack::cpu_isa_name(hack::cpu_isa()), tokens, blocks);
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (const int dim : parse_ints(dims_flag)) {
+    for (const int dim : hack::parse_int_list(dims_flag, "dims")) {
       std::vector<uint16_t> x(static_cast<size_t>(tokens) * static_cast<size_t>(dim));
       for (auto& v : x) v = hack::f32_to_bf16(normal(rng));
-      for (const int bits : parse_ints(bits_flag)) {
+      for (const int bits : hack::parse_int_list(bits_flag, "bits")) {
         const size_t code_bytes = static_cast<size_t>(tokens) * static_cast<size_t>(dim) * static_cast<size_t>(bits) / 8;
         std::vector<uint8_t> k_codes(code_bytes), v_codes(code_bytes);
         std::vector<uint16_t> k_min(static_cast<size_t>(dim)), k_scale(static_cast<size_t>(dim));

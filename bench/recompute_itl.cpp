@@ -37,17 +37,6 @@ double quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
 }
 
-std::vector<int> parse_ints(const std::string& list) {
-  std::vector<int> out;
-  size_t at = 0;
-  for (;;) {
-    const size_t comma = list.find(',', at);
-    out.push_back(std::stoi(list.substr(at, comma - at)));
-    if (comma == std::string::npos) return out;
-    at = comma + 1;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,7 +69,7 @@ int main(int argc, char** argv) {
     std::printf("kv %s: %s\n", kv_flags.kv.c_str(), hack::describe(ko).c_str());
     std::vector<int> longp;
     for (int i = 0; i < long_prompt; ++i) longp.push_back((i * 131 + 17) % vocab);
-    for (const int chunk : parse_ints(chunks_flag)) {
+    for (const int chunk : hack::parse_int_list(chunks_flag, "chunks")) {
       hack::CpuEngine e = hack::make_cpu_engine(model, pool, ko);
       std::vector<int> ids, tokens;
       std::vector<float> logits;
