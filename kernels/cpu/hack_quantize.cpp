@@ -104,7 +104,7 @@ void clip_8_channels_avx2(const __m256* xs, int tokens, float* lo_out, float* hi
 
 void clip_k_ranges_2bit(const uint16_t* k, size_t k_stride, int tokens, int channels, float* lo, float* hi,
                         CpuIsa isa) {
-  constexpr int kMaxTokens = 256;  // rows held in registers' spill space; longer blocks take the scalar path
+  constexpr int kMaxTokens = 256;  // rows staged on the stack (8 KB); longer blocks take the scalar path
   int c = 0;
   if (isa != CpuIsa::scalar && tokens <= kMaxTokens) {
     alignas(32) __m256 xs[kMaxTokens];

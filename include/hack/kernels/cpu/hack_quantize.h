@@ -45,8 +45,8 @@ struct HackBlockRounding {
 /// on entry lo[c]/hi[c] hold channel c's extremes over the block's `tokens` rows (row t at
 /// k + t·k_stride, channel c at column c), on return the chosen range. `isa` above scalar runs
 /// 8 channels per AVX2 register, every lane doing the scalar definition's float operations in
-/// its order, so the result is bit-identical (this file is compiled without fp contraction,
-/// like the device code). The search is most of a 2-bit K block's quantization (~20× the rest).
+/// its order, so the result is bit-identical (hack_quantize.cpp is compiled without fp
+/// contraction, so its scalar path rounds as the device code does). The search is most of a 2-bit K block's quantization (~20× the rest).
 void clip_k_ranges_2bit(const uint16_t* k, size_t k_stride, int tokens, int channels, float* lo, float* hi,
                         CpuIsa isa);
 
