@@ -36,6 +36,12 @@ uint32_t load_sum(const void* sums, int bytes, size_t i) {
   return bytes == 1 ? static_cast<const uint8_t*>(sums)[i] : static_cast<const uint16_t*>(sums)[i];
 }
 
+// −1 in the lanes whose float bits `u` are not a bf16 (low 16 bits not zero), else 0.
+__m256i not_bf16(__m256i u) {
+  return _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0xffff)), _mm256_setzero_si256()),
+                          _mm256_set1_epi32(-1));
+}
+
 // Channels c0..c0+7 of quant::clip_k_range_2bit, one per AVX2 lane. Every lane runs the
 // scalar definition's operations in its order (candidates in the same sequence, each error
 // summed token by token), with two differences that cannot change a result: every candidate's
@@ -58,16 +64,12 @@ void clip_8_channels_avx2(const __m256* xs, int tokens, float* lo_out, float* hi
       // make_quantizer(l, h, 3): min = bf16 toward −∞ of l (a zero as +0), scale = bf16 toward
       // +∞ of (h − min) / 3, or 0 when h − min is not positive.
       const __m256i lu = _mm256_castps_si256(_mm256_blendv_ps(l, zero, _mm256_cmp_ps(l, zero, _CMP_EQ_OQ)));
-      const __m256i l_inexact = _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(lu, low16), _mm256_setzero_si256()),
-                                                 _mm256_set1_epi32(-1));
-      const __m256i l_down = _mm256_and_si256(l_inexact, _mm256_srai_epi32(lu, 31));  // −1 where negative and inexact
+      const __m256i l_down = _mm256_and_si256(not_bf16(lu), _mm256_srai_epi32(lu, 31));  // −1 where negative and inexact
       const __m256i min_bits = _mm256_and_si256(_mm256_sub_epi32(_mm256_srli_epi32(lu, 16), l_down), low16);
       const __m256 min = _mm256_castsi256_ps(_mm256_slli_epi32(min_bits, 16));
       const __m256 range = _mm256_sub_ps(h, min);
       const __m256i su = _mm256_castps_si256(_mm256_div_ps(range, three));
-      const __m256i s_inexact = _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(su, low16), _mm256_setzero_si256()),
-                                                 _mm256_set1_epi32(-1));
-      const __m256i s_up = _mm256_andnot_si256(_mm256_srai_epi32(su, 31), s_inexact);  // −1 where positive and inexact
+      const __m256i s_up = _mm256_andnot_si256(_mm256_srai_epi32(su, 31), not_bf16(su));  // −1 where positive and inexact
       __m256i scale_bits = _mm256_and_si256(_mm256_sub_epi32(_mm256_srli_epi32(su, 16), s_up), low16);
       scale_bits = _mm256_and_si256(scale_bits, _mm256_castps_si256(_mm256_cmp_ps(range, zero, _CMP_GT_OQ)));
       const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(scale_bits, 16));
