@@ -64,6 +64,7 @@ SamplingParams greedy(int max_tokens) {
 // Collects a request's events.
 struct Outcome {
   std::vector<int> tokens;
+  std::vector<float> logprobs;
   std::vector<DecodeEventKind> kinds;
   FinishReason reason = FinishReason::length;
   std::string error;
@@ -77,7 +78,10 @@ class Collector {
       std::lock_guard lock(mutex_);
       Outcome& o = outcomes_[id];
       o.kinds.push_back(e.kind);
-      if (e.kind == DecodeEventKind::token) o.tokens.push_back(e.sample.token);
+      if (e.kind == DecodeEventKind::token) {
+        o.tokens.push_back(e.sample.token);
+        o.logprobs.push_back(e.sample.logprob);
+      }
       if (e.kind == DecodeEventKind::finished) {
         o.reason = e.finish_reason;
         o.done = true;
@@ -155,6 +159,42 @@ TEST_CASE("continuous batching gives each request the single-sequence result", "
   }
 }
 
+TEST_CASE("batched HACK decode gives each request hack-run's logprobs bit for bit, at 2 and 4 bits",
+          "[server][scheduler]") {
+  const std::vector<int> lengths{5, 64, 65, 131, 300, 517};
+  for (int bits : {2, 4}) {
+    KvCacheOptions o = kv_options(KvMode::hack);
+    o.k_bits = bits;
+    o.v_bits = bits;
+    INFO("k" << bits << "v" << bits);
+    Node node(o);
+    Collector events;
+    {
+      DecodeScheduler scheduler(node.engine, *node.kv, DecodeSchedulerOptions{.max_batch = 6});
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        DecodeRequest r{.id = i + 1, .prompt = prompt_of(lengths[i], static_cast<int>(i)),
+                        .params = greedy(20), .eos_ids = {}, .remote_kv = false};
+        REQUIRE(scheduler.submit(r, events.sink(r.id)).is_ok());
+      }
+      REQUIRE(events.wait_done(lengths.size(), 120));
+    }
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      INFO("request " << i + 1 << " prompt " << lengths[i]);
+      const Outcome out = events.get(i + 1);
+      REQUIRE(out.error.empty());
+      Node ref(o);
+      const std::vector<int> prompt = prompt_of(lengths[i], static_cast<int>(i));
+      ref.engine.add_sequence(0, static_cast<int>(prompt.size()) + 20);
+      const GenerationResult g = generate(ref.engine, 0, prompt, greedy(20), {});
+      REQUIRE(out.tokens == g.tokens);
+      for (size_t k = 0; k < g.samples.size(); ++k) {
+        INFO("token " << k);
+        CHECK(out.logprobs[k] == g.samples[k].logprob);
+      }
+    }
+  }
+}
+
 TEST_CASE("an idle node trims its memory once, and requests after the trim are unchanged", "[server][scheduler]") {
   for (KvMode mode : {KvMode::fp, KvMode::hack}) {
     INFO("kv " << kv_mode_name(mode));
@@ -195,9 +235,12 @@ TEST_CASE("idle_trim_s = 0 never trims", "[server][scheduler]") {
 }
 
 TEST_CASE("remote KV imported between steps continues exactly where prefill stopped", "[server][scheduler]") {
-  for (KvMode mode : {KvMode::fp, KvMode::hack}) {
-    INFO("kv " << kv_mode_name(mode));
-    Node decode(kv_options(mode)), prefill(kv_options(mode));
+  // fp, K2/V2 and K4/V4 (the default widths): tokens and logprobs bit for bit.
+  for (int bits : {0, 2, 4}) {
+    KvCacheOptions options = kv_options(bits == 0 ? KvMode::fp : KvMode::hack);
+    if (bits) options.k_bits = options.v_bits = bits;
+    INFO("kv " << kv_mode_name(options.mode) << " bits " << bits);
+    Node decode(options), prefill(options);
     Collector events;
     DecodeScheduler scheduler(decode.engine, *decode.kv, {});
     const std::vector<int> lengths{2, 70, 200};
@@ -236,7 +279,15 @@ TEST_CASE("remote KV imported between steps continues exactly where prefill stop
       REQUIRE(events.wait_done(i + 1, 60));
       const Outcome o = events.get(id);
       REQUIRE(o.error.empty());
-      CHECK(o.tokens == reference(kv_options(mode), prompt, params));
+      Node ref(options);
+      ref.engine.add_sequence(0, static_cast<int>(prompt.size()) + params.max_tokens);
+      const GenerationResult g = generate(ref.engine, 0, prompt, params, tiny_model().config.eos_token_ids);
+      REQUIRE(o.tokens == g.tokens);
+      CHECK(first.logprob == g.samples[0].logprob);
+      for (size_t k = 0; k < g.samples.size(); ++k) {
+        INFO("token " << k);
+        CHECK(o.logprobs[k] == g.samples[k].logprob);
+      }
     }
     REQUIRE(scheduler.wait_idle(5));
     CHECK(decode.kv->stats().bytes_used == 0);
