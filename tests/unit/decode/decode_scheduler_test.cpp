@@ -61,6 +61,13 @@ SamplingParams greedy(int max_tokens) {
   return p;
 }
 
+// Greedy, and the sampled token's logprob reported (so it can be compared).
+SamplingParams greedy_logprobs(int max_tokens) {
+  SamplingParams p = greedy(max_tokens);
+  p.logprobs = 0;
+  return p;
+}
+
 // Collects a request's events.
 struct Outcome {
   std::vector<int> tokens;
@@ -159,25 +166,28 @@ TEST_CASE("continuous batching gives each request the single-sequence result", "
   }
 }
 
-TEST_CASE("batched HACK decode gives each request hack-run's logprobs bit for bit, at 2 and 4 bits",
+TEST_CASE("batched decode: each request's tokens, and its logprobs within rounding, at fp, K2/V2, K4/V4",
           "[server][scheduler]") {
+  // A batch of rows runs other matmul kernels than one row (summation order), so logprobs
+  // differ from the single sequence's by rounding, in every KV mode; a wrong page, position
+  // or mask would move them by far more (and the tokens).
   const std::vector<int> lengths{5, 64, 65, 131, 300, 517};
-  for (int bits : {2, 4}) {
-    KvCacheOptions o = kv_options(KvMode::hack);
-    o.k_bits = bits;
-    o.v_bits = bits;
-    INFO("k" << bits << "v" << bits);
+  for (int bits : {0, 2, 4}) {
+    KvCacheOptions o = kv_options(bits == 0 ? KvMode::fp : KvMode::hack);
+    if (bits) o.k_bits = o.v_bits = bits;
+    INFO("kv " << kv_mode_name(o.mode) << " bits " << bits);
     Node node(o);
     Collector events;
     {
       DecodeScheduler scheduler(node.engine, *node.kv, DecodeSchedulerOptions{.max_batch = 6});
       for (size_t i = 0; i < lengths.size(); ++i) {
         DecodeRequest r{.id = i + 1, .prompt = prompt_of(lengths[i], static_cast<int>(i)),
-                        .params = greedy(20), .eos_ids = {}, .remote_kv = false};
+                        .params = greedy_logprobs(20), .eos_ids = {}, .remote_kv = false};
         REQUIRE(scheduler.submit(r, events.sink(r.id)).is_ok());
       }
       REQUIRE(events.wait_done(lengths.size(), 120));
     }
+    double largest = 0;
     for (size_t i = 0; i < lengths.size(); ++i) {
       INFO("request " << i + 1 << " prompt " << lengths[i]);
       const Outcome out = events.get(i + 1);
@@ -185,13 +195,14 @@ TEST_CASE("batched HACK decode gives each request hack-run's logprobs bit for bi
       Node ref(o);
       const std::vector<int> prompt = prompt_of(lengths[i], static_cast<int>(i));
       ref.engine.add_sequence(0, static_cast<int>(prompt.size()) + 20);
-      const GenerationResult g = generate(ref.engine, 0, prompt, greedy(20), {});
+      const GenerationResult g = generate(ref.engine, 0, prompt, greedy_logprobs(20), {});
       REQUIRE(out.tokens == g.tokens);
-      for (size_t k = 0; k < g.samples.size(); ++k) {
-        INFO("token " << k);
-        CHECK(out.logprobs[k] == g.samples[k].logprob);
-      }
+      for (size_t k = 0; k < g.samples.size(); ++k)
+        largest = std::max<double>(largest, std::fabs(out.logprobs[k] - g.samples[k].logprob));
     }
+    INFO("largest |logprob(batched) - logprob(single)| " << largest);
+    // Measured 2026-11-29: fp 4.0e-4, K2/V2 1.4e-3, K4/V4 6.1e-4.
+    CHECK(largest <= 5e-3);
   }
 }
 
@@ -248,7 +259,7 @@ TEST_CASE("remote KV imported between steps continues exactly where prefill stop
     for (size_t i = 0; i < lengths.size(); ++i) {
       const uint64_t id = 100 + i;
       const std::vector<int> prompt = prompt_of(lengths[i], 50 + static_cast<int>(i));
-      const SamplingParams params = greedy(16);
+      const SamplingParams params = greedy_logprobs(16);
       REQUIRE(scheduler.submit(DecodeRequest{.id = id, .prompt = prompt, .params = params,
                                              .eos_ids = tiny_model().config.eos_token_ids},
                                events.sink(id))
