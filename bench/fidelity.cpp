@@ -22,6 +22,10 @@
 // "keep=γ" (with keep-tokens=, keep-recent=, keep-window=, keep-scope=) runs MPCache's static
 // eviction in every prefill (EngineOptions::keep); with --passkey-question-decode the question
 // goes through decode, so the eviction cannot see it.
+// "vault=int8-head|exact" (decode section) prefills each window as a prefix hit, as a prefill
+// node with a prefix cache does: the window is prefilled once and its full blocks captured
+// with that block codec, then the scored sequence restores them (all but the last token's
+// block) and computes the rest; "exact" gives the computed prompt's numbers bit for bit.
 // KL, top-1 and Δppl carry 95 % block-bootstrap intervals (32-position blocks across
 // windows, 1000 resamples, fixed seed). --ablation turns each config into three rows:
 // codes only (dequantized attention), + INT8 Q/P (homomorphic), + quantized prefill.
@@ -53,6 +57,8 @@
 #include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
 #include "hack/model/weights.h"
+#include "hack/prefill/prefix_cache.h"
+#include "hack/runtime/prefix_fingerprint.h"
 #include "hack/tokenizer/chat_template.h"
 #include "hack/tokenizer/tokenizer.h"
 
@@ -77,6 +83,7 @@ struct Config {
   const hack::Model* model = nullptr;   // the model the config runs (FDC applied), set in main; null = --model's
   hack::KeepOptions keep;               // "keep=γ": static eviction in prefill (kv/static_eviction.h)
   hack::cpu::MatmulPrecision matmul = hack::cpu::MatmulPrecision::f32;  // "matmul=bf16": prefill GEMMs in bf16
+  std::optional<hack::BlockCodec> vault;  // "vault=int8-head|exact": decode path as a prefix hit (below)
 };
 
 // One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill",
@@ -153,6 +160,7 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
     std::string rest;
     double fdc_rate = -1;
     bool fdc_uniform = false, fdc_qk_only = false;
+    std::optional<hack::BlockCodec> vault;
     hack::KvCacheOptions o = base;
     std::istringstream words(spec);
     for (std::string w; words >> w;) {
@@ -160,6 +168,7 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
       else if (w.rfind("fdc-uniform=", 0) == 0) fdc_rate = std::stod(w.substr(12)), fdc_uniform = true;
       else if (w.rfind("fdc-qk=", 0) == 0) fdc_rate = std::stod(w.substr(7)), fdc_qk_only = true;
       else if (w == "fp32") o = reference_options();
+      else if (w.rfind("vault=", 0) == 0) vault = hack::parse_block_codec(w.substr(6));
       else rest += w + " ";
     }
     hack::KeepOptions keep;
@@ -168,9 +177,10 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
     keep.sinks = o.sinks;
     hack::validate(keep);
     if (!ablation) {
-      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only, nullptr, keep, matmul});
+      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only, nullptr, keep, matmul, vault});
       continue;
     }
+    HACK_CHECK(!vault, "--ablation: vault= is not supported");
     Config codes{spec + " | codes only", o, fdc_rate, fdc_uniform, fdc_qk_only},
         int8{spec + " | +int8 Q/P", o, fdc_rate, fdc_uniform, fdc_qk_only},
         qprefill{spec + " | +qprefill", o, fdc_rate, fdc_uniform, fdc_qk_only};
@@ -247,8 +257,41 @@ enum class Path { decode, prefill };
 // decode: prefill tokens[0, n_prefill), then decode tokens[n_prefill, n − 1) one at a time;
 //         rows predict tokens[n_prefill + 1, n).
 // prefill: tokens[0, n − 1) prefilled with all_logits; rows predict tokens[1, n).
+// With `vault` (decode path only) the prompt is prefilled as a prefix hit, as a prefill node
+// with a prefix cache does it: once into a cache that captures its full blocks (the block
+// codec, local LRU), then again into the scored sequence, which restores every restorable
+// block from that cache (codec → its exact pages) and computes only the rest.
+void prefill_as_hit(const hack::Model& model, hack::CpuEngine& e, const hack::KvCacheOptions& opt,
+                    hack::BlockCodec codec, std::span<const int> prompt, std::vector<float>& logits) {
+  hack::Engine& engine = *e.engine;
+  const hack::DType exact = hack::cache_exact_dtype(opt);
+  hack::server::PrefixCacheOptions po;
+  po.codec = codec;
+  po.local_bytes = size_t{4} << 30;
+  hack::server::PrefixCache cache(hack::prefix_fingerprint(model, "cpu", opt, exact, codec), hack::kv_shape(model),
+                                  opt.block_tokens, exact, po, nullptr);
+  const std::vector<hack::BlockKey> keys = cache.keys(prompt);
+  constexpr int kCaptureSeq = 1;
+  engine.add_sequence(kCaptureSeq, static_cast<int>(prompt.size()));
+  cache.begin_capture(keys, 0, static_cast<int>(keys.size()));
+  engine.prefill(kCaptureSeq, prompt, logits, false, {}, [&](int layer) { cache.capture_layer(*e.kv, kCaptureSeq, layer); });
+  HACK_CHECK(cache.finish_capture() == static_cast<int>(keys.size()), "vault=: not every block was captured");
+  engine.remove_sequence(kCaptureSeq);
+  const int restorable = std::min(static_cast<int>(keys.size()), cache.restorable_blocks(prompt.size()));
+  e.kv->begin_prefill(0);
+  const hack::server::PrefixRestoreResult rr =
+      cache.restore(*e.kv, 0, std::span<const hack::BlockKey>(keys).first(static_cast<size_t>(restorable)));
+  HACK_CHECK(rr.tokens == restorable * opt.block_tokens, "vault=: restored {} of {} blocks", rr.tokens / opt.block_tokens,
+             restorable);
+  engine.adopt_sequence(0);
+  engine.prefill(0, prompt.subspan(static_cast<size_t>(rr.tokens)), logits);
+  std::fprintf(stderr, "  [%s vault=%s] prefix hit: %d tokens restored, %zu computed\n", hack::describe(opt).c_str(),
+               std::string(hack::block_codec_name(codec)).c_str(), rr.tokens, prompt.size() - static_cast<size_t>(rr.tokens));
+}
+
 Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOptions& opt, Path path,
-             std::span<const int> tokens, int n_prefill, const hack::EngineOptions& eo) {
+             std::span<const int> tokens, int n_prefill, const hack::EngineOptions& eo,
+             std::optional<hack::BlockCodec> vault = std::nullopt) {
   hack::CpuEngine e = hack::make_cpu_engine(model, b.pool, opt, eo);
   hack::Engine& engine = *e.engine;
   engine.add_sequence(0, static_cast<int>(tokens.size()));
@@ -257,11 +300,13 @@ Run run_path(const Bench& b, const hack::Model& model, const hack::KvCacheOption
   run.logprobs.vocab = b.vocab;
   std::vector<float> logits;
   if (path == Path::prefill) {
+    HACK_CHECK(!vault, "vault= runs on the decode path only");
     engine.prefill(0, tokens.first(tokens.size() - 1), logits, /*all_logits=*/true);
     run.logprobs.data.swap(logits);
     for (size_t i = 0; i < run.logprobs.rows(); ++i) log_softmax(run.logprobs.data.data() + i * b.vocab, b.vocab);
   } else {
-    engine.prefill(0, tokens.first(static_cast<size_t>(n_prefill)), logits);
+    if (vault) prefill_as_hit(model, e, opt, *vault, tokens.first(static_cast<size_t>(n_prefill)), logits);
+    else engine.prefill(0, tokens.first(static_cast<size_t>(n_prefill)), logits);
     // What a prefill node would ship: the prompt's KV after prefill (pages, sinks, exact tail).
     std::fprintf(stderr, "  [%s%s] prompt KV after prefill: %d of %d tokens, %.2f MB\n", hack::describe(opt).c_str(),
                  eo.keep.enabled() ? " keep" : "", e.kv->length(0, 0), n_prefill, e.kv->stats().bytes_used / 1e6);
@@ -458,7 +503,8 @@ std::vector<Compared> compare(const Bench& b, Path path, const std::vector<Sampl
     out[0].scores.push_back(score(ref.logprobs, ref.logprobs, targets));
     out[0].attend_bytes_per_token = ref.attend_bytes_per_token;
     for (size_t c = 0; c < configs.size(); ++c) {
-      const Run got = run_path(b, model_of(b, configs[c]), configs[c].options, path, tokens, s.n_prefill, engine_options(b, configs[c]));
+      const Run got = run_path(b, model_of(b, configs[c]), configs[c].options, path, tokens, s.n_prefill, engine_options(b, configs[c]),
+                               path == Path::decode ? configs[c].vault : std::nullopt);
       out[c + 1].scores.push_back(score(ref.logprobs, got.logprobs, targets));
       out[c + 1].attend_bytes_per_token = got.attend_bytes_per_token;
     }
