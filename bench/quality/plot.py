@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Bytes vs quality of the KV configurations measured on each model (bench/quality/points.csv).
 
-Two panels per model: Δppl (with its 95 % CI) and top-1 agreement against the closed-page KV
-bytes as a percentage of bf16. The shipped default is a star; the issue-33 target box
+Three panels per model: Δppl (with its 95 % CI), top-1 agreement and passkey retrieval
+(bench/quality/passkey.csv) against the closed-page KV bytes as a percentage of bf16. The shipped default is a star; the issue-33 target box
 (≤ 20 % of bf16 bytes, ≤ 1 % Δppl, ≥ 97 % top-1) is shaded.
 
     python3 bench/quality/plot.py [--csv bench/quality/points.csv] [--out bench/quality/bytes_vs_quality.png]
@@ -30,10 +30,28 @@ def read_points(path):
     return rows
 
 
+def read_passkey(path):
+    rows = []
+    with open(path, newline="") as f:
+        lines = [l for l in f if not l.startswith("#")]
+    for r in csv.DictReader(lines):
+        try:
+            r["closed_pct"] = float(r["closed_pct"])
+            r["length"], r["hits"], r["trials"] = int(r["length"]), int(r["hits"]), int(r["trials"])
+        except ValueError as e:
+            sys.exit(f"{path}: row {r.get('model')}/{r.get('config')}: {e}")
+        if not 0 <= r["hits"] <= r["trials"] or r["trials"] == 0:
+            sys.exit(f"{path}: row {r['model']}/{r['config']}: {r['hits']} hits of {r['trials']} trials")
+        r["default"] = r["default"].strip() == "1"
+        rows.append(r)
+    return rows
+
+
 def main():
     here = Path(__file__).resolve().parent
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default=str(here / "points.csv"))
+    ap.add_argument("--passkey", default=str(here / "passkey.csv"))
     ap.add_argument("--out", default=str(here / "bytes_vs_quality.png"))
     args = ap.parse_args()
 
@@ -43,8 +61,9 @@ def main():
     from matplotlib.patches import Rectangle
 
     rows = read_points(args.csv)
+    passkey = read_passkey(args.passkey)
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 8), squeeze=False)
+    fig, axes = plt.subplots(3, len(models), figsize=(6.5 * len(models), 12), squeeze=False)
     for col, model in enumerate(models):
         pts = [r for r in rows if r["model"] == model]
         ax_p, ax_t = axes[0][col], axes[1][col]
@@ -78,10 +97,35 @@ def main():
         ax_t.set_title(f"{model}: top-1 agreement vs bytes")
         ax_p.set_ylabel("Δ perplexity, % (linear within ±2, log beyond)")
         ax_t.set_ylabel("top-1 agreement with fp32")
+    for col, model in enumerate(models):
+        ax = axes[2][col]
+        pts = [r for r in passkey if r["model"] == model]
+        lengths = sorted({r["length"] for r in pts})
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, length in enumerate(lengths):
+            color = colors[i % len(colors)]
+            at = [r for r in pts if r["length"] == length]
+            for r in at:
+                rate = r["hits"] / r["trials"]
+                if r["config"] == "fp32":  # the reference: a line, not a point at 200 %
+                    ax.axhline(rate, color=color, ls="--", lw=1, alpha=0.6)
+                    continue
+                ax.scatter(r["closed_pct"] + (i - (len(lengths) - 1) / 2) * 0.4, rate, color=color,
+                           marker="*" if r["default"] else "o", s=160 if r["default"] else 40, zorder=3,
+                           label=f"{length} tokens" if r is next(x for x in at if x["config"] != "fp32") else None)
+                ax.annotate(f"{r['config']} {r['hits']}/{r['trials']}", (r["closed_pct"], rate), fontsize=6,
+                            xytext=(4, -8 - 7 * i), textcoords="offset points")
+        ax.set_xlim(0, max([r["closed_pct"] for r in rows if r["model"] == model]) * 1.25)
+        ax.set_ylim(-0.05, 1.08)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("closed-page KV bytes, % of bf16")
+        ax.set_ylabel("passkeys retrieved")
+        ax.set_title(f"{model}: passkey retrieval vs bytes (dashed: fp32 cache)")
+        ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("KV compression on the decode path vs an fp32 cache (bench/fidelity); shaded: the issue-33 target")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out} ({len(rows)} points, {len(models)} models)")
+    print(f"wrote {args.out} ({len(rows)} points, {len(passkey)} passkey cells, {len(models)} models)")
 
 
 if __name__ == "__main__":
