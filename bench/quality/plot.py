@@ -18,6 +18,8 @@ def read_points(path):
     with open(path, newline="") as f:
         lines = [l for l in f if not l.startswith("#")]
     for r in csv.DictReader(lines):
+        if None in r:
+            sys.exit(f"{path}: row {r.get('model')}/{r.get('config')}: more fields than the header (quote a source with commas)")
         for key in ("closed_pct", "kl", "top1", "dppl", "dppl_lo", "dppl_hi"):
             try:
                 r[key] = float(r[key])
@@ -35,6 +37,8 @@ def read_passkey(path):
     with open(path, newline="") as f:
         lines = [l for l in f if not l.startswith("#")]
     for r in csv.DictReader(lines):
+        if None in r:
+            sys.exit(f"{path}: row {r.get('model')}/{r.get('config')}: more fields than the header (quote a source with commas)")
         try:
             r["closed_pct"] = float(r["closed_pct"])
             r["length"], r["hits"], r["trials"] = int(r["length"]), int(r["hits"]), int(r["trials"])
