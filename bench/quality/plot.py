@@ -2,10 +2,11 @@
 """Bytes vs quality of the KV configurations measured on each model (bench/quality/points.csv).
 
 Three panels per model: Δppl (with its 95 % CI), top-1 agreement and passkey retrieval
-(bench/quality/passkey.csv) against the closed-page KV bytes as a percentage of bf16. The shipped default is a star; the issue-33 target box
-(≤ 20 % of bf16 bytes, ≤ 1 % Δppl, ≥ 97 % top-1) is shaded.
+(bench/quality/passkey.csv) against the closed-page KV bytes as a percentage of bf16. The
+shipped default is a star; the issue-33 target box (≤ 20 % of bf16 bytes, ≤ 1 % Δppl,
+≥ 97 % top-1) is shaded.
 
-    python3 bench/quality/plot.py [--csv bench/quality/points.csv] [--out bench/quality/bytes_vs_quality.png]
+    python3 bench/quality/plot.py [--csv points.csv] [--passkey passkey.csv] [--out bytes_vs_quality.png]
 """
 import argparse
 import csv
@@ -13,18 +14,20 @@ import sys
 from pathlib import Path
 
 
-def read_points(path):
+def read_rows(path, floats=(), ints=()):
+    """The CSV's rows (lines starting with # skipped), with the named columns converted."""
     rows = []
     with open(path, newline="") as f:
         lines = [l for l in f if not l.startswith("#")]
     for r in csv.DictReader(lines):
+        where = f"{path}: row {r.get('model')}/{r.get('config')}"
         if None in r:
-            sys.exit(f"{path}: row {r.get('model')}/{r.get('config')}: more fields than the header (quote a source with commas)")
-        for key in ("closed_pct", "kl", "top1", "dppl", "dppl_lo", "dppl_hi"):
+            sys.exit(f"{where}: more fields than the header (quote a source with commas)")
+        for key, kind in [(k, float) for k in floats] + [(k, int) for k in ints]:
             try:
-                r[key] = float(r[key])
-            except ValueError:
-                sys.exit(f"{path}: row {r.get('model')}/{r.get('config')}: {key} is not a number: {r[key]!r}")
+                r[key] = kind(r[key])
+            except (TypeError, ValueError):
+                sys.exit(f"{where}: {key} is not a number: {r[key]!r}")
         r["default"] = r["default"].strip() == "1"
         rows.append(r)
     if not rows:
@@ -32,22 +35,15 @@ def read_points(path):
     return rows
 
 
+def read_points(path):
+    return read_rows(path, floats=("closed_pct", "kl", "top1", "dppl", "dppl_lo", "dppl_hi"))
+
+
 def read_passkey(path):
-    rows = []
-    with open(path, newline="") as f:
-        lines = [l for l in f if not l.startswith("#")]
-    for r in csv.DictReader(lines):
-        if None in r:
-            sys.exit(f"{path}: row {r.get('model')}/{r.get('config')}: more fields than the header (quote a source with commas)")
-        try:
-            r["closed_pct"] = float(r["closed_pct"])
-            r["length"], r["hits"], r["trials"] = int(r["length"]), int(r["hits"]), int(r["trials"])
-        except ValueError as e:
-            sys.exit(f"{path}: row {r.get('model')}/{r.get('config')}: {e}")
+    rows = read_rows(path, floats=("closed_pct",), ints=("length", "hits", "trials"))
+    for r in rows:
         if not 0 <= r["hits"] <= r["trials"] or r["trials"] == 0:
             sys.exit(f"{path}: row {r['model']}/{r['config']}: {r['hits']} hits of {r['trials']} trials")
-        r["default"] = r["default"].strip() == "1"
-        rows.append(r)
     return rows
 
 
