@@ -127,10 +127,23 @@ class Collector {
   std::map<uint64_t, Outcome> outcomes_;
 };
 
-std::vector<int> reference(const KvCacheOptions& options, const std::vector<int>& prompt, const SamplingParams& params) {
+// One sequence alone on a fresh node: what each request of a scheduler must match.
+GenerationResult reference_result(const KvCacheOptions& options, const std::vector<int>& prompt,
+                                  const SamplingParams& params, const std::vector<int>& eos_ids) {
   Node ref(options);
   ref.engine.add_sequence(0, static_cast<int>(prompt.size()) + params.max_tokens);
-  return generate(ref.engine, 0, prompt, params, tiny_model().config.eos_token_ids).tokens;
+  return generate(ref.engine, 0, prompt, params, eos_ids);
+}
+
+std::vector<int> reference(const KvCacheOptions& options, const std::vector<int>& prompt, const SamplingParams& params) {
+  return reference_result(options, prompt, params, tiny_model().config.eos_token_ids).tokens;
+}
+
+// bits 0: the fp cache (bf16 pages); 2, 4: HACK K and V codes of that width.
+KvCacheOptions kv_options_of_bits(int bits) {
+  KvCacheOptions o = kv_options(bits == 0 ? KvMode::fp : KvMode::hack);
+  if (bits) o.k_bits = o.v_bits = bits;
+  return o;
 }
 
 TEST_CASE("continuous batching gives each request the single-sequence result", "[server][scheduler]") {
@@ -173,8 +186,7 @@ TEST_CASE("batched decode: each request's tokens, and its logprobs within roundi
   // or mask would move them by far more (and the tokens).
   const std::vector<int> lengths{5, 64, 65, 131, 300, 517};
   for (int bits : {0, 2, 4}) {
-    KvCacheOptions o = kv_options(bits == 0 ? KvMode::fp : KvMode::hack);
-    if (bits) o.k_bits = o.v_bits = bits;
+    const KvCacheOptions o = kv_options_of_bits(bits);
     INFO("kv " << kv_mode_name(o.mode) << " bits " << bits);
     Node node(o);
     Collector events;
@@ -192,10 +204,8 @@ TEST_CASE("batched decode: each request's tokens, and its logprobs within roundi
       INFO("request " << i + 1 << " prompt " << lengths[i]);
       const Outcome out = events.get(i + 1);
       REQUIRE(out.error.empty());
-      Node ref(o);
-      const std::vector<int> prompt = prompt_of(lengths[i], static_cast<int>(i));
-      ref.engine.add_sequence(0, static_cast<int>(prompt.size()) + 20);
-      const GenerationResult g = generate(ref.engine, 0, prompt, greedy_logprobs(20), {});
+      const GenerationResult g =
+          reference_result(o, prompt_of(lengths[i], static_cast<int>(i)), greedy_logprobs(20), {});
       REQUIRE(out.tokens == g.tokens);
       for (size_t k = 0; k < g.samples.size(); ++k)
         largest = std::max<double>(largest, std::fabs(out.logprobs[k] - g.samples[k].logprob));
@@ -248,8 +258,7 @@ TEST_CASE("idle_trim_s = 0 never trims", "[server][scheduler]") {
 TEST_CASE("remote KV imported between steps continues exactly where prefill stopped", "[server][scheduler]") {
   // fp, K2/V2 and K4/V4 (the default widths): tokens and logprobs bit for bit.
   for (int bits : {0, 2, 4}) {
-    KvCacheOptions options = kv_options(bits == 0 ? KvMode::fp : KvMode::hack);
-    if (bits) options.k_bits = options.v_bits = bits;
+    const KvCacheOptions options = kv_options_of_bits(bits);
     INFO("kv " << kv_mode_name(options.mode) << " bits " << bits);
     Node decode(options), prefill(options);
     Collector events;
@@ -290,9 +299,7 @@ TEST_CASE("remote KV imported between steps continues exactly where prefill stop
       REQUIRE(events.wait_done(i + 1, 60));
       const Outcome o = events.get(id);
       REQUIRE(o.error.empty());
-      Node ref(options);
-      ref.engine.add_sequence(0, static_cast<int>(prompt.size()) + params.max_tokens);
-      const GenerationResult g = generate(ref.engine, 0, prompt, params, tiny_model().config.eos_token_ids);
+      const GenerationResult g = reference_result(options, prompt, params, tiny_model().config.eos_token_ids);
       REQUIRE(o.tokens == g.tokens);
       CHECK(first.logprob == g.samples[0].logprob);
       for (size_t k = 0; k < g.samples.size(); ++k) {
