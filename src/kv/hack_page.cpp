@@ -196,6 +196,13 @@ void HackPageLayout::validate(const void* page, size_t size) const {
   }
 }
 
+void HackPageLayout::validate_at(const void* page, int layer, int64_t first_token) const {
+  validate(page, page_bytes_);
+  HACK_CHECK(page_layer(page) == layer && page_first_token(page) == first_token,
+             "HACK page: layer {} token {}, expected layer {} token {}", page_layer(page), page_first_token(page), layer,
+             first_token);
+}
+
 int HackPageLayout::page_layer(const void* page) {
   HackPageHeader hdr;
   std::memcpy(&hdr, page, sizeof hdr);

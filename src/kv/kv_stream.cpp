@@ -117,7 +117,7 @@ void export_layer(PagedKv& cache, int seq_id, int layer, bool final, KvExportCur
     }
   } else {
     const int S = o.sinks;
-    if (final) cache.close_pending_blocks(seq_id, layer);
+    if (final) cache.close_pending_blocks(seq_id, layer, cursor.known_pages);
     // Sinks first: append_hack_page needs them, and they never change once complete.
     const int sinks_ready = final ? std::min(length, S) : (length >= S ? S : 0);
     if (cursor.exact_sent[l] < sinks_ready) send_exact(cursor.exact_sent[l], sinks_ready - cursor.exact_sent[l]);
@@ -143,6 +143,14 @@ void export_layer(PagedKv& cache, int seq_id, int layer, bool final, KvExportCur
         if (cursor.pages_sent[l] < ready) {
           std::vector<std::byte> page(cache.hack_layout(layer).page_bytes());
           for (; cursor.pages_sent[l] < ready; ++cursor.pages_sent[l]) {
+            const std::byte* known = cursor.known_pages ? cursor.known_pages(layer, cursor.pages_sent[l]) : nullptr;
+            if (known != nullptr) {
+              // Checked as a close would check it (it is the page the close will copy).
+              const HackPageLayout& layout = cache.hack_layout(layer);
+              layout.validate_at(known, layer, S + static_cast<int64_t>(cursor.pages_sent[l]) * T);
+              send(KvMessageKind::hack_page, std::span<const std::byte>(known, layout.page_bytes()));
+              continue;
+            }
             cache.peek_block_page(seq_id, layer, cursor.pages_sent[l], page.data());
             send(KvMessageKind::hack_page, page);
           }

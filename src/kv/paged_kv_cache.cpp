@@ -218,7 +218,7 @@ void PagedKvCache::copy_exact_page(int layer, const std::byte* from, std::byte* 
   }
 }
 
-void PagedKvCache::quantize_pending(int seq_id, int layer) {
+void PagedKvCache::quantize_pending(int seq_id, int layer, const KnownPages* known) {
   const int T = options_.block_tokens;
   LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   // The blocks that have left the recent window (the block manager's rule, the same on
@@ -242,9 +242,32 @@ void PagedKvCache::quantize_pending(int seq_id, int layer) {
   }
   PageRef* fresh = done == 1 ? &one : many.data();
   const int64_t first = options_.sinks + static_cast<int64_t>(lp.pages.size()) * T;
+  // Known pages are looked up and checked here, on this thread, before anything changes.
+  std::vector<const std::byte*> given;
+  if (known != nullptr && *known) {
+    given.assign(done, nullptr);
+    const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
+    try {
+      for (size_t i = 0; i < done; ++i) {
+        const std::byte* page = (*known)(layer, static_cast<int>(lp.pages.size() + i));
+        if (page == nullptr) continue;
+        const int64_t at = first + static_cast<int64_t>(i) * T;
+        layout.validate_at(page, layer, at);
+        given[i] = page;
+      }
+    } catch (...) {
+      for (size_t i = 0; i < done; ++i) pages_of(layer).release(fresh[i]);
+      throw;
+    }
+  }
   const auto quantize = [&](size_t b0, size_t b1) {
-    for (size_t i = b0; i < b1; ++i)
-      quantize_block(layer, lp.pending[i].data, first + static_cast<int64_t>(i) * T, fresh[i].data);
+    for (size_t i = b0; i < b1; ++i) {
+      if (!given.empty() && given[i] != nullptr) {
+        std::memcpy(fresh[i].data, given[i], layouts_[static_cast<size_t>(layer)].page_bytes());
+      } else {
+        quantize_block(layer, lp.pending[i].data, first + static_cast<int64_t>(i) * T, fresh[i].data);
+      }
+    }
   };
   try {
     if (quantize_pool_ != nullptr && done > 1 && quantize_pool_->size() > 1) {
@@ -714,6 +737,12 @@ void PagedKvCache::close_pending_blocks(int seq_id, int layer) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   if (options_.mode != KvMode::hack) return;
   quantize_pending(seq_id, layer);
+}
+
+void PagedKvCache::close_pending_blocks(int seq_id, int layer, const KnownPages& known) {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
+  if (options_.mode != KvMode::hack) return;
+  quantize_pending(seq_id, layer, &known);
 }
 
 DType PagedKvCache::exact_dtype() const { return options_.mode == KvMode::fp ? options_.fp_dtype : DType::bf16; }

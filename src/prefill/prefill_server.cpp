@@ -64,6 +64,10 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                  "restore cached prefixes in whole --prefill-chunk units only, so the prefill's KV and logits are "
                  "bit-identical to no cache (default: any whole block — more reuse, the rest of the prompt may round "
                  "differently in its last bits)");
+  flags.add_bool("prefix-cache-pages", &c.prefix_cache_pages,
+                 "--kv hack: keep each cached block's HACK pages beside it in the local cache, so a hit sends them "
+                 "as the computing prompt closed them instead of quantizing the restored tokens again (costs about "
+                 "0.4x the int8-head block's bytes of --prefix-cache-bytes); --prefix-cache-pages=false: quantize again");
   add_vault_flags(flags, c.vault, /*restores=*/true);
   flags.add_float("drain-timeout", &c.drain_timeout_s,
                   "on SIGTERM: seconds to finish queued and running prefills (taking no new ones) before exiting");
@@ -150,6 +154,7 @@ struct PrefillServer::Impl {
       po.vault_min_blocks = vf.min_blocks;
       po.vault_timeout_s = vf.timeout_s;
       po.whole_chunks = config.prefix_whole_chunks;
+      po.keep_pages = config.prefix_cache_pages;
       const DType exact = cache_exact_dtype(rt->kv_options);
       wo.prefix_fingerprint = prefix_fingerprint(rt->model, config.model.device, rt->kv_options, exact, po.codec);
       wo.prefix_cache = po;

@@ -344,10 +344,10 @@ void PrefillWorker::report(Draining& d) {
     const PrefixRestoreResult& pr = d.result.prefix;
     const size_t tokens = d.queued.job.tokens.size();
     spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
-                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}), compute {:.1f}, "
+                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}; {} blocks' pages kept), compute {:.1f}, "
                  "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
                  id, tokens, pr.tokens, tokens - static_cast<size_t>(pr.tokens), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
-                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3,
+                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3, pr.page_blocks,
                  tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
                  tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages);
   }
@@ -487,6 +487,8 @@ void PrefillWorker::compute(Draining& d) {
       restored = rr.tokens;
       if (restored > 0) engine_->adopt_sequence(seq);
       prefix_->begin_capture(keys, restored / options_.kv.block_tokens, static_cast<int>(keys.size()));
+      // The restored blocks' cached pages (if any) go out as they are, not quantized again.
+      cursor.known_pages = prefix_->known_pages();
       result.prefix = std::move(rr);
     }
     std::vector<float> logits;  // [vocab], or [prompt][vocab] when prompt logprobs are wanted
@@ -507,6 +509,7 @@ void PrefillWorker::compute(Draining& d) {
       if (!draining_.empty()) poll_drains(/*may_free=*/false);  // earlier jobs' drains end while this one computes
       if (evicting && !last_chunk) return;
       const double t_layer = monotonic_s();
+      double layer_capture_s = 0;  // counted as capture, not export
       const auto l = static_cast<uint32_t>(layer);
       if (last_chunk && options_.send_exact_tail && !evicting) {  // a pruned prompt is not recorded
         const int n = kv_->length(seq, layer), from = n / options_.kv.block_tokens * options_.kv.block_tokens;
@@ -516,8 +519,14 @@ void PrefillWorker::compute(Draining& d) {
         // What export_layer does first on the last chunk, done here to time it on its own: the
         // blocks left open (a prefix hit's restored tokens, HACK: all of them) are quantized.
         const double t_quantize = monotonic_s();
-        kv_->close_pending_blocks(seq, layer);
+        kv_->close_pending_blocks(seq, layer, cursor.known_pages);
         quantize_s += monotonic_s() - t_quantize;
+        if (prefix_ && !evicting) {  // the closed pages of the prompt's new blocks, for the next hit
+          const double t_capture = monotonic_s();
+          prefix_->capture_pages(*kv_, seq, layer);
+          layer_capture_s = monotonic_s() - t_capture;
+          capture_s += layer_capture_s;
+        }
       }
       export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
         const double t_send = monotonic_s();
@@ -538,7 +547,7 @@ void PrefillWorker::compute(Draining& d) {
       throw_if_failed(last_chunk ? sender_->layer_done(*peer, id, l) : sender_->flush(*peer, id));
       const double t_layer_end = monotonic_s();
       send_s += t_layer_end - t_flush;
-      export_s += t_layer_end - t_layer;
+      export_s += t_layer_end - t_layer - layer_capture_s;
       if (options_.test_layer_delay_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
       }

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "hack/core/clock.h"
 
@@ -17,6 +18,7 @@ PrefixCache::PrefixCache(const KvFingerprint& fingerprint, const KvShape& shape,
   HACK_CHECK(options_.vault_timeout_s > 0, "prefix cache: vault_timeout_s must be positive");
   net::check_vault_namespace(options_.name_space);
   root_ = chain_root(fingerprint, options_.name_space);
+  pages_space_ = options_.name_space + "/pages";
   if (options_.local_bytes > 0) {
     vault::BlockStoreOptions so;
     so.max_bytes = options_.local_bytes;
@@ -53,6 +55,8 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
   PrefixRestoreResult r;
   const double t0 = monotonic_s();
   restore_times_ = {};
+  restored_pages_.clear();
+  known_.clear();
   std::vector<vault::BlockPtr> local;
   if (local_ && !keys.empty()) local = local_->promote(options_.name_space, keys);
   const size_t rest = keys.size() - local.size();
@@ -135,13 +139,19 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
     for (int i = 0; i < vault_blocks && complete; ++i) {
       const KvBlockHeader& h = head.headers[static_cast<size_t>(i)];
       const size_t index = local.size() + static_cast<size_t>(i);
-      put_local(keys[index], index == 0 ? root_ : keys[index - 1], index == 0,
+      put_local(options_.name_space, keys[index], index == 0 ? root_ : keys[index - 1], index == 0,
                 assemble_kv_block(h.codec, h.dtype, shape_, h.first_token, h.tokens, block_slices[static_cast<size_t>(i)]));
     }
   }
   r.local_blocks = static_cast<int>(local.size());
   r.vault_blocks = vault_blocks;
   r.tokens = (r.local_blocks + r.vault_blocks) * block_tokens_;
+  if (r.tokens > 0) {
+    const double t_pages = monotonic_s();
+    find_pages(cache, keys, r.local_blocks + r.vault_blocks);
+    r.page_blocks = known_.empty() ? 0 : static_cast<int>(known_[0].size());
+    r.lookup_s += monotonic_s() - t_pages;
+  }
   r.restore_s = monotonic_s() - t0;
   r.decode_s = restore_times_.decode_s;
   r.import_s = restore_times_.append_s;
@@ -180,19 +190,94 @@ int PrefixCache::finish_capture() {
     store_block(capture_keys_[bi], b == 0 ? root_ : capture_keys_[bi - 1], b == 0, std::move(value));
     ++stored;
   }
+  const size_t layers = static_cast<size_t>(shape_.num_layers);
+  for (size_t i = 0; i < capture_pages_.size(); ++i) {
+    auto& pages = capture_pages_[i];
+    if (pages.size() != layers) break;  // the prefill stopped early
+    std::vector<std::byte> value;
+    for (const auto& page : pages) value.insert(value.end(), page.begin(), page.end());
+    const int b = capture_page_first_ + static_cast<int>(i), k = b + page_key_offset_;
+    const auto ki = static_cast<size_t>(k);
+    put_local(pages_space_, capture_keys_[ki], k == 0 ? root_ : capture_keys_[ki - 1], b == 0, std::move(value));
+  }
   capture_slices_.clear();
+  capture_pages_.clear();
   capture_first_ = capture_end_ = 0;
+  restored_pages_.clear();
+  known_.clear();
   return stored;
+}
+
+void PrefixCache::find_pages(const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks) {
+  const KvCacheOptions& o = cache.options();
+  if (!options_.keep_pages || !local_ || o.mode != KvMode::hack) return;
+  HACK_CHECK(o.block_tokens == block_tokens_, "prefix cache: blocks of {} tokens, the cache's of {}", block_tokens_,
+             o.block_tokens);
+  page_key_offset_ = (o.sinks + block_tokens_ - 1) / block_tokens_;
+  if (restored_blocks <= page_key_offset_) return;
+  std::vector<vault::BlockPtr> got = local_->promote(
+      pages_space_, keys.subspan(static_cast<size_t>(page_key_offset_),
+                                 static_cast<size_t>(restored_blocks - page_key_offset_)));
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    offsets.push_back(total);
+    total += cache.hack_layout(l).page_bytes();
+  }
+  known_.assign(static_cast<size_t>(shape_.num_layers), {});
+  for (const vault::BlockPtr& b : got) {
+    if (b->value.size() != total) {  // another layout (cannot happen under one fingerprint): not used
+      spdlog::warn("prefix cache: cached pages of {} bytes, the cache's layout needs {}; quantizing instead",
+                   b->value.size(), total);
+      break;
+    }
+    for (size_t l = 0; l < known_.size(); ++l) known_[l].push_back(b->value.data() + offsets[l]);
+    restored_pages_.push_back(b);
+  }
+}
+
+KnownPages PrefixCache::known_pages() const {
+  if (known_.empty() || known_[0].empty()) return {};
+  return [this](int layer, int block) -> const std::byte* {
+    const auto& pages = known_[static_cast<size_t>(layer)];
+    return block >= 0 && static_cast<size_t>(block) < pages.size() ? pages[static_cast<size_t>(block)] : nullptr;
+  };
+}
+
+void PrefixCache::capture_pages(const PagedKv& cache, int seq_id, int layer) {
+  if (!options_.keep_pages || !local_ || cache.options().mode != KvMode::hack || capture_keys_.empty()) return;
+  if (layer == 0) {
+    // New pages: from the first one the restore did not find, up to the last one closed whose
+    // key (the block holding its last token) is a full block of the prompt.
+    page_key_offset_ = (cache.options().sinks + block_tokens_ - 1) / block_tokens_;
+    capture_page_first_ = known_.empty() ? 0 : static_cast<int>(known_[0].size());
+    const int end = std::min(cache.hack_page_count(seq_id, 0), capture_end_ - page_key_offset_);
+    capture_pages_.assign(static_cast<size_t>(std::max(0, end - capture_page_first_)), {});
+  }
+  const size_t page_bytes = cache.hack_layout(layer).page_bytes();
+  for (size_t i = 0; i < capture_pages_.size(); ++i) {
+    auto& pages = capture_pages_[i];
+    HACK_CHECK(static_cast<int>(pages.size()) == layer, "prefix cache: pages of layer {} captured out of order", layer);
+    const int b = capture_page_first_ + static_cast<int>(i);
+    pages.emplace_back(page_bytes);
+    const std::span<const std::byte> host = cache.host_hack_page(seq_id, layer, b);
+    if (host.empty()) {
+      cache.read_hack_page(seq_id, layer, b, pages.back().data());
+    } else {
+      std::memcpy(pages.back().data(), host.data(), page_bytes);
+    }
+  }
 }
 
 void PrefixCache::store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value) {
   if (vault_) vault_->store(options_.name_space, key, parent, first, static_cast<uint8_t>(options_.codec), value);
-  if (local_) put_local(key, parent, first, std::move(value));
+  if (local_) put_local(options_.name_space, key, parent, first, std::move(value));
 }
 
-void PrefixCache::put_local(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value) {
+void PrefixCache::put_local(const std::string& name_space, const BlockKey& key, const BlockKey& parent, bool first,
+                            std::vector<std::byte> value) {
   vault::Block b;
-  b.name_space = options_.name_space;
+  b.name_space = name_space;
   b.key = key;
   b.parent = parent;
   b.first = first;

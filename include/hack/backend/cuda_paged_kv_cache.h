@@ -81,6 +81,7 @@ class CudaPagedKvCache final : public PagedKv {
   void set_append_observer(int seq_id, KvAppendObserver* observer) override;
   void close_pending_blocks(int seq_id) override;
   void close_pending_blocks(int seq_id, int layer) override;
+  void close_pending_blocks(int seq_id, int layer, const KnownPages& known) override;
   std::span<const std::byte> host_hack_page(int, int, int) const override { return {}; }
   void read_hack_page(int seq_id, int layer, int index, std::byte* page) const override;
   void peek_block_page(int seq_id, int layer, int block, std::byte* page) const override;
@@ -145,7 +146,7 @@ class CudaPagedKvCache final : public PagedKv {
   Sequence& get(int seq_id);
   void init_hack(const KvCacheOptions& hack);
   // Quantizes blocks [from, upto) of one layer of s into their HACK pages.
-  void close_layer(Sequence& s, int seq_id, int layer, int upto);
+  void close_layer(Sequence& s, int seq_id, int layer, int upto, const KnownPages* known = nullptr);
   // Quantizes n full bf16 blocks of one layer on the device (legacy stream, synchronous upload
   // of the arguments): args = k_src[n], v_src[n], pages[n] (device addresses), first_tokens[n].
   void quantize_blocks(int layer, const std::vector<uint64_t>& args, int n) const;

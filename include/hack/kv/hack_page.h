@@ -126,6 +126,9 @@ class HackPageLayout {
   /// Throws hack::Error unless `page` (size bytes) is a page of exactly this layout
   /// (magic, version, size, Π, bit widths, head dims and offsets).
   void validate(const void* page, size_t size) const;
+  /// validate(page, page_bytes()), and that the header names `layer` and `first_token`
+  /// (a page offered for a given block: a known page at a close, a received one).
+  void validate_at(const void* page, int layer, int64_t first_token) const;
   /// Layer and first token stored in a page's header.
   static int page_layer(const void* page);
   static int64_t page_first_token(const void* page);

@@ -83,6 +83,9 @@ struct KvExportCursor {
   /// stays valid and unchanged until the sequence is removed, so a sender may keep it beyond
   /// the call. False for pages peeked early into a scratch buffer and for exact messages.
   bool payload_in_cache = false;
+  /// Pages known before their blocks close (a prefix hit's cached pages): sent as they are
+  /// instead of peeked early, and the final close copies them instead of quantizing.
+  KnownPages known_pages;
 };
 
 using KvEmitFn = std::function<void(KvMessageKind kind, std::span<const std::byte> payload)>;

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <span>
 
 #include "hack/kv/attention_plan.h"
@@ -32,6 +33,12 @@
 #include "hack/kv/kv_options.h"
 
 namespace hack {
+
+/// Pages of blocks known before they close: a prefix hit's pages kept from the prompt that
+/// closed them (same tokens, positions and options, so the bytes a close would produce).
+/// Returns the page of block `block` of `layer` (HackPageLayout::page_bytes() host bytes), or
+/// null where it is not known.
+using KnownPages = std::function<const std::byte*(int layer, int block)>;
 
 class PagedKv : public KvCache {
  public:
@@ -69,6 +76,11 @@ class PagedKv : public KvCache {
   /// in fp mode. The one-layer form lets a layer be exported as soon as its prefill is done.
   virtual void close_pending_blocks(int seq_id) = 0;
   virtual void close_pending_blocks(int seq_id, int layer) = 0;
+  /// The one-layer form where some of the blocks to close have `known` pages: those are
+  /// copied (validated: layout, layer, first token) instead of quantized. A prefix hit's
+  /// restored blocks close this way, so the decode node gets the pages the prompt that
+  /// computed them produced, and the hit skips re-quantizing them.
+  virtual void close_pending_blocks(int seq_id, int layer, const KnownPages& known) = 0;
   /// Full blocks of a layer not yet quantized (hack mode; 0 in fp mode).
   int pending_block_count(int seq_id, int layer) const { return blocks().pending_blocks(seq_id, layer); }
 

@@ -133,6 +133,7 @@ class PagedKvCache final : public PagedKv {
   void close_pending_blocks(int seq_id) override;
   /// The same for one layer (so a layer can be exported as soon as its prefill is done).
   void close_pending_blocks(int seq_id, int layer) override;
+  void close_pending_blocks(int seq_id, int layer, const KnownPages& known) override;
   /// Where a layer has several blocks to close at once (a prompt's end, a recompute's last
   /// piece, a prefix hit's restored blocks) they are quantized in parallel on `pool`; the
   /// pages are the same bytes (each block's quantization is a pure function of its tokens).
@@ -198,8 +199,9 @@ class PagedKvCache final : public PagedKv {
   cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;
   PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
   // Quantizes the pending blocks of a layer that have left the recent window
-  // (KvBlockManager::closable_blocks) into HACK pages.
-  void quantize_pending(int seq_id, int layer);
+  // (KvBlockManager::closable_blocks) into HACK pages; a block with a `known` page (may be
+  // null) gets a copy of it instead.
+  void quantize_pending(int seq_id, int layer, const KnownPages* known = nullptr);
   // Quantizes one exact block (bf16 [K|V][head][Π][dim]) starting at `first_token` into `page`.
   void quantize_block(int layer, const std::byte* block, int64_t first_token, std::byte* page) const;
   // Attends rows to one quantized block by expanding it to f32 (HackAttention::dequantized).

@@ -33,6 +33,7 @@ struct PrefillServerConfig {
   int test_layer_delay_ms = 0;
   std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none
   bool prefix_whole_chunks = false;
+  bool prefix_cache_pages = true;
   float drain_timeout_s = 20;      ///< SIGTERM: seconds to finish queued and running jobs before exiting  ///< restore whole prefill chunks only (bit-identical to no cache)
   VaultFlags vault;                ///< --vault* (node/vault_flags.h)
   bool json_logs = false;

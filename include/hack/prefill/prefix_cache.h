@@ -54,6 +54,13 @@ struct PrefixCacheOptions {
   /// all 125 blocks instead of 120, TTFT 0.9 s instead of 3.0 s), and the rest of the prompt
   /// may round differently in its last bits.
   bool whole_chunks = false;
+  /// HACK mode, local cache: keep each block's closed HACK pages beside its codec value (a
+  /// second local value under the same key, in the namespace name_space + "/pages"), so a
+  /// hit sends the decode node the pages the prompt that computed them produced instead of
+  /// quantizing the restored tokens again (RESULTS "A prefix hit, stage by stage"). The
+  /// pages cost about 0.4× the int8-head value's bytes of the local budget; vault blocks
+  /// carry no pages (a block from the vault is quantized again, as before).
+  bool keep_pages = true;
 };
 
 struct PrefixRestoreResult {
@@ -65,6 +72,7 @@ struct PrefixRestoreResult {
   double decode_s = 0;     ///< checksums and codec → f32 of every restored block layer
   double import_s = 0;     ///< f32 → the prefill cache's pages (HACK: quantized again)
   double vault_wait_s = 0; ///< waiting for the vault's layers to arrive
+  int page_blocks = 0;     ///< blocks whose closed pages came from the local cache (keep_pages)
   std::string vault_error; ///< why vault blocks were not used ("" when they were or none were asked)
 };
 
@@ -92,6 +100,14 @@ class PrefixCache {
   /// Stores the captured blocks locally and in the vault. Returns how many.
   int finish_capture();
 
+  /// The closed pages the last restore found (keep_pages), valid until finish_capture or the
+  /// next restore: for PagedKv::close_pending_blocks and KvExportCursor::known_pages. Empty
+  /// (no function) when it found none.
+  KnownPages known_pages() const;
+  /// With keep_pages: after a layer's blocks were closed at the prompt's end (HACK mode),
+  /// captures the pages of the new blocks (see the .cpp for which) for finish_capture.
+  void capture_pages(const PagedKv& cache, int seq_id, int layer);
+
   const PrefixCacheOptions& options() const { return options_; }
   const BlockKey& root() const { return root_; }
 
@@ -99,8 +115,10 @@ class PrefixCache {
   void restore_local_layer(PagedKv& cache, int seq_id, int layer, std::span<const vault::BlockPtr> blocks,
                            std::span<const KvBlockHeader> headers);
   void store_block(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value);
-  // Into the local LRU (its checksum computed here); a block of this cache's codec.
-  void put_local(const BlockKey& key, const BlockKey& parent, bool first, std::vector<std::byte> value);
+  // Into the local LRU under `name_space` (its checksum computed here); a value of this
+  // cache's codec, or a block's pages (pages_space_).
+  void put_local(const std::string& name_space, const BlockKey& key, const BlockKey& parent, bool first,
+                 std::vector<std::byte> value);
 
   KvShape shape_;
   int block_tokens_;
@@ -116,6 +134,17 @@ class PrefixCache {
   int capture_first_ = 0;
   int capture_end_ = 0;
   std::vector<std::vector<std::vector<std::byte>>> capture_slices_;
+  // keep_pages: the pages namespace; the key offset of a page (page b, tokens
+  // [S + bΠ, S + (b+1)Π), lies under the key of the block holding its last token, b + ⌈S/Π⌉);
+  // the restored pages ([block] → value, [layer][block] → page); captured pages from
+  // capture_page_first_, [page][layer] → bytes.
+  std::string pages_space_;
+  int page_key_offset_ = 0;
+  std::vector<vault::BlockPtr> restored_pages_;
+  std::vector<std::vector<const std::byte*>> known_;
+  int capture_page_first_ = 0;
+  std::vector<std::vector<std::vector<std::byte>>> capture_pages_;
+  void find_pages(const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks);
 };
 
 }  // namespace hack::server

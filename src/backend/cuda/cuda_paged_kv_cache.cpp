@@ -158,16 +158,41 @@ void CudaPagedKvCache::close_blocks(int seq_id, int upto) {
   for (int l = 0; l < shape_.num_layers; ++l) close_layer(s, seq_id, l, upto);
 }
 
-void CudaPagedKvCache::close_layer(Sequence& s, int seq_id, int layer, int upto) {
+void CudaPagedKvCache::close_layer(Sequence& s, int seq_id, int layer, int upto, const KnownPages* known) {
   const int from = blocks_.closed_blocks(seq_id, layer), length = blocks_.length(seq_id, layer);
   if (upto <= from) return;
   HACK_CHECK(full_blocks(length) >= upto, "device KV cache: sequence {} layer {}: block {} is not full ({} tokens)",
              seq_id, layer, upto - 1, length);
-  const int n = upto - from;
-  std::vector<uint64_t> args(4 * static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i)
-    put_block_args(s, layer, from + i, hack_page(layer, s.hack_pages[static_cast<size_t>(from + i)]), args, i, n);
-  quantize_blocks(layer, args, n);
+  // Known pages are checked first (nothing changes for a bad one), then uploaded; the rest
+  // are quantized by one kernel launch.
+  const HackPageLayout& layout = hack_layout(layer);
+  std::vector<std::pair<int, const std::byte*>> given;
+  if (known != nullptr && *known) {
+    for (int b = from; b < upto; ++b) {
+      const std::byte* page = (*known)(layer, b);
+      if (page == nullptr) continue;
+      const int64_t at = sinks() + static_cast<int64_t>(b) * options_.page_tokens;
+      layout.validate_at(page, layer, at);
+      given.emplace_back(b, page);
+    }
+  }
+  for (const auto& [b, page] : given)
+    HACK_CUDA_CHECK(cudaMemcpy(hack_page(layer, s.hack_pages[static_cast<size_t>(b)]), page, layout.page_bytes(),
+                               cudaMemcpyHostToDevice));
+  const int n = upto - from - static_cast<int>(given.size());
+  if (n > 0) {
+    std::vector<uint64_t> args(4 * static_cast<size_t>(n));
+    size_t g = 0;
+    int i = 0;
+    for (int b = from; b < upto; ++b) {
+      if (g < given.size() && given[g].first == b) {
+        ++g;
+        continue;
+      }
+      put_block_args(s, layer, b, hack_page(layer, s.hack_pages[static_cast<size_t>(b)]), args, i++, n);
+    }
+    quantize_blocks(layer, args, n);
+  }
   blocks_.record_closed(seq_id, layer, upto);
 }
 
@@ -347,6 +372,12 @@ void CudaPagedKvCache::close_pending_blocks(int seq_id, int layer) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
   if (!is_hack()) return;
   close_layer(get(seq_id), seq_id, layer, blocks_.closable_blocks(seq_id, layer));
+}
+
+void CudaPagedKvCache::close_pending_blocks(int seq_id, int layer, const KnownPages& known) {
+  HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
+  if (!is_hack()) return;
+  close_layer(get(seq_id), seq_id, layer, blocks_.closable_blocks(seq_id, layer), &known);
 }
 
 void CudaPagedKvCache::read_hack_page(int seq_id, int layer, int index, std::byte* page) const {

@@ -224,6 +224,30 @@ TEST_CASE("paged kv: the device's exact tokens, peeked pages and reservations ag
   REQUIRE(a == b);
   REQUIRE_THROWS_WITH(dev->copy_exact_tokens(0, 0, 4, 1, reinterpret_cast<std::byte*>(dk.data()), nullptr),
                       Catch::Contains("quantized block"));
+  // Closing with a known page (a prefix hit's) copies it: here layer 1's block 1 is given the
+  // bytes of layer 1's block 1 with one code byte changed, so the copy is visible; block 0 is
+  // quantized. A page of the wrong position is refused first, nothing closed.
+  {
+    std::vector<std::byte> given(b.size());
+    cpu->peek_block_page(0, 1, 1, given.data());
+    given.back() ^= std::byte{0x5a};
+    const std::vector<std::byte> block0 = [&] {
+      std::vector<std::byte> p(b.size());
+      cpu->peek_block_page(0, 1, 0, p.data());
+      return p;
+    }();
+    const KnownPages wrong = [&](int, int block) { return block == 1 ? block0.data() : nullptr; };
+    REQUIRE_THROWS_AS(dev->close_pending_blocks(0, 1, wrong), Error);
+    REQUIRE(dev->pending_block_count(0, 1) == 2);
+    const KnownPages known = [&](int, int block) { return block == 1 ? given.data() : nullptr; };
+    dev->close_pending_blocks(0, 1, known);
+    REQUIRE(dev->hack_page_count(0, 1) == 2);
+    dev->read_hack_page(0, 1, 1, a.data());
+    REQUIRE(a == given);
+    dev->read_hack_page(0, 1, 0, a.data());
+    REQUIRE(a == block0);
+    cpu->close_pending_blocks(0, 1);
+  }
   // Reservations count page units; extending takes pages while they last.
   REQUIRE(dev->stats().bytes_reserved == dev->sequence_bytes(n + 3));
   REQUIRE(dev->try_extend_sequence(0, 8 * kPageTokens));

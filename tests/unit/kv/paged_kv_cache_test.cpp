@@ -454,6 +454,54 @@ TEST_CASE("HACK pages travel as bytes and are validated on arrival", "[kv][paged
   REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+TEST_CASE("closing with known pages copies them, checked first, instead of quantizing", "[kv][paged]") {
+  const int dim = 64, group = 2, block = 16;
+  const KvStream data(4 + 3 * block + 5, 2, group, dim, 34);
+  const KvStream other(4 + 3 * block + 5, 2, group, dim, 35);  // other tokens: other pages
+  const KvCacheOptions o = hack_options(4, block);
+  const KvShape shape{2, 2, dim, group};
+  auto source = make_paged_kv_cache(shape, o);  // the pages a known-page close copies
+  auto plain = make_paged_kv_cache(shape, o);
+  auto cache = make_paged_kv_cache(shape, o);
+  source->add_sequence(1, 100);
+  plain->add_sequence(1, 100);
+  cache->add_sequence(1, 100);
+  for (int l = 0; l < 2; ++l) {
+    source->append(l, 1, 0, other.tokens, other.k_at(0), other.v_at(0));
+    plain->append(l, 1, 0, data.tokens, data.k_at(0), data.v_at(0));
+    cache->append(l, 1, 0, data.tokens, data.k_at(0), data.v_at(0));
+  }
+  source->close_pending_blocks(1);
+  plain->close_pending_blocks(1);
+  // Block 1 of each layer is known (from the other tokens, so the copy is visible); 0 and 2 are quantized.
+  const KnownPages known = [&](int layer, int b) -> const std::byte* {
+    return b == 1 ? source->hack_page(1, layer, 1).data() : nullptr;
+  };
+  // A page of another layer or position is refused before anything changes.
+  const KnownPages wrong_layer = [&](int layer, int b) -> const std::byte* {
+    return b == 1 ? source->hack_page(1, 1 - layer, 1).data() : nullptr;
+  };
+  const KnownPages wrong_block = [&](int layer, int b) -> const std::byte* {
+    return b == 1 ? source->hack_page(1, layer, 2).data() : nullptr;
+  };
+  REQUIRE_THROWS_AS(cache->close_pending_blocks(1, 0, wrong_layer), Error);
+  REQUIRE_THROWS_AS(cache->close_pending_blocks(1, 0, wrong_block), Error);
+  REQUIRE(cache->hack_page_count(1, 0) == 0);
+  REQUIRE(cache->pending_block_count(1, 0) == 3);
+  for (int l = 0; l < 2; ++l) {
+    cache->close_pending_blocks(1, l, known);
+    REQUIRE(cache->hack_page_count(1, l) == 3);
+    for (int b = 0; b < 3; ++b) {
+      INFO("layer " << l << " block " << b);
+      const auto got = cache->hack_page(1, l, b);
+      const auto want = (b == 1 ? *source : *plain).hack_page(1, l, b);
+      REQUIRE(std::equal(got.begin(), got.end(), want.begin(), want.end()));
+    }
+    const auto quantized = plain->hack_page(1, l, 1), copied = cache->hack_page(1, l, 1);
+    CHECK_FALSE(std::equal(copied.begin(), copied.end(), quantized.begin(), quantized.end()));
+  }
+}
+
 TEST_CASE("concurrent appends and attends of different sequences", "[kv][paged]") {
   const int dim = 64, group = 2, block = 16, H = 2, n_seq = 6, L = 4 + 5 * block + 3;
   const KvShape shape{2, H, dim, group};

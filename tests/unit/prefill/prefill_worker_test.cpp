@@ -538,6 +538,60 @@ TEST_CASE("prefill worker: a prefix restored from the cache sends the same bytes
   }
 }
 
+TEST_CASE("prefill worker: a prefix hit sends the pages the computing prompt closed, not the codec's requantized ones",
+          "[server][prefill][prefix]") {
+  Fixture f;
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::hack);
+  wo.engine.prefill_chunk_tokens = 64;
+  PrefixCacheOptions po;
+  po.codec = BlockCodec::int8_head;  // lossy: pages quantized from its values differ
+  po.local_bytes = size_t{64} << 20;
+  wo.prefix_cache = po;
+  wo.prefix_fingerprint.add("test", "pages");
+  // A (230 tokens) computed; A again (7 blocks restored, 38 tokens in one chunk: the pages are
+  // closed at the end); C = A's first 224 tokens and 150 more (3 chunks: the restored blocks'
+  // pages go out with the first chunk, before any close).
+  const std::vector<int> a = test::random_prompt(230, f.cfg.vocab_size, 3);
+  std::vector<int> c(a.begin(), a.begin() + 224);
+  const std::vector<int> tail = test::random_prompt(150, f.cfg.vocab_size, 4);
+  c.insert(c.end(), tail.begin(), tail.end());
+  // Page messages per layer, in order: page i of a layer is its i-th.
+  auto pages = [](const Messages& ms) {
+    std::map<uint32_t, std::vector<std::vector<std::byte>>> out;
+    for (const auto& [kind, layer, bytes] : ms)
+      if (kind == Inbox::Event::page) out[layer].push_back(bytes);
+    return out;
+  };
+  // Sinks 4, Π 32: page b holds tokens [4 + 32b, 36 + 32b), so 7 restored blocks hold 6 whole pages.
+  const int known = 6;
+  for (bool keep : {true, false}) {
+    INFO("keep_pages " << keep);
+    wo.prefix_cache->keep_pages = keep;
+    const auto [got, results] = run_prompts(f, wo, {a, a, c});
+    REQUIRE(results[1].prefix.local_blocks == 7);
+    REQUIRE(results[2].prefix.local_blocks == 7);
+    const auto cold = pages(got[0]);
+    int differing = 0;
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      INFO("prompt " << i);
+      CHECK(results[i].prefix.page_blocks == (keep ? known : 0));
+      const auto hit = pages(got[i]);
+      REQUIRE(hit.size() == cold.size());
+      for (const auto& [layer, want] : cold) {
+        REQUIRE(hit.at(layer).size() >= static_cast<size_t>(known));
+        for (int b = 0; b < known; ++b) {
+          const bool same = hit.at(layer)[static_cast<size_t>(b)] == want[static_cast<size_t>(b)];
+          if (keep) CHECK(same);
+          differing += same ? 0 : 1;
+        }
+      }
+    }
+    // Without the kept pages the hit's pages come from int8-head values: not the cold bytes.
+    if (!keep) CHECK(differing > 0);
+  }
+}
+
 TEST_CASE("prefill worker: an unreachable vault means recompute, not a failed job", "[server][prefill][prefix]") {
   Fixture f;
   uint16_t dead_port = 0;
