@@ -3,7 +3,10 @@
 one hack-prefill, one hack-decode, hack-router on loopback.
 
 For each prefix length L: a fresh random L-token prefix (token ids, so L is exact) plus a
-16-token suffix is sent cold; then the same prefix with another suffix is a hit. Run twice:
+16-token suffix is sent cold; then the same prefix with another suffix is a hit (its last
+partial block and the suffix are computed), and the cold prompt itself again is a repeat
+(fully cached with the prefill node's tail cache: only its last token is computed; its first
+token must equal the cold one's). Run twice:
 with the prefill node's local cache (hit tier "local") and with --prefix-cache-bytes 0 (every
 hit comes from the vault over UCX). TTFT here = latency of a max_tokens=1 completion (router →
 prefill → first token; the decode node only admits). Medians of --repeats.
@@ -36,8 +39,8 @@ def complete(port, ids):
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as r:
-        r.read()
-    return time.perf_counter() - t0
+        body = json.loads(r.read())
+    return time.perf_counter() - t0, body["choices"][0]["text"]
 
 
 def restored(node):
@@ -76,23 +79,30 @@ def main():
                                             *args.prefill_flags.split()]) as c:
             complete(c.router.port, [rng.randrange(100, vocab - 100) for _ in range(64)])  # warm up
             for n in lengths:
-                cold, hit, blocks, restore = [], [], [], []
+                cold, hit, repeat, blocks, restore, same = [], [], [], [], [], 0
                 for _ in range(args.repeats):
                     prefix = [rng.randrange(100, vocab - 100) for _ in range(n)]
-                    cold.append(complete(c.router.port, prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]))
+                    prompt = prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]
+                    t_cold, text_cold = complete(c.router.port, prompt)
+                    cold.append(t_cold)
                     if tier == "vault":
                         time.sleep(0.2)  # the stores are fire-and-forget: let them land
                     before = restored(c.prefill[0])
-                    hit.append(complete(c.router.port, prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]))
+                    hit.append(complete(c.router.port, prefix + [rng.randrange(100, vocab - 100) for _ in range(16)])[0])
                     after = restored(c.prefill[0])
                     blocks.append(after[tier] - before[tier])
                     restore.append(after["restore_s"] - before["restore_s"])
-                mc, mh = statistics.median(cold), statistics.median(hit)
+                    t_repeat, text_repeat = complete(c.router.port, prompt)
+                    repeat.append(t_repeat)
+                    same += text_repeat == text_cold
+                mc, mh, mr = statistics.median(cold), statistics.median(hit), statistics.median(repeat)
                 print(f"{os.path.basename(args.model.rstrip('/'))} kv={args.kv} codec={args.codec} tier={tier} "
                       f"prefix={n}: cold TTFT {mc * 1e3:.0f} ms, hit TTFT {mh * 1e3:.0f} ms, "
                       f"{mc / mh:.1f}x, blocks restored per hit {statistics.median(blocks):.0f} "
                       f"in {statistics.median(restore) * 1e3:.0f} ms (lookup, promote, applied to the cache) "
-                      f"(of {n // 64}); runs cold {[round(x * 1e3) for x in cold]} hit {[round(x * 1e3) for x in hit]}",
+                      f"(of {n // 64}); repeat of the cold prompt {mr * 1e3:.0f} ms, {mc / mr:.1f}x, first token "
+                      f"as cold in {same} of {len(repeat)}; runs cold {[round(x * 1e3) for x in cold]} "
+                      f"hit {[round(x * 1e3) for x in hit]} repeat {[round(x * 1e3) for x in repeat]}",
                       flush=True)
 
 

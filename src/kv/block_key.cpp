@@ -101,6 +101,16 @@ BlockKey chain_next(const BlockKey& previous, std::span<const int> block_tokens)
   return h.finish();
 }
 
+BlockKey tail_key(const BlockKey& previous, std::span<const int> tokens) {
+  static constexpr std::string_view kDomain = "hackserve-kv-tail-v1";
+  Sha256 h;
+  h.update(kDomain.data(), kDomain.size());
+  h.update(previous.data(), previous.size());
+  h.update_u32(static_cast<uint32_t>(tokens.size()));
+  for (int t : tokens) h.update_u32(static_cast<uint32_t>(t));
+  return h.finish();
+}
+
 std::vector<BlockKey> chain_keys(const BlockKey& root, std::span<const int> tokens, int block_tokens, int max_blocks) {
   HACK_CHECK(block_tokens > 0, "chain_keys: block_tokens must be positive, got {}", block_tokens);
   size_t n = tokens.size() / static_cast<size_t>(block_tokens);

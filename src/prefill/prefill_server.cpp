@@ -68,6 +68,9 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                  "--kv hack: keep each cached block's HACK pages beside it in the local cache, so a hit sends them "
                  "as the computing prompt closed them instead of quantizing the restored tokens again (costs about "
                  "0.4x the int8-head block's bytes of --prefix-cache-bytes); --prefix-cache-pages=false: quantize again");
+  flags.add_bool("prefix-cache-tail", &c.prefix_cache_tail,
+                 "keep a prompt's last partial block (all but its last token) in the local cache too, so the same "
+                 "prompt again computes only its last token (not with --prefix-whole-chunks; never sent to the vault)");
   add_vault_flags(flags, c.vault, /*restores=*/true);
   flags.add_float("drain-timeout", &c.drain_timeout_s,
                   "on SIGTERM: seconds to finish queued and running prefills (taking no new ones) before exiting");
@@ -155,6 +158,7 @@ struct PrefillServer::Impl {
       po.vault_timeout_s = vf.timeout_s;
       po.whole_chunks = config.prefix_whole_chunks;
       po.keep_pages = config.prefix_cache_pages;
+      po.keep_tail = config.prefix_cache_tail;
       const DType exact = cache_exact_dtype(rt->kv_options);
       wo.prefix_fingerprint = prefix_fingerprint(rt->model, config.model.device, rt->kv_options, exact, po.codec);
       wo.prefix_cache = po;

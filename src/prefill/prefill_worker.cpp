@@ -344,10 +344,10 @@ void PrefillWorker::report(Draining& d) {
     const PrefixRestoreResult& pr = d.result.prefix;
     const size_t tokens = d.queued.job.tokens.size();
     spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
-                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}; {} blocks' pages kept), compute {:.1f}, "
+                 "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}; {} blocks' pages kept, tail {} tokens), compute {:.1f}, "
                  "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
                  id, tokens, pr.tokens, tokens - static_cast<size_t>(pr.tokens), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
-                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3, pr.page_blocks,
+                 pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3, pr.page_blocks, pr.tail_tokens,
                  tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
                  tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages);
   }
@@ -482,11 +482,15 @@ void PrefillWorker::compute(Draining& d) {
       restorable = restorable / align_blocks * align_blocks;
       if (job.sampling.prompt_logprobs >= 0) restorable = 0;  // every position's logits are wanted
       kv_->begin_prefill(seq);
-      PrefixRestoreResult rr =
-          prefix_->restore(*kv_, seq, std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable)));
+      const std::span<const BlockKey> restorable_keys = std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable));
+      PrefixRestoreResult rr = prefix_->restore(*kv_, seq, restorable_keys);
+      // The same prompt seen before: its tail too, so only its last token is computed.
+      if (job.sampling.prompt_logprobs < 0) prefix_->restore_tail(*kv_, seq, job.tokens, restorable_keys, rr);
       restored = rr.tokens;
       if (restored > 0) engine_->adopt_sequence(seq);
-      prefix_->begin_capture(keys, restored / options_.kv.block_tokens, static_cast<int>(keys.size()));
+      const int restored_blocks = (restored - rr.tail_tokens) / options_.kv.block_tokens;
+      prefix_->begin_capture(keys, restored_blocks, static_cast<int>(keys.size()),
+                             rr.tail_tokens > 0 ? std::span<const int>() : std::span<const int>(job.tokens));
       // The restored blocks' cached pages (if any) go out as they are, not quantized again.
       cursor.known_pages = prefix_->known_pages();
       result.prefix = std::move(rr);

@@ -19,6 +19,7 @@ PrefixCache::PrefixCache(const KvFingerprint& fingerprint, const KvShape& shape,
   net::check_vault_namespace(options_.name_space);
   root_ = chain_root(fingerprint, options_.name_space);
   pages_space_ = options_.name_space + "/pages";
+  tail_space_ = options_.name_space + "/tail";
   if (options_.local_bytes > 0) {
     vault::BlockStoreOptions so;
     so.max_bytes = options_.local_bytes;
@@ -161,16 +162,80 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
   return r;
 }
 
-void PrefixCache::begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks) {
+int PrefixCache::restore_tail(PagedKv& cache, int seq_id, std::span<const int> prompt,
+                              std::span<const BlockKey> keys, PrefixRestoreResult& result) {
+  if (!tails() || prompt.empty()) return 0;
+  const int r = restorable_blocks(prompt.size());
+  const int first = r * block_tokens_, n = static_cast<int>(prompt.size()) - 1 - first;
+  if (n <= 0 || static_cast<int>(keys.size()) != r || result.tokens != first) return 0;
+  const double t0 = monotonic_s();
+  const BlockKey parent = r == 0 ? root_ : keys[static_cast<size_t>(r - 1)];
+  const BlockKey key = tail_key(parent, prompt.subspan(static_cast<size_t>(first), static_cast<size_t>(n)));
+  const std::vector<vault::BlockPtr> got = local_->promote(tail_space_, std::span<const BlockKey>(&key, 1));
+  result.lookup_s += monotonic_s() - t0;
+  if (got.empty()) return 0;
+  restore_times_ = {};
+  const std::span<const std::byte> value(got[0]->value);
+  KvBlockHeader h;
+  try {
+    // Every layer is checked and decoded once before any is applied, so a bad tail leaves
+    // the sequence as restore() left it (a tail is under Π tokens: the second decode is cheap).
+    h = decode_kv_block_header(value);
+    HACK_CHECK(h.codec == BlockCodec::exact && h.tokens == n && h.first_token == first &&
+                   h.num_layers == shape_.num_layers && h.num_kv_heads == shape_.num_kv_heads &&
+                   h.head_dim == shape_.head_dim,
+               "a tail of {} tokens at {} under the key of {} tokens at {}, or of another shape or codec", h.tokens,
+               h.first_token, n, first);
+    const size_t floats = static_cast<size_t>(n) * static_cast<size_t>(shape_.num_kv_heads) *
+                          static_cast<size_t>(shape_.head_dim);
+    scratch_.resize(2 * floats);
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      HACK_CHECK(verify_kv_block_layer(h, l, value), "layer {} fails its checksum", l);
+      const KvBlockLayer& e = h.layers[static_cast<size_t>(l)];
+      decode_kv_block_layer(h, value.subspan(e.offset, e.bytes), scratch_.data(), scratch_.data() + floats);
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("prefix cache: tail not used, computing it: {}", e.what());
+    return 0;
+  }
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const KvBlockLayer& e = h.layers[static_cast<size_t>(l)];
+    restore_kv_block_layer(cache, seq_id, l, h, value.subspan(e.offset, e.bytes), scratch_, &restore_times_);
+  }
+  result.tokens += n;
+  result.tail_tokens = n;
+  result.decode_s += restore_times_.decode_s;
+  result.import_s += restore_times_.append_s;
+  result.restore_s += monotonic_s() - t0;
+  return n;
+}
+
+void PrefixCache::begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks,
+                                std::span<const int> prompt) {
   capture_keys_.assign(all_keys.begin(), all_keys.end());
   capture_first_ = first_new_block;
   capture_end_ = full_blocks;
   HACK_CHECK(capture_end_ <= static_cast<int>(capture_keys_.size()), "prefix cache: {} blocks to capture, {} keys",
              capture_end_, capture_keys_.size());
   capture_slices_.assign(static_cast<size_t>(std::max(0, capture_end_ - capture_first_)), {});
+  tail_tokens_ = 0;
+  tail_slices_.clear();
+  if (!tails() || prompt.empty()) return;
+  const int r = restorable_blocks(prompt.size());
+  tail_first_ = r * block_tokens_;
+  const int n = static_cast<int>(prompt.size()) - 1 - tail_first_;
+  if (n <= 0 || static_cast<int>(capture_keys_.size()) < r) return;
+  tail_tokens_ = n;
+  tail_parent_ = r == 0 ? root_ : capture_keys_[static_cast<size_t>(r - 1)];
+  tail_key_ = tail_key(tail_parent_, prompt.subspan(static_cast<size_t>(tail_first_), static_cast<size_t>(n)));
 }
 
 void PrefixCache::capture_layer(const PagedKv& cache, int seq_id, int layer) {
+  if (tail_tokens_ > 0) {
+    HACK_CHECK(static_cast<int>(tail_slices_.size()) == layer, "prefix cache: tail layer {} captured out of order", layer);
+    tail_slices_.emplace_back();
+    encode_kv_block_layer(cache, seq_id, layer, tail_first_, tail_tokens_, BlockCodec::exact, tail_slices_.back());
+  }
   for (int b = capture_first_; b < capture_end_; ++b) {
     auto& slices = capture_slices_[static_cast<size_t>(b - capture_first_)];
     HACK_CHECK(static_cast<int>(slices.size()) == layer, "prefix cache: layer {} captured out of order", layer);
@@ -200,6 +265,12 @@ int PrefixCache::finish_capture() {
     const auto ki = static_cast<size_t>(k);
     put_local(pages_space_, capture_keys_[ki], k == 0 ? root_ : capture_keys_[ki - 1], b == 0, std::move(value));
   }
+  if (tail_tokens_ > 0 && static_cast<int>(tail_slices_.size()) == shape_.num_layers) {
+    put_local(tail_space_, tail_key_, tail_parent_, /*first=*/true,
+              assemble_kv_block(BlockCodec::exact, dtype_, shape_, tail_first_, tail_tokens_, tail_slices_));
+  }
+  tail_tokens_ = 0;
+  tail_slices_.clear();
   capture_slices_.clear();
   capture_pages_.clear();
   capture_first_ = capture_end_ = 0;

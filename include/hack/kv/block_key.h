@@ -49,6 +49,10 @@ class KvFingerprint {
 BlockKey chain_root(const KvFingerprint& fingerprint, std::string_view name_space);
 /// H_i from H_{i−1} and the token ids of block i.
 BlockKey chain_next(const BlockKey& previous, std::span<const int> block_tokens);
+/// The key of a partial block: `tokens` (fewer than Π) right after the prefix `previous`
+/// names (a chain key, or the root). Hashed under its own domain, so it never equals a
+/// chain key: SHA-256("hackserve-kv-tail-v1" ‖ H_previous ‖ u32 count ‖ token ids as u32).
+BlockKey tail_key(const BlockKey& previous, std::span<const int> tokens);
 /// Keys of the full blocks of `tokens`: floor(tokens.size() / block_tokens) keys, key i
 /// naming tokens [0, (i + 1)·block_tokens). At most max_blocks (−1: all).
 std::vector<BlockKey> chain_keys(const BlockKey& root, std::span<const int> tokens, int block_tokens,

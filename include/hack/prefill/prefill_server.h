@@ -34,6 +34,7 @@ struct PrefillServerConfig {
   std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none
   bool prefix_whole_chunks = false;
   bool prefix_cache_pages = true;
+  bool prefix_cache_tail = true;
   float drain_timeout_s = 20;      ///< SIGTERM: seconds to finish queued and running jobs before exiting  ///< restore whole prefill chunks only (bit-identical to no cache)
   VaultFlags vault;                ///< --vault* (node/vault_flags.h)
   bool json_logs = false;

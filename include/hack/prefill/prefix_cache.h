@@ -61,6 +61,17 @@ struct PrefixCacheOptions {
   /// pages cost about 0.4× the int8-head value's bytes of the local budget; vault blocks
   /// carry no pages (a block from the vault is quantized again, as before).
   bool keep_pages = true;
+  /// Local cache: also keep a prompt's tail — the tokens after its restorable full blocks,
+  /// all but its last ([rΠ, n − 1), r = restorable_blocks(n)) — under a key of the whole
+  /// prefix (kv/block_key.h tail_key; namespace name_space + "/tail"), so the same prompt
+  /// again restores everything but its last token and computes that one alone (SGLang's
+  /// radix cache reuses to the token; a block cache alone recomputes up to Π tokens). A
+  /// prompt that only shares a prefix restores whole blocks as before. Not with whole_chunks
+  /// (a tail is no whole chunk); not sent to the vault (its blocks are Π tokens). A tail is
+  /// kept in the exact codec whatever `codec` is: the tokens right before the one computed
+  /// weigh most in its attention, and a lossy tail flipped the greedy first token of a
+  /// repeated 3K-token prompt in 1 of 2 runs (int8-head) where an exact one keeps it (RESULTS).
+  bool keep_tail = true;
 };
 
 struct PrefixRestoreResult {
@@ -73,6 +84,7 @@ struct PrefixRestoreResult {
   double import_s = 0;     ///< f32 → the prefill cache's pages (HACK: quantized again)
   double vault_wait_s = 0; ///< waiting for the vault's layers to arrive
   int page_blocks = 0;     ///< blocks whose closed pages came from the local cache (keep_pages)
+  int tail_tokens = 0;     ///< of `tokens`, those of the prompt's tail (keep_tail)
   std::string vault_error; ///< why vault blocks were not used ("" when they were or none were asked)
 };
 
@@ -93,9 +105,17 @@ class PrefixCache {
   /// bracket open). Throws hack::Error only for a local problem (the cache refusing a block).
   PrefixRestoreResult restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys);
 
+  /// After restore() gave back every one of `keys` (restorable_blocks of `prompt`): restores
+  /// the prompt's tail (keep_tail) when the local cache holds it for exactly these tokens,
+  /// adding its tokens to `result` (tokens, tail_tokens, the times). Returns the tokens restored.
+  int restore_tail(PagedKv& cache, int seq_id, std::span<const int> prompt, std::span<const BlockKey> keys,
+                   PrefixRestoreResult& result);
+
   /// Capture of a prompt's new blocks while it is prefilled: begin, then capture_layer in
-  /// each layer's callback of the last chunk (tokens exact then), then finish.
-  void begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks);
+  /// each layer's callback of the last chunk (tokens exact then), then finish. `prompt`
+  /// given: its tail is captured too (keep_tail; pass it only when the tail was not restored).
+  void begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks,
+                     std::span<const int> prompt = {});
   void capture_layer(const PagedKv& cache, int seq_id, int layer);
   /// Stores the captured blocks locally and in the vault. Returns how many.
   int finish_capture();
@@ -145,6 +165,15 @@ class PrefixCache {
   int capture_page_first_ = 0;
   std::vector<std::vector<std::vector<std::byte>>> capture_pages_;
   void find_pages(const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks);
+  // keep_tail: the tail namespace; the capture in progress (tokens [tail_first_, +tail_tokens_)
+  // under tail_key_, whose prefix is tail_parent_), slices per layer.
+  bool tails() const { return options_.keep_tail && local_ && !options_.whole_chunks; }
+  std::string tail_space_;
+  int tail_first_ = 0;
+  int tail_tokens_ = 0;
+  BlockKey tail_key_{};
+  BlockKey tail_parent_{};
+  std::vector<std::vector<std::byte>> tail_slices_;
 };
 
 }  // namespace hack::server

@@ -2,6 +2,7 @@
 // SHA-256 in another process), computed with:
 //   root = sha256(b"hackserve-kv-chain-v1" + u32le(len(fp)) + fp + u32le(len(ns)) + ns)
 //   key_i = sha256(key_{i-1} + b"".join(u32le(t) for t in block_i))
+//   tail  = sha256(b"hackserve-kv-tail-v1" + key_{i-1} + u32le(n) + b"".join(u32le(t) for t in tail))
 // with fp = "a=1\nb=two\n", ns = "default", tokens 100..107, 4-token blocks.
 #include <catch2/catch.hpp>
 
@@ -40,6 +41,10 @@ TEST_CASE("chain keys equal an independent implementation's", "[block_key]") {
   CHECK(to_hex(keys[1]) == "990357f0697663e485eb3a148f0e15c24b78f5358a53513b7657dcf28340bf17");
   CHECK(chain_keys(root, tokens, 4, 1).size() == 1);
   CHECK(parse_block_key(to_hex(keys[1])) == keys[1]);
+  // The partial third block's tail key, and not the chain key the same tokens would get.
+  const std::vector<int> tail = {7};
+  CHECK(to_hex(tail_key(keys[1], tail)) == "0a471a2a25c45640eb6c1c67d95f23cc990bb6ee15577159efce8d33ba8e433f");
+  CHECK(to_hex(chain_next(keys[1], tail)) == "4795c574cd3509a20b16247b158640044c7303b222df0fca2fe55044fb35e5a1");
 }
 
 TEST_CASE("every fingerprint field, the namespace and every token change the keys", "[block_key]") {

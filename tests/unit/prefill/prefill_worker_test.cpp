@@ -592,6 +592,63 @@ TEST_CASE("prefill worker: a prefix hit sends the pages the computing prompt clo
   }
 }
 
+TEST_CASE("prefill worker: the same prompt again restores its tail too and computes only its last token",
+          "[server][prefill][prefix]") {
+  Fixture f;
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::hack);
+  wo.engine.prefill_chunk_tokens = 64;
+  PrefixCacheOptions po;
+  po.codec = BlockCodec::exact;  // bit copies: the restored tail is the computed one
+  po.local_bytes = size_t{64} << 20;
+  wo.prefix_cache = po;
+  wo.prefix_fingerprint.add("test", "tail");
+  // Π 32: A (230 tokens) has 7 restorable blocks and a tail of 5 tokens [224, 229). A2 differs
+  // in its last token only (not part of the tail: its KV is computed anyway); A3 in token 226.
+  const std::vector<int> a = test::random_prompt(230, f.cfg.vocab_size, 5);
+  std::vector<int> a2 = a, a3 = a;
+  a2.back() = (a2.back() + 1) % f.cfg.vocab_size;
+  a3[226] = (a3[226] + 1) % f.cfg.vocab_size;
+  for (bool keep : {true, false}) {
+    INFO("keep_tail " << keep);
+    wo.prefix_cache->keep_tail = keep;
+    const auto [got, results] = run_prompts(f, wo, {a, a, a2, a3});
+    CHECK(results[0].prefix.tokens == 0);
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      INFO("prompt " << i);
+      CHECK(results[i].prefix.tail_tokens == (keep ? 5 : 0));
+      CHECK(results[i].prefix.tokens == (keep ? 229 : 224));
+    }
+    CHECK(results[3].prefix.tail_tokens == 0);
+    CHECK(results[3].prefix.tokens == 224);
+    // The same prompt gives the same first token (its last token's logits differ only by the
+    // shape of the computation: 1 row instead of 6).
+    CHECK(results[1].first.token == results[0].first.token);
+    CHECK(std::abs(results[1].first.logprob - results[0].first.logprob) < 1e-4f);
+    if (!keep) continue;
+    // Every exact token but the last equals the computed one, bit for bit.
+    auto exact_rows = [&](const Messages& ms, uint32_t layer) {
+      std::vector<std::byte> rows;
+      for (const auto& [kind, l, bytes] : ms) {
+        if (kind != Inbox::Event::exact || l != layer) continue;
+        const ExactTokensHeader h = decode_exact_header(bytes);
+        const size_t row = static_cast<size_t>(h.num_kv_heads) * h.head_dim * dtype_size(h.dtype);
+        const size_t kept = std::min<uint64_t>(h.n_tokens, std::max<int64_t>(0, 229 - static_cast<int64_t>(h.first_token)));
+        const std::byte* k = bytes.data() + kExactTokensHeaderBytes;
+        rows.insert(rows.end(), k, k + kept * row);                      // K rows before the last token
+        rows.insert(rows.end(), k + h.n_tokens * row, k + (h.n_tokens + kept) * row);  // V rows
+      }
+      return rows;
+    };
+    for (uint32_t layer = 0; layer < static_cast<uint32_t>(f.cfg.num_layers); ++layer) {
+      INFO("layer " << layer);
+      const auto want = exact_rows(got[0], layer);
+      CHECK_FALSE(want.empty());
+      CHECK(exact_rows(got[1], layer) == want);
+    }
+  }
+}
+
 TEST_CASE("prefill worker: an unreachable vault means recompute, not a failed job", "[server][prefill][prefix]") {
   Fixture f;
   uint16_t dead_port = 0;
