@@ -66,8 +66,8 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                  "differently in its last bits)");
   flags.add_bool("prefix-cache-pages", &c.prefix_cache_pages,
                  "--kv hack: keep each cached block's HACK pages beside it in the local cache, so a hit sends them "
-                 "as the computing prompt closed them instead of quantizing the restored tokens again (costs about "
-                 "0.4x the int8-head block's bytes of --prefix-cache-bytes); --prefix-cache-pages=false: quantize again");
+                 "as the computing prompt closed them instead of quantizing the restored tokens again (K4/V4: about "
+                 "0.55x the int8-head block's bytes of --prefix-cache-bytes); --prefix-cache-pages=false: quantize again");
   flags.add_bool("prefix-cache-tail", &c.prefix_cache_tail,
                  "keep a prompt's last partial block (all but its last token) in the local cache too, so the same "
                  "prompt again computes only its last token (not with --prefix-whole-chunks; never sent to the vault)");

@@ -58,7 +58,7 @@ struct PrefixCacheOptions {
   /// second local value under the same key, in the namespace name_space + "/pages"), so a
   /// hit sends the decode node the pages the prompt that computed them produced instead of
   /// quantizing the restored tokens again (RESULTS "A prefix hit, stage by stage"). The
-  /// pages cost about 0.4× the int8-head value's bytes of the local budget; vault blocks
+  /// pages cost about 0.55× the int8-head value's bytes (K4/V4) of the local budget; vault blocks
   /// carry no pages (a block from the vault is quantized again, as before).
   bool keep_pages = true;
   /// Local cache: also keep a prompt's tail — the tokens after its restorable full blocks,
