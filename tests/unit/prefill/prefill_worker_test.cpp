@@ -473,6 +473,19 @@ std::pair<std::vector<Messages>, std::vector<PrefillResult>> run_prompts(Fixture
   return {got, results};
 }
 
+// A hack-mode worker in 64-token chunks with a 64 MiB local prefix cache of `codec`.
+PrefillWorkerOptions cached_options(BlockCodec codec, const char* fingerprint) {
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(KvMode::hack);
+  wo.engine.prefill_chunk_tokens = 64;
+  PrefixCacheOptions po;
+  po.codec = codec;
+  po.local_bytes = size_t{64} << 20;
+  wo.prefix_cache = po;
+  wo.prefix_fingerprint.add("test", fingerprint);
+  return wo;
+}
+
 }  // namespace
 
 TEST_CASE("prefill worker: a prefix restored from the cache sends the same bytes as one computed",
@@ -541,14 +554,7 @@ TEST_CASE("prefill worker: a prefix restored from the cache sends the same bytes
 TEST_CASE("prefill worker: a prefix hit sends the pages the computing prompt closed, not the codec's requantized ones",
           "[server][prefill][prefix]") {
   Fixture f;
-  PrefillWorkerOptions wo;
-  wo.kv = kv_options(KvMode::hack);
-  wo.engine.prefill_chunk_tokens = 64;
-  PrefixCacheOptions po;
-  po.codec = BlockCodec::int8_head;  // lossy: pages quantized from its values differ
-  po.local_bytes = size_t{64} << 20;
-  wo.prefix_cache = po;
-  wo.prefix_fingerprint.add("test", "pages");
+  PrefillWorkerOptions wo = cached_options(BlockCodec::int8_head, "pages");  // lossy: pages quantized from its values differ
   // A (230 tokens) computed; A again (7 blocks restored, 38 tokens in one chunk: the pages are
   // closed at the end); C = A's first 224 tokens and 150 more (3 chunks: the restored blocks'
   // pages go out with the first chunk, before any close).
@@ -595,14 +601,7 @@ TEST_CASE("prefill worker: a prefix hit sends the pages the computing prompt clo
 TEST_CASE("prefill worker: the same prompt again restores its tail too and computes only its last token",
           "[server][prefill][prefix]") {
   Fixture f;
-  PrefillWorkerOptions wo;
-  wo.kv = kv_options(KvMode::hack);
-  wo.engine.prefill_chunk_tokens = 64;
-  PrefixCacheOptions po;
-  po.codec = BlockCodec::exact;  // bit copies: the restored tail is the computed one
-  po.local_bytes = size_t{64} << 20;
-  wo.prefix_cache = po;
-  wo.prefix_fingerprint.add("test", "tail");
+  PrefillWorkerOptions wo = cached_options(BlockCodec::exact, "tail");  // bit copies: the restored tail is the computed one
   // Π 32: A (230 tokens) has 7 restorable blocks and a tail of 5 tokens [224, 229). A2 differs
   // in its last token only (not part of the tail: its KV is computed anyway); A3 in token 226.
   const std::vector<int> a = test::random_prompt(230, f.cfg.vocab_size, 5);
