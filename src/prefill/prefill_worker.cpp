@@ -484,13 +484,17 @@ void PrefillWorker::compute(Draining& d) {
       kv_->begin_prefill(seq);
       const std::span<const BlockKey> restorable_keys = std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable));
       PrefixRestoreResult rr = prefix_->restore(*kv_, seq, restorable_keys);
-      // The same prompt seen before: its tail too, so only its last token is computed.
-      if (job.sampling.prompt_logprobs < 0) prefix_->restore_tail(*kv_, seq, job.tokens, restorable_keys, rr);
+      // A kept tail this prompt continues (its own, or an earlier turn's), so that only what
+      // is new is computed.
+      if (job.sampling.prompt_logprobs < 0 && restorable == prefix_->restorable_blocks(job.tokens.size()))
+        prefix_->restore_tail(*kv_, seq, job.tokens, restorable_keys, rr);
       restored = rr.tokens;
       if (restored > 0) engine_->adopt_sequence(seq);
       const int restored_blocks = (restored - rr.tail_tokens) / options_.kv.block_tokens;
+      // The prompt's own tail is captured unless it is the one restored.
+      const bool own_tail = restored == static_cast<int>(job.tokens.size()) - 1 && rr.tail_tokens > 0;
       prefix_->begin_capture(keys, restored_blocks, static_cast<int>(keys.size()),
-                             rr.tail_tokens > 0 ? std::span<const int>() : std::span<const int>(job.tokens));
+                             own_tail ? std::span<const int>() : std::span<const int>(job.tokens));
       // The restored blocks' cached pages (if any) go out as they are, not quantized again.
       cursor.known_pages = prefix_->known_pages();
       result.prefix = std::move(rr);

@@ -164,14 +164,24 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
 
 int PrefixCache::restore_tail(PagedKv& cache, int seq_id, std::span<const int> prompt,
                               std::span<const BlockKey> keys, PrefixRestoreResult& result) {
-  if (!tails() || prompt.empty()) return 0;
-  const int r = restorable_blocks(prompt.size());
-  const int first = r * block_tokens_, n = static_cast<int>(prompt.size()) - 1 - first;
-  if (n <= 0 || static_cast<int>(keys.size()) != r || result.tokens != first) return 0;
+  if (!tails() || prompt.empty() || result.tokens % block_tokens_ != 0) return 0;
+  // After the R blocks restored, the longest kept tail that the prompt continues: its own
+  // (the same prompt again), or an earlier prompt's that this one extends (the next turn of
+  // a conversation: the earlier prompt's partial block, then new tokens).
+  const int r = result.tokens / block_tokens_;
+  if (r > static_cast<int>(keys.size())) return 0;
+  const int first = r * block_tokens_;
+  const int longest = std::min(block_tokens_ - 1, static_cast<int>(prompt.size()) - 1 - first);
+  if (longest <= 0) return 0;
   const double t0 = monotonic_s();
   const BlockKey parent = r == 0 ? root_ : keys[static_cast<size_t>(r - 1)];
-  const BlockKey key = tail_key(parent, prompt.subspan(static_cast<size_t>(first), static_cast<size_t>(n)));
-  const std::vector<vault::BlockPtr> got = local_->promote(tail_space_, std::span<const BlockKey>(&key, 1));
+  std::vector<vault::BlockPtr> got;
+  int n = longest;
+  for (; n > 0 && got.empty(); --n) {
+    const BlockKey key = tail_key(parent, prompt.subspan(static_cast<size_t>(first), static_cast<size_t>(n)));
+    got = local_->promote(tail_space_, std::span<const BlockKey>(&key, 1));
+  }
+  ++n;  // the length found (the loop stepped past it)
   result.lookup_s += monotonic_s() - t0;
   if (got.empty()) return 0;
   restore_times_ = {};

@@ -64,9 +64,11 @@ struct PrefixCacheOptions {
   /// Local cache: also keep a prompt's tail — the tokens after its restorable full blocks,
   /// all but its last ([rΠ, n − 1), r = restorable_blocks(n)) — under a key of the whole
   /// prefix (kv/block_key.h tail_key; namespace name_space + "/tail"), so the same prompt
-  /// again restores everything but its last token and computes that one alone (SGLang's
-  /// radix cache reuses to the token; a block cache alone recomputes up to Π tokens). A
-  /// prompt that only shares a prefix restores whole blocks as before. Not with whole_chunks
+  /// again restores everything but its last token and computes that one alone, and a prompt
+  /// that extends it (the next turn of a conversation) computes only what is new (SGLang's
+  /// radix cache reuses to the token; a block cache alone recomputes up to Π − 1 tokens). A
+  /// prompt that shares a prefix and then differs inside the tail restores whole blocks as
+  /// before (a tail is found under its exact tokens only). Not with whole_chunks
   /// (a tail is no whole chunk); not sent to the vault (its blocks are Π tokens). A tail is
   /// kept in the exact codec whatever `codec` is: the tokens right before the one computed
   /// weigh most in its attention, and a lossy tail flipped the greedy first token of a
@@ -105,9 +107,11 @@ class PrefixCache {
   /// bracket open). Throws hack::Error only for a local problem (the cache refusing a block).
   PrefixRestoreResult restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys);
 
-  /// After restore() gave back every one of `keys` (restorable_blocks of `prompt`): restores
-  /// the prompt's tail (keep_tail) when the local cache holds it for exactly these tokens,
-  /// adding its tokens to `result` (tokens, tail_tokens, the times). Returns the tokens restored.
+  /// After restore() (`result`; `keys` the blocks it was asked for): restores, right after the
+  /// restored blocks, the longest tail the local cache keeps that `prompt` continues
+  /// (keep_tail): the same prompt's own, or an earlier prompt's that this one extends (a
+  /// conversation's next turn), never past the prompt's last token. Adds its tokens to
+  /// `result` (tokens, tail_tokens, the times). Returns the tokens restored.
   int restore_tail(PagedKv& cache, int seq_id, std::span<const int> prompt, std::span<const BlockKey> keys,
                    PrefixRestoreResult& result);
 

@@ -604,22 +604,33 @@ TEST_CASE("prefill worker: the same prompt again restores its tail too and compu
   PrefillWorkerOptions wo = cached_options(BlockCodec::exact, "tail");  // bit copies: the restored tail is the computed one
   // Π 32: A (230 tokens) has 7 restorable blocks and a tail of 5 tokens [224, 229). A2 differs
   // in its last token only (not part of the tail: its KV is computed anyway); A3 in token 226.
+  // A4 and A5 extend A (by 20 and by 60 tokens: the next turn of a conversation): A's 7 blocks,
+  // then the longest kept tail they continue (A5's block 7 is full but not cached), then what
+  // is new is computed.
   const std::vector<int> a = test::random_prompt(230, f.cfg.vocab_size, 5);
-  std::vector<int> a2 = a, a3 = a;
+  std::vector<int> a2 = a, a3 = a, a4 = a, a5 = a;
   a2.back() = (a2.back() + 1) % f.cfg.vocab_size;
   a3[226] = (a3[226] + 1) % f.cfg.vocab_size;
+  const std::vector<int> more = test::random_prompt(60, f.cfg.vocab_size, 6);
+  a4.insert(a4.end(), more.begin(), more.begin() + 20);
+  a5.insert(a5.end(), more.begin(), more.end());
+  std::map<bool, std::vector<SampleResult>> extended;  // A4's and A5's first tokens, with and without tails
   for (bool keep : {true, false}) {
     INFO("keep_tail " << keep);
     wo.prefix_cache->keep_tail = keep;
-    const auto [got, results] = run_prompts(f, wo, {a, a, a2, a3});
+    const auto [got, results] = run_prompts(f, wo, {a, a, a2, a3, a4, a5});
     CHECK(results[0].prefix.tokens == 0);
-    for (size_t i : {size_t{1}, size_t{2}}) {
+    for (size_t i : {size_t{1}, size_t{2}, size_t{4}}) {
       INFO("prompt " << i);
       CHECK(results[i].prefix.tail_tokens == (keep ? 5 : 0));
       CHECK(results[i].prefix.tokens == (keep ? 229 : 224));
     }
+    // A5 continues A4's tail (25 tokens [224, 249)) as well as A's (5): the longer is taken.
+    CHECK(results[5].prefix.tail_tokens == (keep ? 25 : 0));
+    CHECK(results[5].prefix.tokens == (keep ? 249 : 224));
     CHECK(results[3].prefix.tail_tokens == 0);
     CHECK(results[3].prefix.tokens == 224);
+    for (size_t i : {size_t{4}, size_t{5}}) extended[keep].push_back(results[i].first);
     // The same prompt gives the same first token (its last token's logits differ only by the
     // shape of the computation: 1 row instead of 6).
     CHECK(results[1].first.token == results[0].first.token);
@@ -645,6 +656,14 @@ TEST_CASE("prefill worker: the same prompt again restores its tail too and compu
       CHECK_FALSE(want.empty());
       CHECK(exact_rows(got[1], layer) == want);
     }
+  }
+  // The extensions' first tokens are the same whether A's tail was restored or computed again
+  // (exact codec: the restored tail is A's computed bits; the rest differs only by chunk shape).
+  REQUIRE(extended[true].size() == 2);
+  REQUIRE(extended[false].size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(extended[true][i].token == extended[false][i].token);
+    CHECK(std::abs(extended[true][i].logprob - extended[false][i].logprob) < 1e-4f);
   }
 }
 
