@@ -6,7 +6,9 @@ For each prefix length L: a fresh random L-token prefix (token ids, so L is exac
 16-token suffix is sent cold; then the same prefix with another suffix is a hit (its last
 partial block and the suffix are computed), and the cold prompt itself again is a repeat
 (fully cached with the prefill node's tail cache: only its last token is computed; its first
-token must equal the cold one's). Run twice:
+token must equal the cold one's), and the cold prompt with 20 more tokens is an extension (a
+conversation's next turn: with the tail cache only the 20 new tokens and the cold prompt's
+last one are computed). Run twice:
 with the prefill node's local cache (hit tier "local") and with --prefix-cache-bytes 0 (every
 hit comes from the vault over UCX). TTFT here = latency of a max_tokens=1 completion (router →
 prefill → first token; the decode node only admits). Medians of --repeats.
@@ -79,7 +81,7 @@ def main():
                                             *args.prefill_flags.split()]) as c:
             complete(c.router.port, [rng.randrange(100, vocab - 100) for _ in range(64)])  # warm up
             for n in lengths:
-                cold, hit, repeat, blocks, restore, same = [], [], [], [], [], 0
+                cold, hit, repeat, extend, blocks, restore, same = [], [], [], [], [], [], 0
                 for _ in range(args.repeats):
                     prefix = [rng.randrange(100, vocab - 100) for _ in range(n)]
                     prompt = prefix + [rng.randrange(100, vocab - 100) for _ in range(16)]
@@ -95,14 +97,18 @@ def main():
                     t_repeat, text_repeat = complete(c.router.port, prompt)
                     repeat.append(t_repeat)
                     same += text_repeat == text_cold
+                    extend.append(complete(c.router.port, prompt + [rng.randrange(100, vocab - 100) for _ in range(20)])[0])
                 mc, mh, mr = statistics.median(cold), statistics.median(hit), statistics.median(repeat)
+                me = statistics.median(extend)
                 print(f"{os.path.basename(args.model.rstrip('/'))} kv={args.kv} codec={args.codec} tier={tier} "
                       f"prefix={n}: cold TTFT {mc * 1e3:.0f} ms, hit TTFT {mh * 1e3:.0f} ms, "
                       f"{mc / mh:.1f}x, blocks restored per hit {statistics.median(blocks):.0f} "
                       f"in {statistics.median(restore) * 1e3:.0f} ms (lookup, promote, applied to the cache) "
                       f"(of {n // 64}); repeat of the cold prompt {mr * 1e3:.0f} ms, {mc / mr:.1f}x, first token "
-                      f"as cold in {same} of {len(repeat)}; runs cold {[round(x * 1e3) for x in cold]} "
-                      f"hit {[round(x * 1e3) for x in hit]} repeat {[round(x * 1e3) for x in repeat]}",
+                      f"as cold in {same} of {len(repeat)}; extension by 20 tokens {me * 1e3:.0f} ms, "
+                      f"{mc / me:.1f}x; runs cold {[round(x * 1e3) for x in cold]} "
+                      f"hit {[round(x * 1e3) for x in hit]} repeat {[round(x * 1e3) for x in repeat]} "
+                      f"extension {[round(x * 1e3) for x in extend]}",
                       flush=True)
 
 
