@@ -17,7 +17,10 @@
 ///   - store: every new full block of a prompt goes to the local cache and (write-through,
 ///     fire-and-forget) to the vault, so other prefill nodes and a restarted node find it at
 ///     once; blocks restored from the vault are promoted into the local cache. The local LRU
-///     evicts chain tails first; evicted blocks are already in the vault.
+///     evicts chain tails first; evicted blocks are already in the vault;
+///   - local extras (never sent to the vault): a block's closed HACK pages, so a hit sends
+///     them as they are (keep_pages), and a prompt's partial last block, so a prompt that
+///     continues it computes only what is new (keep_tail).
 /// At least the prompt's last token is always computed (its logits give the first token), and
 /// with whole_chunks the prefill worker restores whole prefill chunks only (lcm(Π, --prefill-chunk) tokens): the
 /// rest of the prompt is then computed in the same chunks as without a cache, so a restored
