@@ -95,11 +95,6 @@ struct DecodeServer::Impl {
     HACK_CHECK(config.test_step_delay_ms == 0 || config.enable_test_hooks,
                "--test-step-delay-ms needs --enable-test-hooks");
     rt = load_model_runtime(config.model, RuntimeParts{.device_max_sequences = config.max_batch});
-    HACK_CHECK(rt->device == DeviceKind::cpu || config.vault.address.empty(),
-               "hack-decode --device {} --vault: storing finished conversations in the vault records their exact KV "
-               "as it is appended, which the device KV does not offer yet; run the decode node without --vault "
-               "(prefill nodes still restore from it) or on --device cpu",
-               config.model.device);
     // A prefill node on this host connects by worker address (PrefillCall::decode_ucx_worker),
     // so its endpoint appears here with its first message and must get an id for our replies.
     worker = std::make_unique<net::UcxWorker>(net::UcxOptions{.accept_address_peers = true});

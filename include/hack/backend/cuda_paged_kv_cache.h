@@ -27,8 +27,10 @@
 /// backend, which owns this cache, writes K/V on the device with the kv_append kernel and then
 /// calls commit_append, and runs attention there. Imported HACK pages have no bf16 rows
 /// behind them: their tokens are attended to as codes and cannot be read back exactly (as on
-/// the CPU). Not offered on the device yet, refused by name: append observers (a decode node's
-/// vault recording), static eviction (keep_tokens).
+/// the CPU). An append observer (a decode node's vault recording) sees host appends as given
+/// and the backend's device-written tokens as the bf16 stored, read back after each layer's
+/// commit_append (a synchronous copy per layer and step, only for observed sequences). Not
+/// offered on the device yet, refused by name: static eviction (keep_tokens).
 #pragma once
 
 #include <optional>
@@ -103,7 +105,8 @@ class CudaPagedKvCache final : public PagedKv {
   /// Page ids of the sequence, in token order (covering its max_tokens).
   std::span<const int> page_table(int seq_id) const;
   /// Records that n_tokens were written at [start_pos, start_pos + n_tokens) of `layer` on
-  /// the device; checks start_pos == length and the reservation.
+  /// the device; checks start_pos == length and the reservation. An observed sequence's
+  /// tokens are read back and shown to its observer.
   void commit_append(int layer, int seq_id, int start_pos, int n_tokens);
 
   /// Bytes of one page in one layer (K and V, all heads).

@@ -303,6 +303,19 @@ cuda::PagedKvLayer CudaPagedKvCache::layer(int layer) const {
 void CudaPagedKvCache::commit_append(int layer, int seq_id, int start_pos, int n_tokens) {
   blocks_.check_append(seq_id, layer, start_pos, n_tokens);
   blocks_.record_append(seq_id, layer, n_tokens);
+  KvAppendObserver* observer = blocks_.observer(seq_id);
+  if (observer == nullptr || n_tokens == 0) return;
+  // The tokens the kv_append kernel wrote, read back as the bf16 the device keeps (the copy
+  // on the legacy stream waits for the backend's stream): the observer sees what is stored.
+  const size_t elems = static_cast<size_t>(n_tokens) * static_cast<size_t>(shape_.num_kv_heads) *
+                       static_cast<size_t>(shape_.head_dim);
+  std::vector<uint16_t> k16(elems), v16(elems);
+  copy_exact_tokens(seq_id, layer, start_pos, n_tokens, reinterpret_cast<std::byte*>(k16.data()),
+                    reinterpret_cast<std::byte*>(v16.data()));
+  std::vector<float> k(elems), v(elems);
+  convert_to_f32(DType::bf16, k16.data(), k.data(), elems);
+  convert_to_f32(DType::bf16, v16.data(), v.data(), elems);
+  observer->on_append(layer, start_pos, n_tokens, k.data(), v.data());
 }
 
 void CudaPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
@@ -321,7 +334,10 @@ void CudaPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens
                                    cudaMemcpyHostToDevice));
     }
   }
-  commit_append(layer, seq_id, start_pos, n_tokens);
+  blocks_.record_append(seq_id, layer, n_tokens);
+  // Host tokens (an import): the observer sees them as given, as on the CPU.
+  if (KvAppendObserver* observer = blocks_.observer(seq_id); observer != nullptr && n_tokens > 0)
+    observer->on_append(layer, start_pos, n_tokens, k, v);
 }
 
 const uint16_t* CudaPagedKvCache::exact_row(const Sequence& s, int layer, int pos, int head, bool value) const {
@@ -356,10 +372,7 @@ bool CudaPagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
 }
 
 void CudaPagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) {
-  (void)blocks_.max_tokens(seq_id);  // names an unknown sequence
-  HACK_CHECK(observer == nullptr,
-             "device KV cache: append observers (a decode node recording exact KV for the vault) are not offered on "
-             "--device cuda yet");
+  blocks_.set_observer(seq_id, observer);
 }
 
 void CudaPagedKvCache::close_pending_blocks(int seq_id) {

@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <optional>
 
 #include <cuda_runtime.h>
@@ -296,6 +297,60 @@ TEST_CASE("cuda backend: chunked prefill equals whole prefill, mixed batches equ
       {1, static_cast<int>(prompts[1].size()), std::span<const int>(&d1, 1), false},
   };
   require_batch_equals_single_runs(batched, single, mixed, 2 + new_prompt.size(), vocab, 1e-3);
+}
+
+TEST_CASE("cuda backend: an append observer sees every token the device stores, as stored", "[gpu][backend]") {
+  // A decode node recording a conversation for the vault observes its sequence: host appends
+  // (imports) as given, the backend's device-written tokens as the bf16 the device keeps.
+  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-qwen3");
+  const KvShape shape = kv_shape(model);
+  const size_t row = static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim);
+  struct Recorder : KvAppendObserver {
+    std::map<int, std::vector<float>> k, v;  // per layer, tokens in order
+    std::map<int, int> next;                 // per layer: the position the next append must start at
+    size_t row = 0;
+    void on_append(int layer, int start_pos, int n_tokens, const float* kp, const float* vp) override {
+      REQUIRE(start_pos == next[layer]);
+      next[layer] += n_tokens;
+      k[layer].insert(k[layer].end(), kp, kp + static_cast<size_t>(n_tokens) * row);
+      v[layer].insert(v[layer].end(), vp, vp + static_cast<size_t>(n_tokens) * row);
+    }
+  } recorder;
+  recorder.row = row;
+  GpuRun gpu(model, 8);
+  gpu.engine.add_sequence(0, 64);
+  // Host tokens first (what an import appends), then a prefill in chunks of 8 and two decode steps.
+  std::vector<float> hk(3 * row), hv(3 * row);
+  for (size_t i = 0; i < hk.size(); ++i) {
+    hk[i] = 0.01f * static_cast<float>(i % 97);
+    hv[i] = -0.02f * static_cast<float>(i % 89);
+  }
+  gpu.kv->set_append_observer(0, &recorder);
+  for (int l = 0; l < shape.num_layers; ++l) gpu.kv->append(l, 0, 0, 3, hk.data(), hv.data());
+  gpu.engine.adopt_sequence(0);
+  std::vector<int> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back((i * 53 + 7) % model.config.vocab_size);
+  std::vector<float> logits;
+  gpu.engine.prefill(0, ids, logits);
+  const int seq = 0, d[] = {17, 23};
+  gpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&d[0], 1), logits);
+  gpu.engine.decode(std::span<const int>(&seq, 1), std::span<const int>(&d[1], 1), logits);
+  gpu.kv->set_append_observer(0, nullptr);
+  const int n = 3 + 20 + 2;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    INFO("layer " << l);
+    REQUIRE(recorder.next[l] == n);
+    // The host tokens exactly as given.
+    REQUIRE(std::equal(hk.begin(), hk.end(), recorder.k[l].begin()));
+    REQUIRE(std::equal(hv.begin(), hv.end(), recorder.v[l].begin()));
+    // Every token as the device stores it.
+    std::vector<uint16_t> k16(static_cast<size_t>(n) * row), v16(k16.size());
+    gpu.kv->copy_exact_tokens(0, l, 0, n, reinterpret_cast<std::byte*>(k16.data()), reinterpret_cast<std::byte*>(v16.data()));
+    for (size_t i = 3 * row; i < k16.size(); ++i) {
+      REQUIRE(recorder.k[l][i] == bf16_to_f32(k16[i]));
+      REQUIRE(recorder.v[l][i] == bf16_to_f32(v16[i]));
+    }
+  }
 }
 
 TEST_CASE("cuda backend rejects a cache of another shape and malformed batches", "[gpu][backend]") {

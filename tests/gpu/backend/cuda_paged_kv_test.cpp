@@ -256,10 +256,7 @@ TEST_CASE("paged kv: the device's exact tokens, peeked pages and reservations ag
   REQUIRE(dev->max_tokens(0) == 8 * kPageTokens);
   // What the device does not offer yet is refused by name.
   REQUIRE_THROWS_WITH(dev->keep_tokens(0, 0, {0, 1}), Catch::Contains("--kv-keep"));
-  struct Nothing : KvAppendObserver {
-    void on_append(int, int, int, const float*, const float*) override {}
-  } observer;
-  REQUIRE_THROWS_WITH(dev->set_append_observer(0, &observer), Catch::Contains("vault"));
+  REQUIRE_THROWS(dev->set_append_observer(99, nullptr));  // an unknown sequence
   // A page for the wrong position is refused before anything is stored.
   dev->add_sequence(1, 3 * kPageTokens);
   const std::span<const std::byte> page1 = cpu->hack_page(0, 0, 1);
