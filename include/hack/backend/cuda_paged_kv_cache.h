@@ -8,12 +8,14 @@
 /// page page_table[row / Π], row % Π. add_sequence reserves all pages the sequence may need
 /// (max_tokens), so appends never allocate and never fail for lack of memory.
 ///
-/// --kv hack keeps the CPU cache's semantics (kv/paged_kv_cache.h) with recent_tokens 0 and
-/// exact prefill: the first S tokens are sinks (bf16, page 0 of the table); block b of Π
-/// tokens after them fills bf16 page 1 + b and, once closed, is quantized into HACK page b
-/// of the sequence's HACK table, byte for byte what the CPU cache writes (cuda::
-/// hack_quantize_blocks). A block closes at the first append after it fills, outside a
-/// prefill (close_blocks, called by the backend before a decode step), or at end_prefill.
+/// --kv hack keeps the CPU cache's semantics (kv/paged_kv_cache.h) with exact prefill: the
+/// first S tokens are sinks (bf16, page 0 of the table); block b of Π tokens after them fills
+/// bf16 page 1 + b and, once closed, is quantized into HACK page b of the sequence's HACK
+/// table, byte for byte what the CPU cache writes (cuda::hack_quantize_blocks). A block
+/// closes once it has left the recent window (KvBlockManager::closable_blocks), at the first
+/// append after that, outside a prefill (close_blocks, called by the backend before a decode
+/// step), or at end_prefill. A recent window > 0 leaves exact blocks behind the open one,
+/// which only the plan runner attends to (the backend refuses it on the kernels path).
 /// Blocks close per layer (a prefill node exports a layer as soon as its prefill is done), so
 /// closed counts are kept per layer; a decode step closes every layer up to the same block.
 /// Decode attends to sinks + HACK pages + the one bf16 block being filled
@@ -51,8 +53,8 @@ struct CudaKvOptions {
   int page_tokens = 16;  ///< Π: tokens per page
   int num_pages = 0;     ///< pool size in pages (every layer holds this many)
   int device = 0;        ///< CUDA device index
-  /// --kv hack: its options (block_tokens must equal page_tokens; recent_tokens 0, exact
-  /// prefill, homomorphic attention, no page selection); nullopt = --kv fp.
+  /// --kv hack: its options (block_tokens must equal page_tokens; exact prefill,
+  /// homomorphic attention, no page selection); nullopt = --kv fp.
   std::optional<KvCacheOptions> hack;
 };
 

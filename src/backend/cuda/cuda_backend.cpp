@@ -163,6 +163,12 @@ class CudaBackend final : public Backend {
     HACK_CHECK(kv.device() == options.device, "CUDA backend on device {} got a KV cache on device {}", options.device,
                kv.device());
     HACK_CHECK(!model.fdc, "--fdc runs on --device cpu only: the CUDA backend has no FDC projection yet");
+    // The kernels path's HACK decode attends to sinks, closed pages and one bf16 block; the
+    // exact blocks a recent window keeps behind the open one need the plan runner.
+    HACK_CHECK(!kv.is_hack() || kv.options().recent_tokens == 0 || options.plan_attention,
+               "--device cuda --kv hack --hack-recent {} needs --cuda-attention plan (the kernels path's decode "
+               "attends to one bf16 block)",
+               kv.options().recent_tokens);
     const KvShape& ks = kv.shape();
     HACK_CHECK(ks == kv_shape(cfg_),
                "CUDA backend: KV cache shape (layers {}, kv heads {}, head_dim {}) does not match the model", ks.num_layers,

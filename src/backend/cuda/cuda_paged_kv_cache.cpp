@@ -73,8 +73,7 @@ void CudaPagedKvCache::init_hack(const KvCacheOptions& o) {
              P);
   HACK_CHECK(o.sinks >= 0 && o.sinks <= P, "--device cuda --kv hack: --hack-sinks must be in [0, --hack-block {}], got {}",
              P, o.sinks);
-  HACK_CHECK(o.recent_tokens == 0,
-             "--device cuda --kv hack: --hack-recent {} is not supported (decode attends to one bf16 block); use 0",
+  HACK_CHECK(o.recent_tokens >= 0, "--device cuda --kv hack: --hack-recent must not be negative, got {}",
              o.recent_tokens);
   HACK_CHECK(o.exact_prefill, "--device cuda --kv hack: prefill must be exact (no quantized past inside a prompt)");
   HACK_CHECK(o.attention == HackAttention::homomorphic,

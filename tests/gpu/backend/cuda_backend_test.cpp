@@ -115,12 +115,13 @@ struct CpuRef {
 
 struct GpuRun {
   explicit GpuRun(const Model& model, int chunk = 512, int pages = 256,
-                  const std::optional<KvCacheOptions>& hack = std::nullopt)
+                  const std::optional<KvCacheOptions>& hack = std::nullopt, bool plan_attention = false)
       : kv(make_cuda_kv_cache(model.config, kv_options(pages, hack))),
-        backend(make_cuda_backend(model, *kv, backend_options(chunk))),
+        backend(make_cuda_backend(model, *kv, backend_options(chunk, plan_attention))),
         engine(*backend, EngineOptions{chunk}) {}
-  static CudaBackendOptions backend_options(int chunk) {
+  static CudaBackendOptions backend_options(int chunk, bool plan_attention = false) {
     CudaBackendOptions o;
+    o.plan_attention = plan_attention;
     o.max_batch_tokens = std::max(chunk, 64);
     o.max_sequences = 8;
     o.max_logit_rows = 24;  // smaller than a prompt: several lm_head passes
@@ -459,15 +460,20 @@ TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logit
   struct Config {
     int k_bits, v_bits;
     double decode_tol;
+    int recent = 0;               // --hack-recent: exact blocks behind the open one
+    bool plan_attention = false;  // --cuda-attention plan (a recent window needs it)
   };
-  for (const Config& config : {Config{8, 8, 8e-2}, Config{2, 2, 3e-1}}) {
-    const KvCacheOptions options = hack_options(config.k_bits, config.v_bits);
+  for (const Config& config : {Config{8, 8, 8e-2}, Config{2, 2, 3e-1}, Config{8, 8, 8e-2, 16, true},
+                               Config{4, 4, 2e-1, 32, true}}) {
+    KvCacheOptions options = hack_options(config.k_bits, config.v_bits);
+    options.recent_tokens = config.recent;
     for (const fs::path& dir : model_dirs()) {
-      INFO("model " << dir.string() << " k" << config.k_bits << "v" << config.v_bits);
+      INFO("model " << dir.string() << " k" << config.k_bits << "v" << config.v_bits << " recent " << config.recent
+                    << (config.plan_attention ? " plan" : " kernels"));
       const Model model = Model::load(dir);
       const size_t vocab = static_cast<size_t>(model.config.vocab_size);
       CpuRef cpu(model, 512, options);
-      GpuRun gpu(model, 512, 256, options);
+      GpuRun gpu(model, 512, 256, options, config.plan_attention);
       REQUIRE(gpu.kv->name() == "hack-k" + std::to_string(config.k_bits) + "v" + std::to_string(config.v_bits) + "-cuda");
       int seq = 0, pages_checked = 0;
       double worst_prompt = 0, worst_decode = 0;
@@ -476,7 +482,9 @@ TEST_CASE("cuda backend --kv hack: device pages equal the cpu quantizer's, logit
         std::vector<float> a, b;
         worst_prompt = std::max(worst_prompt, prefill_both(cpu, gpu, seq, ids, a, b));
         int closed = gpu.kv->closed_blocks(seq);
-        REQUIRE(closed == gpu.kv->full_blocks(static_cast<int>(ids.size())));
+        // Every full block, or with a recent window those that have left it, as on the CPU.
+        REQUIRE(closed == cpu.kv->hack_page_count(seq, 0));
+        if (config.recent == 0) REQUIRE(closed == gpu.kv->full_blocks(static_cast<int>(ids.size())));
         require_device_pages_equal_cpu(*gpu.kv, seq, options);
         pages_checked += closed;
         std::vector<float> la(a.end() - static_cast<std::ptrdiff_t>(vocab), a.end());
@@ -552,9 +560,14 @@ TEST_CASE("cuda backend --kv hack: a mixed batch equals single runs; what the de
   const SequenceChunk late{0, static_cast<int>(prompts[0].size()) + 1, more, false};
   REQUIRE_THROWS_WITH(batched.backend->forward(std::span<const SequenceChunk>(&late, 1), logits),
                       Catch::Contains("quantized past"));
+  // A recent window keeps exact blocks behind the open one: the plan runner attends to them,
+  // the kernels path's HACK decode does not, so it asks for --cuda-attention plan.
   KvCacheOptions recent = options;
   recent.recent_tokens = 16;
-  REQUIRE_THROWS_WITH(make_cuda_kv_cache(model.config, GpuRun::kv_options(8, recent)), Catch::Contains("--hack-recent"));
+  const auto recent_kv = make_cuda_kv_cache(model.config, GpuRun::kv_options(8, recent));
+  REQUIRE_THROWS_WITH(make_cuda_backend(model, *recent_kv, GpuRun::backend_options(64)),
+                      Catch::Contains("--cuda-attention plan"));
+  REQUIRE_NOTHROW(make_cuda_backend(model, *recent_kv, GpuRun::backend_options(64, true)));
   KvCacheOptions select = options;
   select.select.ratio = 0.5;
   REQUIRE_THROWS_WITH(make_cuda_kv_cache(model.config, GpuRun::kv_options(8, select)), Catch::Contains("--kv-select"));
