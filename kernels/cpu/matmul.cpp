@@ -163,6 +163,7 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
   set_blas_threads(pool.size());
   const int m = static_cast<int>(rows), k = static_cast<int>(in);
   if (w.dtype() == DType::f32) {
+    pool.park();  // OpenBLAS's threads take the cores now
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<int>(out), k, 1.0f, x, k, w.data<float>(), k,
                 0.0f, y, static_cast<int>(out));
     return;
@@ -177,6 +178,7 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
     pool.parallel_for(n, [&](size_t r0, size_t r1) {
       convert_to_f32(w.dtype(), src + r0 * in * elem, ws.weight_tile.data() + r0 * in, (r1 - r0) * in);
     });
+    pool.park();  // OpenBLAS's threads take the cores now
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<int>(n), k, 1.0f, x, k,
                 ws.weight_tile.data(), k, 0.0f, y + o0, static_cast<int>(out));
   }

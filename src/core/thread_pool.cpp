@@ -61,6 +61,7 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &fn;
     pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    parked_.store(false, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
@@ -88,9 +89,10 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+    const auto next_job = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until([&] { return next_job() || parked_.load(std::memory_order_relaxed); }) || !next_job()) {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      wake_.wait(lock, next_job);
     }
     const FunctionRef<void(int, int)>* job;
     {
@@ -111,6 +113,8 @@ void ThreadPool::worker_loop(int index) {
     }
   }
 }
+
+void ThreadPool::park() { parked_.store(true, std::memory_order_relaxed); }
 
 void ThreadPool::parallel_for(size_t n, FunctionRef<void(size_t, size_t)> fn) {
   if (n == 0) return;

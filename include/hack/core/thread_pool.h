@@ -54,6 +54,10 @@ class ThreadPool {
 
   /// Hands out [0, n) in chunks of `grain` on demand (for uneven work).
   void parallel_for_dynamic(size_t n, size_t grain, FunctionRef<void(size_t begin, size_t end)> fn);
+  /// Tells idle workers to sleep now instead of spinning for the next job: the caller is
+  /// about to hand the cores to other threads (OpenBLAS's, for an sgemm). The next run()
+  /// wakes them as usual.
+  void park();
 
  private:
   void worker_loop(int index);
@@ -66,6 +70,7 @@ class ThreadPool {
   const FunctionRef<void(int, int)>* job_ = nullptr;
   std::exception_ptr error_;  // the job's first exception (mutex_)
   std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> parked_{false};  // park(): idle workers sleep instead of spinning
   std::atomic<int> pending_{0};
   bool stopping_ = false;
 };
