@@ -10,6 +10,14 @@
 
 namespace hack::server {
 
+namespace {
+
+// Page b holds tokens [S + bΠ, S + (b + 1)Π): it lies under the key of the block holding its
+// last token, b + ⌈S/Π⌉.
+int page_key_offset(int sinks, int block_tokens) { return (sinks + block_tokens - 1) / block_tokens; }
+
+}  // namespace
+
 PrefixCache::PrefixCache(const KvFingerprint& fingerprint, const KvShape& shape, int block_tokens, DType exact_dtype,
                          PrefixCacheOptions options, net::UcxWorker* ucx)
     : shape_(shape), block_tokens_(block_tokens), dtype_(exact_dtype), options_(std::move(options)) {
@@ -294,7 +302,7 @@ void PrefixCache::find_pages(const PagedKv& cache, std::span<const BlockKey> key
   if (!options_.keep_pages || !local_ || o.mode != KvMode::hack) return;
   HACK_CHECK(o.block_tokens == block_tokens_, "prefix cache: blocks of {} tokens, the cache's of {}", block_tokens_,
              o.block_tokens);
-  page_key_offset_ = (o.sinks + block_tokens_ - 1) / block_tokens_;
+  page_key_offset_ = page_key_offset(o.sinks, block_tokens_);
   if (restored_blocks <= page_key_offset_) return;
   std::vector<vault::BlockPtr> got = local_->promote(
       pages_space_, keys.subspan(static_cast<size_t>(page_key_offset_),
@@ -330,7 +338,7 @@ void PrefixCache::capture_pages(const PagedKv& cache, int seq_id, int layer) {
   if (layer == 0) {
     // New pages: from the first one the restore did not find, up to the last one closed whose
     // key (the block holding its last token) is a full block of the prompt.
-    page_key_offset_ = (cache.options().sinks + block_tokens_ - 1) / block_tokens_;
+    page_key_offset_ = page_key_offset(cache.options().sinks, block_tokens_);
     capture_page_first_ = known_.empty() ? 0 : static_cast<int>(known_[0].size());
     const int end = std::min(cache.hack_page_count(seq_id, 0), capture_end_ - page_key_offset_);
     capture_pages_.assign(static_cast<size_t>(std::max(0, end - capture_page_first_)), {});
