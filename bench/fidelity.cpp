@@ -273,14 +273,15 @@ void prefill_as_hit(const hack::Model& model, hack::CpuEngine& e, const hack::Kv
   const std::vector<hack::BlockKey> keys = cache.keys(prompt);
   constexpr int kCaptureSeq = 1;
   engine.add_sequence(kCaptureSeq, static_cast<int>(prompt.size()));
-  cache.begin_capture(keys, 0, static_cast<int>(keys.size()));
-  engine.prefill(kCaptureSeq, prompt, logits, false, {}, [&](int layer) { cache.capture_layer(*e.kv, kCaptureSeq, layer); });
-  HACK_CHECK(cache.finish_capture() == static_cast<int>(keys.size()), "vault=: not every block was captured");
+  hack::server::PrefixJob job;
+  cache.begin_capture(job, keys, 0, static_cast<int>(keys.size()));
+  engine.prefill(kCaptureSeq, prompt, logits, false, {}, [&](int layer) { cache.capture_layer(job, *e.kv, kCaptureSeq, layer); });
+  HACK_CHECK(cache.finish_capture(job) == static_cast<int>(keys.size()), "vault=: not every block was captured");
   engine.remove_sequence(kCaptureSeq);
   const int restorable = std::min(static_cast<int>(keys.size()), cache.restorable_blocks(prompt.size()));
   e.kv->begin_prefill(0);
   const hack::server::PrefixRestoreResult rr =
-      cache.restore(*e.kv, 0, std::span<const hack::BlockKey>(keys).first(static_cast<size_t>(restorable)));
+      cache.restore(*e.kv, 0, std::span<const hack::BlockKey>(keys).first(static_cast<size_t>(restorable)), job);
   HACK_CHECK(rr.tokens == restorable * opt.block_tokens, "vault=: restored {} of {} blocks", rr.tokens / opt.block_tokens,
              restorable);
   engine.adopt_sequence(0);

@@ -9,14 +9,16 @@
 #   bench/prefill_pipeline.sh                       MODEL=models/hack-tiny, values "0 4"
 #   MODEL=../main/models/smollm2-135m-instruct VALUES="0 4" bench/prefill_pipeline.sh
 #   PREFILL_BIN=/path/to/old/hack-prefill VALUES="main 0 4" ...   ("main": that binary, no flag)
+#   FLAG=prefill-batch-jobs VALUES="1 8" WORKLOADS=short ...   (batched short-prompt prefill instead)
 #
-# Settings: MODEL, VALUES, WORKLOADS ("short long"), BUILD_DIR (build), PORT (18000; prefill PORT+200, decode PORT+300),
+# Settings: MODEL, FLAG (the hack-prefill flag VALUES set: max-draining-jobs), VALUES, WORKLOADS ("short long"), BUILD_DIR (build), PORT (18000; prefill PORT+200, decode PORT+300),
 # THREADS (1 per node), SHORT_LEN (64), SHORT_CONC (16), SHORT_N (64), LONG_LEN (1000: hack-tiny holds 1024 positions, output included),
 # LONG_CONC (4), LONG_N (16), OUT (/tmp/prefill_pipeline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODEL=${MODEL:-models/hack-tiny}
+FLAG=${FLAG:-max-draining-jobs}
 VALUES=${VALUES:-"0 4"}
 WORKLOADS=${WORKLOADS:-"short long"}
 BUILD_DIR=${BUILD_DIR:-build}
@@ -55,7 +57,7 @@ for v in $VALUES; do
   if [ "$v" = main ]; then
     prefill=("$PREFILL_BIN" "${node[@]}")
   else
-    prefill=("$BIN/hack-prefill" "${node[@]}" --max-draining-jobs "$v")
+    prefill=("$BIN/hack-prefill" "${node[@]}" "--$FLAG" "$v")
   fi
   "${prefill[@]}" --port $((PORT + 200)) --prefix-cache-bytes 0 >"$OUT/prefill-$v.out" 2>"$OUT/prefill-$v.log" &
   pids+=($!)
@@ -71,7 +73,7 @@ for v in $VALUES; do
     if [ $w = short ]; then len=$SHORT_LEN conc=$SHORT_CONC n=$SHORT_N; else len=$LONG_LEN conc=$LONG_CONC n=$LONG_N; fi
     dir="$OUT/$v-$w-$((++run))"
     python3 bench/load/hack_load.py --base-url "http://127.0.0.1:$PORT/v1" --concurrency-sweep "$conc" -n "$n" \
-      --warmup "$conc" --input-len "$len" --output-len 4 --out-dir "$dir" --no-plots --label "max-draining-jobs $v" \
+      --warmup "$conc" --input-len "$len" --output-len 4 --out-dir "$dir" --no-plots --label "$FLAG $v" \
       >"$dir.txt" 2>&1 || { echo "prefill_pipeline: hack_load failed ($dir.txt)" >&2; cat "$dir.txt" >&2; exit 1; }
     python3 - "$dir/results.json" "$MODEL" "$v" "$w $len tok x $conc" <<'EOF'
 import json, sys

@@ -167,6 +167,33 @@ void Engine::prefill(int seq_id, std::span<const int> tokens, std::vector<float>
   if (!all_logits) logits.swap(chunk_logits);
 }
 
+void Engine::prefill_batch(std::span<const PrefillItem> items, std::vector<float>& logits,
+                           const std::function<void(int layer)>& on_layer_done) {
+  HACK_CHECK(!items.empty(), "prefill batch: no prompts");
+  size_t total = 0;
+  chunks_.clear();
+  for (const PrefillItem& item : items) {
+    HACK_CHECK(!item.tokens.empty(), "sequence {}: empty prompt", item.seq_id);
+    const SequenceState& st = state(item.seq_id);
+    HACK_CHECK(st.evicted == 0 && !evicts(st.position + static_cast<int>(item.tokens.size())),
+               "prefill batch: sequence {} is pruned by static eviction; prefill it alone", item.seq_id);
+    HACK_CHECK(std::none_of(chunks_.begin(), chunks_.end(), [&](const SequenceChunk& c) { return c.seq_id == item.seq_id; }),
+               "prefill batch: sequence {} appears twice", item.seq_id);
+    total += item.tokens.size();
+    chunks_.push_back(SequenceChunk{item.seq_id, st.position, item.tokens, false, 0});
+  }
+  HACK_CHECK(total <= static_cast<size_t>(options_.prefill_chunk_tokens),
+             "prefill batch: {} tokens, more than one chunk of {}", total, options_.prefill_chunk_tokens);
+  for (const PrefillItem& item : items) kv_.begin_prefill(item.seq_id);
+  LayerDoneFn layer_done;
+  if (on_layer_done) layer_done = on_layer_done;
+  backend_.forward(chunks_, logits, layer_done);
+  for (const PrefillItem& item : items) {
+    state(item.seq_id).position += static_cast<int>(item.tokens.size());
+    kv_.end_prefill(item.seq_id);
+  }
+}
+
 void Engine::evict_layer(int seq_id, int layer) {
   const std::vector<float>& scores =
       scores_[options_.keep.scope == KeepScope::layer ? static_cast<size_t>(layer) : 0];

@@ -53,6 +53,10 @@ void add_prefill_flags(FlagSet& flags, PrefillServerConfig& c) {
                 "prefills whose KV may still be streaming to their decode nodes while the next prompt computes "
                 "(each keeps its KV here until sent; a prompt also waits while the KV budget cannot hold it beside "
                 "them); 0 = the next prompt starts only once the previous one's KV has left");
+  flags.add_int("prefill-batch-jobs", &c.prefill_batch_jobs,
+                "up to this many queued short prompts (each, and all together, within one --prefill-chunk) share one "
+                "batched prefill forward; 1 = every prompt alone, bit-identical to hack-run (a batch rounds logits "
+                "differently in the last bits)");
   flags.add_bool("enable-test-hooks", &c.enable_test_hooks,
                  "honour fault-injection fields (test_corrupt_page), --test-layer-delay-ms and POST "
                  "/internal/test/hold-ucx; never in production");
@@ -137,6 +141,9 @@ struct PrefillServer::Impl {
     HACK_CHECK(config.max_draining_jobs >= 0 && config.max_draining_jobs <= 1024,
                "--max-draining-jobs must be in [0, 1024], got {}", config.max_draining_jobs);
     wo.max_draining_jobs = config.max_draining_jobs;
+    HACK_CHECK(config.prefill_batch_jobs >= 1 && config.prefill_batch_jobs <= 256,
+               "--prefill-batch-jobs must be in [1, 256], got {}", config.prefill_batch_jobs);
+    wo.batch_jobs = config.prefill_batch_jobs;
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
     wo.test_layer_delay_ms = config.test_layer_delay_ms;

@@ -73,7 +73,7 @@ PrefillWorker::~PrefillWorker() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    cancel_running_ = true;
+    for (Draining* d : computing_) d->cancelled = true;
     for (const auto& d : draining_) d->cancelled = true;
     left.swap(queue_);
     queued_tokens_ = 0;
@@ -123,7 +123,8 @@ Status PrefillWorker::submit(PrefillJob job) {
   {
     std::lock_guard lock(mutex_);
     if (stopping_) return Status::error("the prefill worker is shutting down");
-    const bool known = (running_ && running_id_ == job.request_id) ||
+    const bool known = std::any_of(computing_.begin(), computing_.end(),
+                                   [&](const Draining* d) { return d->queued.job.request_id == job.request_id; }) ||
                        std::any_of(draining_.begin(), draining_.end(),
                                    [&](const auto& d) { return !d->reported && d->queued.job.request_id == job.request_id; }) ||
                        std::any_of(queue_.begin(), queue_.end(),
@@ -140,8 +141,9 @@ bool PrefillWorker::cancel(uint64_t request_id) {
   std::optional<Queued> removed;
   {
     std::lock_guard lock(mutex_);
-    if (running_ && running_id_ == request_id) {
-      cancel_running_ = true;
+    for (Draining* d : computing_) {
+      if (d->queued.job.request_id != request_id) continue;
+      d->cancelled = true;  // it stops at its next layer boundary
       return true;
     }
     for (const auto& d : draining_) {
@@ -163,7 +165,7 @@ bool PrefillWorker::cancel(uint64_t request_id) {
 
 int64_t PrefillWorker::queue_tokens() const {
   std::lock_guard lock(mutex_);
-  return queued_tokens_ + (running_ ? running_tokens_ : 0) + draining_tokens_;
+  return queued_tokens_ + computing_tokens_ + draining_tokens_;
 }
 
 PrefillWorkerStats PrefillWorker::stats() const {
@@ -242,14 +244,21 @@ void PrefillWorker::update_kv_stats() {
   stats_.kv_bytes_used = kv.bytes_used;
 }
 
-bool PrefillWorker::may_start(const Queued& next) const {
+bool PrefillWorker::may_start(const Queued& next, size_t batch_bytes) const {
   const auto holding = std::count_if(draining_.begin(), draining_.end(), [](const auto& d) { return !d->freed; });
-  if (holding == 0) return true;  // nothing to wait for: a cache too small fails the job as before
+  // Nothing to wait for: a cache too small fails the job as before.
+  if (holding == 0 && batch_bytes == 0) return true;
   if (holding > options_.max_draining_jobs) return false;
-  // Its reservation must fit beside the sequences still draining (which go soon); otherwise it
-  // waits for them rather than failing.
+  // Its reservation must fit beside the sequences still draining (which go soon) and the
+  // batch's; otherwise it waits for them rather than failing.
   const KvCacheStats kv = kv_->stats();
-  return kv.bytes_capacity == 0 || kv.bytes_reserved + kv_->sequence_bytes(static_cast<int>(next.job.tokens.size())) <= kv.bytes_capacity;
+  return kv.bytes_capacity == 0 ||
+         kv.bytes_reserved + batch_bytes + kv_->sequence_bytes(static_cast<int>(next.job.tokens.size())) <= kv.bytes_capacity;
+}
+
+bool PrefillWorker::batchable(const Queued& q) const {
+  const int n = static_cast<int>(q.job.tokens.size());
+  return n <= options_.engine.prefill_chunk_tokens && q.job.sampling.prompt_logprobs < 0 && !engine_->evicts(n);
 }
 
 void PrefillWorker::poll_drains(bool may_free) {
@@ -345,11 +354,12 @@ void PrefillWorker::report(Draining& d) {
     const size_t tokens = d.queued.job.tokens.size();
     spdlog::info("prefill: request {}: {} tokens ({} restored, {} computed) in {:.1f} ms: queue {:.1f}, setup {:.1f}, "
                  "restore {:.1f} (lookup {:.1f}, vault wait {:.1f}, decode {:.1f}, import {:.1f}; {} blocks' pages kept, tail {} tokens), compute {:.1f}, "
-                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages",
+                 "export {:.1f} (of it quantize {:.1f}, handing to the sender {:.1f}), capture {:.1f}, sample {:.1f}, store {:.1f}, drain {:.1f} ms; {} KV bytes in {} messages; "
+                 "{} job(s) in its prefill step",
                  id, tokens, pr.tokens, tokens - static_cast<size_t>(pr.tokens), tm.total_s * 1e3, tm.queue_s * 1e3, tm.setup_s * 1e3,
                  pr.restore_s * 1e3, pr.lookup_s * 1e3, pr.vault_wait_s * 1e3, pr.decode_s * 1e3, pr.import_s * 1e3, pr.page_blocks, pr.tail_tokens,
                  tm.compute_s * 1e3, tm.export_s * 1e3, tm.quantize_s * 1e3, tm.send_s * 1e3, tm.capture_s * 1e3, tm.sample_s * 1e3, tm.store_s * 1e3,
-                 tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages);
+                 tm.drain_s * 1e3, d.result.kv_bytes, d.result.kv_messages, d.result.step_jobs);
   }
   PrefillJob job;
   {
@@ -388,20 +398,32 @@ void PrefillWorker::run() {
   for (;;) {
     release_unsent();
     poll_drains(true);
-    std::unique_ptr<Draining> d;
+    std::vector<std::unique_ptr<Draining>> batch;  // the job, or a batched step's jobs
     const Draining* oldest = nullptr;  // to wait on when nothing may start
     {
       std::unique_lock lock(mutex_);
       if (stopping_) break;
       if (!queue_.empty() && may_start(queue_.front())) {
-        d = std::make_unique<Draining>();
-        d->queued = std::move(queue_.front());
-        queue_.pop_front();
-        queued_tokens_ -= static_cast<int64_t>(d->queued.job.tokens.size());
-        running_ = true;
-        running_id_ = d->queued.job.request_id;
-        running_tokens_ = static_cast<int64_t>(d->queued.job.tokens.size());
-        cancel_running_ = false;
+        // The head job, and with batch_jobs the short ones right behind it that fit one chunk
+        // with it (FIFO: the first that does not fit ends the batch).
+        const bool batching = options_.batch_jobs > 1 && batchable(queue_.front());
+        size_t batch_bytes = 0;
+        int64_t batch_tokens = 0;
+        do {
+          const auto n = static_cast<int64_t>(queue_.front().job.tokens.size());
+          auto d = std::make_unique<Draining>();
+          d->queued = std::move(queue_.front());
+          queue_.pop_front();
+          queued_tokens_ -= n;
+          batch_tokens += n;
+          batch_bytes += kv_->sequence_bytes(static_cast<int>(n));
+          computing_.push_back(d.get());
+          batch.push_back(std::move(d));
+        } while (batching && !queue_.empty() && static_cast<int>(batch.size()) < options_.batch_jobs &&
+                 batchable(queue_.front()) &&
+                 batch_tokens + static_cast<int64_t>(queue_.front().job.tokens.size()) <= options_.engine.prefill_chunk_tokens &&
+                 may_start(queue_.front(), batch_bytes));
+        computing_tokens_ = batch_tokens;
       } else if (!draining_.empty()) {
         oldest = draining_.front().get();
       } else {
@@ -425,14 +447,21 @@ void PrefillWorker::run() {
       }
       continue;
     }
-    compute(*d);
+    if (batch.size() == 1) {
+      compute(*batch.front());
+    } else {
+      std::vector<Draining*> jobs;
+      for (const auto& d : batch) jobs.push_back(d.get());
+      compute_batch(jobs);
+    }
     {
       std::lock_guard lock(mutex_);
-      running_ = false;
-      running_tokens_ = 0;
-      draining_tokens_ += static_cast<int64_t>(d->queued.job.tokens.size());
-      if (cancel_running_) d->cancelled = true;  // cancelled after its last layer
-      draining_.push_back(std::move(d));
+      computing_.clear();
+      computing_tokens_ = 0;
+      for (auto& d : batch) {
+        draining_tokens_ += static_cast<int64_t>(d->queued.job.tokens.size());
+        draining_.push_back(std::move(d));
+      }
     }
   }
   // Shutting down: the destructor cancelled the draining jobs; end them.
@@ -443,156 +472,251 @@ void PrefillWorker::run() {
   }
 }
 
-void PrefillWorker::compute(Draining& d) {
+struct PrefillWorker::Run {
+  explicit Run(Draining& job) : d(job) {}
+  Draining& d;
+  int seq = 0;
+  std::optional<Sampler> sampler;
+  bool evicting = false;    // static eviction: the KV leaves at the last chunk (sinks excepted)
+  bool all_logits = false;  // prompt logprobs: every position's logits
+  KvExportCursor cursor;
+  int restored = 0;               // tokens restored from the prefix cache
+  PrefixJob prefix;               // its restore's pages and its capture (prefix_ set)
+  std::span<const int> compute;   // the tokens computed: the prompt after `restored`
+  double t_start = 0;
+  double export_s = 0, quantize_s = 0, send_s = 0, capture_s = 0;  // summed over layers and chunks
+  bool live = true;               // not failed inside a batched step
+};
+
+void PrefillWorker::set_failure(Draining& d, const std::exception& e) {
+  const std::string what = e.what();
+  const std::string prefix = fmt::format("request {}", d.queued.job.request_id);
+  d.status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
+}
+
+void PrefillWorker::begin_run(Run& r) {
+  Draining& d = r.d;
   PrefillJob& job = d.queued.job;
   const uint64_t id = job.request_id;
-  const double t_start = monotonic_s();
-  const int seq = d.seq = next_seq_id_++;
-  const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  std::optional<net::EndpointId>& peer = d.peer;
+  r.t_start = monotonic_s();
+  const int seq = r.seq = d.seq = next_seq_id_++;
+  d.peer = resolve(job.peer);
+  engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
+  d.added = true;
+  if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
+  Sampler& sampler = r.sampler.emplace(job.sampling, config_.vocab_size, options_.constraints, job.eos_ids);
+  // A migrated stream: the prompt counts as prompt, the generated tail as this sampler's own
+  // output (penalties, step), so the next draw is the one the first node pair would have made.
+  const size_t prompt_len = job.tokens.size() - static_cast<size_t>(job.generated_tokens);
+  sampler.add_prompt_tokens(std::span<const int>(job.tokens).first(prompt_len));
+  for (size_t i = prompt_len; i < job.tokens.size(); ++i) sampler.record_token(job.tokens[i]);
+  // Static eviction decides which tokens stay only once the prompt's last chunk is done: its
+  // KV leaves then (sinks excepted), not as blocks fill.
+  r.evicting = engine_->evicts(static_cast<int>(job.tokens.size()));
+  if (!r.evicting) r.cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
+  r.all_logits = job.sampling.prompt_logprobs >= 0;
+  d.result.timings.setup_s = monotonic_s() - r.t_start;
+  if (prefix_) {
+    // Restore the longest cached prefix into the prefill bracket, so the rest of the prompt
+    // attends to it exactly as to computed KV; then capture the prompt's new full blocks.
+    const std::vector<BlockKey> keys = prefix_->keys(job.tokens);
+    int restorable = std::min(static_cast<int>(keys.size()), prefix_->restorable_blocks(job.tokens.size()));
+    // With whole_chunks, restore whole prefill chunks only: the rest of the prompt is then
+    // computed in the same chunks as without a cache, so its KV and logits are the same bits
+    // (GEMMs of other shapes round differently).
+    const int block = options_.kv.block_tokens, chunk = options_.engine.prefill_chunk_tokens;
+    const int align_blocks = options_.prefix_cache->whole_chunks ? std::lcm(block, chunk) / block : 1;
+    restorable = restorable / align_blocks * align_blocks;
+    if (r.all_logits) restorable = 0;  // every position's logits are wanted
+    kv_->begin_prefill(seq);
+    const std::span<const BlockKey> restorable_keys = std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable));
+    PrefixRestoreResult rr = prefix_->restore(*kv_, seq, restorable_keys, r.prefix);
+    // A kept tail this prompt continues (its own, or an earlier turn's), so that only what
+    // is new is computed.
+    if (!r.all_logits && restorable == prefix_->restorable_blocks(job.tokens.size()))
+      prefix_->restore_tail(*kv_, seq, job.tokens, restorable_keys, rr);
+    r.restored = rr.tokens;
+    if (r.restored > 0) engine_->adopt_sequence(seq);
+    const int restored_blocks = (r.restored - rr.tail_tokens) / options_.kv.block_tokens;
+    // The prompt's own tail is captured unless it is the one restored.
+    const bool own_tail = r.restored == static_cast<int>(job.tokens.size()) - 1 && rr.tail_tokens > 0;
+    prefix_->begin_capture(r.prefix, keys, restored_blocks, static_cast<int>(keys.size()),
+                           own_tail ? std::span<const int>() : std::span<const int>(job.tokens));
+    // The restored blocks' cached pages (if any) go out as they are, not quantized again.
+    r.cursor.known_pages = PrefixCache::known_pages(r.prefix);
+    d.result.prefix = std::move(rr);
+  }
+  r.compute = std::span<const int>(job.tokens).subspan(static_cast<size_t>(r.restored));
+}
+
+void PrefillWorker::capture_layer(Run& r, int layer) {
+  // The whole prompt, still exact and not yet pruned: a pruned prompt's pages are no
+  // prefix of anything, its full blocks before eviction are.
+  if (!prefix_) return;
+  const double t = monotonic_s();
+  prefix_->capture_layer(r.prefix, *kv_, r.seq, layer);
+  r.capture_s += monotonic_s() - t;
+}
+
+void PrefillWorker::export_layer(Run& r, int layer, bool last_chunk) {
+  const uint64_t id = r.d.queued.job.request_id;
+  const int seq = r.seq;
+  const net::EndpointId peer = *r.d.peer;
+  if (r.d.cancelled) fail("request {} was cancelled", id);
+  if (r.evicting && !last_chunk) return;
+  const double t_layer = monotonic_s();
+  double layer_capture_s = 0;  // counted as capture, not export
+  const auto l = static_cast<uint32_t>(layer);
+  if (last_chunk && options_.send_exact_tail && !r.evicting) {  // a pruned prompt is not recorded
+    const int n = kv_->length(seq, layer), from = n / options_.kv.block_tokens * options_.kv.block_tokens;
+    if (from < n) throw_if_failed(sender_->send_exact_copy(peer, id, l, encode_exact_tokens(*kv_, seq, layer, from, n - from)));
+  }
+  if (last_chunk) {
+    // What export_layer does first on the last chunk, done here to time it on its own: the
+    // blocks left open (a prefix hit's restored tokens, HACK: all of them) are quantized.
+    const double t_quantize = monotonic_s();
+    kv_->close_pending_blocks(seq, layer, r.cursor.known_pages);
+    r.quantize_s += monotonic_s() - t_quantize;
+    if (prefix_ && !r.evicting) {  // the closed pages of the prompt's new blocks, for the next hit
+      const double t_capture = monotonic_s();
+      prefix_->capture_pages(r.prefix, *kv_, seq, layer);
+      layer_capture_s = monotonic_s() - t_capture;
+      r.capture_s += layer_capture_s;
+    }
+  }
+  hack::export_layer(*kv_, seq, layer, last_chunk, r.cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
+    const double t_send = monotonic_s();
+    if (kind == KvMessageKind::hack_page && r.cursor.payload_in_cache) {
+      // A closed HACK page of this sequence: immutable and kept until the sender has let go
+      // of the request (below), so UCX reads it in place.
+      throw_if_failed(sender_->send_page_borrowed(peer, id, l, payload));
+    } else if (kind == KvMessageKind::hack_page) {
+      throw_if_failed(sender_->send_page(peer, id, l, payload));  // peeked early into scratch memory
+    } else {
+      throw_if_failed(sender_->send_exact(peer, id, l, std::vector<std::byte>(payload.begin(), payload.end())));
+    }
+    r.send_s += monotonic_s() - t_send;
+  });
+  // A chunk's pages of this layer leave now, not with the next chunk's (layer_done sends
+  // what is pending too).
+  const double t_flush = monotonic_s();
+  throw_if_failed(last_chunk ? sender_->layer_done(peer, id, l) : sender_->flush(peer, id));
+  const double t_layer_end = monotonic_s();
+  r.send_s += t_layer_end - t_flush;
+  r.export_s += t_layer_end - t_layer - layer_capture_s;
+}
+
+void PrefillWorker::end_run(Run& r, std::span<float> logits) {
+  Draining& d = r.d;
+  PrefillJob& job = d.queued.job;
   PrefillResult& result = d.result;
+  const double t_prefilled = monotonic_s();
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  if (r.all_logits) {
+    result.prompt_logprobs = prompt_logprobs(logits, job.tokens,
+                                             static_cast<int>(vocab), job.sampling.prompt_logprobs);
+  }
+  // The first token, as generate() samples it.
+  const std::span<float> row = logits.subspan(r.all_logits ? (job.tokens.size() - 1) * vocab : 0, vocab);
+  suppress_ending_tokens(row, job.sampling, job.eos_ids, job.generated_tokens);
+  result.first = r.sampler->sample(row);
+  result.seed = r.sampler->seed();
+  result.prompt_tokens = static_cast<int>(job.tokens.size());
+  result.kv_bytes = r.cursor.bytes;
+  result.kv_messages = r.cursor.messages;
+  throw_if_failed(sender_->request_done(*d.peer, job.request_id, done_payload(result.first, result.seed, result.prompt_tokens)));
+  const double t_sampled = monotonic_s();
+  if (prefix_) prefix_->finish_capture(r.prefix);
+  const double t_stored = monotonic_s();
+
+  d.t_stored = t_stored;
+  PrefillTimings& tm = result.timings;
+  tm.export_s = r.export_s;
+  tm.send_s = r.send_s;
+  tm.quantize_s = r.quantize_s;
+  tm.capture_s = r.capture_s;
+  tm.queue_s = r.t_start - d.queued.submitted_s;
+  tm.prefill_s = t_prefilled - r.t_start;
+  tm.sample_s = t_sampled - t_prefilled;
+  tm.store_s = t_stored - t_sampled;
+}
+
+void PrefillWorker::compute(Draining& d) {
+  Run r(d);
   try {
-    peer = resolve(job.peer);
-    engine_->add_sequence(seq, static_cast<int>(job.tokens.size()));
-    d.added = true;
-    if (job.corrupt_page_for_test) sender_->corrupt_next_page_for_test(id);
-    Sampler sampler(job.sampling, static_cast<int>(vocab), options_.constraints, job.eos_ids);
-    // A migrated stream: the prompt counts as prompt, the generated tail as this sampler's own
-    // output (penalties, step), so the next draw is the one the first node pair would have made.
-    const size_t prompt_len = job.tokens.size() - static_cast<size_t>(job.generated_tokens);
-    sampler.add_prompt_tokens(std::span<const int>(job.tokens).first(prompt_len));
-    for (size_t i = prompt_len; i < job.tokens.size(); ++i) sampler.record_token(job.tokens[i]);
-    // Static eviction decides which tokens stay only once the prompt's last chunk is done: its
-    // KV leaves then (sinks excepted), not as blocks fill.
-    const bool evicting = engine_->evicts(static_cast<int>(job.tokens.size()));
-    KvExportCursor cursor;
-    if (!evicting) cursor.prompt_tokens = static_cast<int>(job.tokens.size());  // pages stream as blocks fill
-    int restored = 0;
-    result.timings.setup_s = monotonic_s() - t_start;
-    if (prefix_) {
-      // Restore the longest cached prefix into the prefill bracket, so the rest of the prompt
-      // attends to it exactly as to computed KV; then capture the prompt's new full blocks.
-      const std::vector<BlockKey> keys = prefix_->keys(job.tokens);
-      int restorable = std::min(static_cast<int>(keys.size()), prefix_->restorable_blocks(job.tokens.size()));
-      // With whole_chunks, restore whole prefill chunks only: the rest of the prompt is then
-      // computed in the same chunks as without a cache, so its KV and logits are the same bits
-      // (GEMMs of other shapes round differently).
-      const int block = options_.kv.block_tokens, chunk = options_.engine.prefill_chunk_tokens;
-      const int align_blocks = options_.prefix_cache->whole_chunks ? std::lcm(block, chunk) / block : 1;
-      restorable = restorable / align_blocks * align_blocks;
-      if (job.sampling.prompt_logprobs >= 0) restorable = 0;  // every position's logits are wanted
-      kv_->begin_prefill(seq);
-      const std::span<const BlockKey> restorable_keys = std::span<const BlockKey>(keys).first(static_cast<size_t>(restorable));
-      PrefixRestoreResult rr = prefix_->restore(*kv_, seq, restorable_keys);
-      // A kept tail this prompt continues (its own, or an earlier turn's), so that only what
-      // is new is computed.
-      if (job.sampling.prompt_logprobs < 0 && restorable == prefix_->restorable_blocks(job.tokens.size()))
-        prefix_->restore_tail(*kv_, seq, job.tokens, restorable_keys, rr);
-      restored = rr.tokens;
-      if (restored > 0) engine_->adopt_sequence(seq);
-      const int restored_blocks = (restored - rr.tail_tokens) / options_.kv.block_tokens;
-      // The prompt's own tail is captured unless it is the one restored.
-      const bool own_tail = restored == static_cast<int>(job.tokens.size()) - 1 && rr.tail_tokens > 0;
-      prefix_->begin_capture(keys, restored_blocks, static_cast<int>(keys.size()),
-                             own_tail ? std::span<const int>() : std::span<const int>(job.tokens));
-      // The restored blocks' cached pages (if any) go out as they are, not quantized again.
-      cursor.known_pages = prefix_->known_pages();
-      result.prefix = std::move(rr);
-    }
+    begin_run(r);
     std::vector<float> logits;  // [vocab], or [prompt][vocab] when prompt logprobs are wanted
-    const bool all_logits = job.sampling.prompt_logprobs >= 0;
-    const std::span<const int> compute = std::span<const int>(job.tokens).subspan(static_cast<size_t>(restored));
-    double export_s = 0, quantize_s = 0, send_s = 0, capture_s = 0;  // summed over layers and chunks
-    auto capture = [&](int layer) {
-      // The whole prompt, still exact and not yet pruned: a pruned prompt's pages are no
-      // prefix of anything, its full blocks before eviction are.
-      if (!prefix_) return;
-      const double t = monotonic_s();
-      prefix_->capture_layer(*kv_, seq, layer);
-      capture_s += monotonic_s() - t;
-    };
     const double t_compute = monotonic_s();
-    engine_->prefill(seq, compute, logits, all_logits, [&](int layer, bool last_chunk) {
-      if (cancel_running_) fail("request {} was cancelled", id);
+    engine_->prefill(r.seq, r.compute, logits, r.all_logits, [&](int layer, bool last_chunk) {
       if (!draining_.empty()) poll_drains(/*may_free=*/false);  // earlier jobs' drains end while this one computes
-      if (evicting && !last_chunk) return;
-      const double t_layer = monotonic_s();
-      double layer_capture_s = 0;  // counted as capture, not export
-      const auto l = static_cast<uint32_t>(layer);
-      if (last_chunk && options_.send_exact_tail && !evicting) {  // a pruned prompt is not recorded
-        const int n = kv_->length(seq, layer), from = n / options_.kv.block_tokens * options_.kv.block_tokens;
-        if (from < n) throw_if_failed(sender_->send_exact_copy(*peer, id, l, encode_exact_tokens(*kv_, seq, layer, from, n - from)));
-      }
-      if (last_chunk) {
-        // What export_layer does first on the last chunk, done here to time it on its own: the
-        // blocks left open (a prefix hit's restored tokens, HACK: all of them) are quantized.
-        const double t_quantize = monotonic_s();
-        kv_->close_pending_blocks(seq, layer, cursor.known_pages);
-        quantize_s += monotonic_s() - t_quantize;
-        if (prefix_ && !evicting) {  // the closed pages of the prompt's new blocks, for the next hit
-          const double t_capture = monotonic_s();
-          prefix_->capture_pages(*kv_, seq, layer);
-          layer_capture_s = monotonic_s() - t_capture;
-          capture_s += layer_capture_s;
-        }
-      }
-      export_layer(*kv_, seq, layer, last_chunk, cursor, [&](KvMessageKind kind, std::span<const std::byte> payload) {
-        const double t_send = monotonic_s();
-        if (kind == KvMessageKind::hack_page && cursor.payload_in_cache) {
-          // A closed HACK page of this sequence: immutable and kept until the sender has let go
-          // of the request (below), so UCX reads it in place.
-          throw_if_failed(sender_->send_page_borrowed(*peer, id, l, payload));
-        } else if (kind == KvMessageKind::hack_page) {
-          throw_if_failed(sender_->send_page(*peer, id, l, payload));  // peeked early into scratch memory
-        } else {
-          throw_if_failed(sender_->send_exact(*peer, id, l, std::vector<std::byte>(payload.begin(), payload.end())));
-        }
-        send_s += monotonic_s() - t_send;
-      });
-      // A chunk's pages of this layer leave now, not with the next chunk's (layer_done sends
-      // what is pending too).
-      const double t_flush = monotonic_s();
-      throw_if_failed(last_chunk ? sender_->layer_done(*peer, id, l) : sender_->flush(*peer, id));
-      const double t_layer_end = monotonic_s();
-      send_s += t_layer_end - t_flush;
-      export_s += t_layer_end - t_layer - layer_capture_s;
-      if (options_.test_layer_delay_ms > 0) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
-      }
-    }, capture);
-    const double t_prefilled = monotonic_s();
-    result.timings.export_s = export_s;
-    result.timings.send_s = send_s;
-    result.timings.quantize_s = quantize_s;
-    result.timings.capture_s = capture_s;
-    result.timings.compute_s = t_prefilled - t_compute - export_s - capture_s;
-
-    if (all_logits) {
-      result.prompt_logprobs =
-          prompt_logprobs(logits, job.tokens, static_cast<int>(vocab), job.sampling.prompt_logprobs);
-    }
-    // The first token, as generate() samples it.
-    const std::span<float> row(logits.data() + (all_logits ? (job.tokens.size() - 1) * vocab : 0), vocab);
-    suppress_ending_tokens(row, job.sampling, job.eos_ids, job.generated_tokens);
-    result.first = sampler.sample(row);
-    result.seed = sampler.seed();
-    result.prompt_tokens = static_cast<int>(job.tokens.size());
-    result.kv_bytes = cursor.bytes;
-    result.kv_messages = cursor.messages;
-    throw_if_failed(sender_->request_done(*peer, id, done_payload(result.first, result.seed, result.prompt_tokens)));
-    const double t_sampled = monotonic_s();
-    if (prefix_) prefix_->finish_capture();
-    const double t_stored = monotonic_s();
-
-    d.t_stored = t_stored;
-    result.timings.queue_s = t_start - d.queued.submitted_s;
-    result.timings.prefill_s = t_prefilled - t_start;
-    result.timings.sample_s = t_sampled - t_prefilled;
-    result.timings.store_s = t_stored - t_sampled;
+      export_layer(r, layer, last_chunk);
+      if (options_.test_layer_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
+    }, [&](int layer) { capture_layer(r, layer); });
+    d.result.timings.compute_s = monotonic_s() - t_compute - r.export_s - r.capture_s;
+    end_run(r, logits);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    const std::string prefix = fmt::format("request {}", id);
-    d.status = Status::error(what.starts_with(prefix) ? what : prefix + ": " + what);
+    set_failure(d, e);
+  }
+}
+
+void PrefillWorker::compute_batch(std::span<Draining* const> jobs) {
+  std::vector<std::unique_ptr<Run>> runs;  // stable addresses: cursors point into their PrefixJob
+  for (Draining* d : jobs) {
+    auto r = std::make_unique<Run>(*d);
+    try {
+      begin_run(*r);
+      runs.push_back(std::move(r));
+    } catch (const std::exception& e) {
+      set_failure(*d, e);  // fails alone; the others still share the step
+    }
+  }
+  if (runs.empty()) return;
+  if (runs.size() > 1) {
+    std::lock_guard lock(mutex_);
+    ++stats_.batched_steps;
+    stats_.batched_jobs += runs.size();
+  }
+  std::vector<Engine::PrefillItem> items;
+  for (const auto& r : runs) items.push_back(Engine::PrefillItem{r->seq, r->compute});
+  std::vector<float> logits;  // [runs][vocab]
+  const double t_compute = monotonic_s();
+  try {
+    engine_->prefill_batch(items, logits, [&](int layer) {
+      if (!draining_.empty()) poll_drains(/*may_free=*/false);
+      // Each job's layer is final here, as in a single prefill's last chunk. One that fails
+      // (a cancel, a broken transport) drops out; its rows are still computed with the rest.
+      for (const auto& r : runs) {
+        if (!r->live) continue;
+        try {
+          capture_layer(*r, layer);
+          export_layer(*r, layer, /*last_chunk=*/true);
+        } catch (const std::exception& e) {
+          set_failure(r->d, e);
+          r->live = false;
+        }
+      }
+      if (options_.test_layer_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_layer_delay_ms));
+    });
+  } catch (const std::exception& e) {
+    for (const auto& r : runs) {
+      if (r->live) set_failure(r->d, e);
+      r->live = false;
+    }
+  }
+  // The shared forward's time, less every job's export and capture inside it.
+  double compute_s = monotonic_s() - t_compute;
+  for (const auto& r : runs) compute_s -= r->export_s + r->capture_s;
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Run& r = *runs[i];
+    if (!r.live) continue;
+    r.d.result.timings.compute_s = compute_s;
+    r.d.result.step_jobs = static_cast<int>(runs.size());
+    try {
+      end_run(r, std::span<float>(logits).subspan(i * vocab, vocab));
+    } catch (const std::exception& e) {
+      set_failure(r.d, e);
+    }
   }
 }
 

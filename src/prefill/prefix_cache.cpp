@@ -60,12 +60,12 @@ void PrefixCache::restore_local_layer(PagedKv& cache, int seq_id, int layer,
   }
 }
 
-PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys) {
+PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys, PrefixJob& job) {
   PrefixRestoreResult r;
   const double t0 = monotonic_s();
   restore_times_ = {};
-  restored_pages_.clear();
-  known_.clear();
+  job.restored_pages.clear();
+  job.known.clear();
   std::vector<vault::BlockPtr> local;
   if (local_ && !keys.empty()) local = local_->promote(options_.name_space, keys);
   const size_t rest = keys.size() - local.size();
@@ -157,8 +157,8 @@ PrefixRestoreResult PrefixCache::restore(PagedKv& cache, int seq_id, std::span<c
   r.tokens = (r.local_blocks + r.vault_blocks) * block_tokens_;
   if (r.tokens > 0) {
     const double t_pages = monotonic_s();
-    find_pages(cache, keys, r.local_blocks + r.vault_blocks);
-    r.page_blocks = known_.empty() ? 0 : static_cast<int>(known_[0].size());
+    find_pages(job, cache, keys, r.local_blocks + r.vault_blocks);
+    r.page_blocks = job.known.empty() ? 0 : static_cast<int>(job.known[0].size());
     r.lookup_s += monotonic_s() - t_pages;
   }
   r.restore_s = monotonic_s() - t0;
@@ -228,76 +228,70 @@ int PrefixCache::restore_tail(PagedKv& cache, int seq_id, std::span<const int> p
   return n;
 }
 
-void PrefixCache::begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks,
-                                std::span<const int> prompt) {
-  capture_keys_.assign(all_keys.begin(), all_keys.end());
-  capture_first_ = first_new_block;
-  capture_end_ = full_blocks;
-  HACK_CHECK(capture_end_ <= static_cast<int>(capture_keys_.size()), "prefix cache: {} blocks to capture, {} keys",
-             capture_end_, capture_keys_.size());
-  capture_slices_.assign(static_cast<size_t>(std::max(0, capture_end_ - capture_first_)), {});
-  tail_tokens_ = 0;
-  tail_slices_.clear();
+void PrefixCache::begin_capture(PrefixJob& job, std::span<const BlockKey> all_keys, int first_new_block,
+                                int full_blocks, std::span<const int> prompt) {
+  job.keys.assign(all_keys.begin(), all_keys.end());
+  job.first = first_new_block;
+  job.end = full_blocks;
+  HACK_CHECK(job.end <= static_cast<int>(job.keys.size()), "prefix cache: {} blocks to capture, {} keys", job.end,
+             job.keys.size());
+  job.slices.assign(static_cast<size_t>(std::max(0, job.end - job.first)), {});
+  job.tail_tokens = 0;
+  job.tail_slices.clear();
   if (!tails() || prompt.empty()) return;
   const int r = restorable_blocks(prompt.size());
-  tail_first_ = r * block_tokens_;
-  const int n = static_cast<int>(prompt.size()) - 1 - tail_first_;
-  if (n <= 0 || static_cast<int>(capture_keys_.size()) < r) return;
-  tail_tokens_ = n;
-  tail_parent_ = r == 0 ? root_ : capture_keys_[static_cast<size_t>(r - 1)];
-  tail_key_ = tail_key(tail_parent_, prompt.subspan(static_cast<size_t>(tail_first_), static_cast<size_t>(n)));
+  job.tail_first = r * block_tokens_;
+  const int n = static_cast<int>(prompt.size()) - 1 - job.tail_first;
+  if (n <= 0 || static_cast<int>(job.keys.size()) < r) return;
+  job.tail_tokens = n;
+  job.tail_parent = r == 0 ? root_ : job.keys[static_cast<size_t>(r - 1)];
+  job.tail_key = tail_key(job.tail_parent, prompt.subspan(static_cast<size_t>(job.tail_first), static_cast<size_t>(n)));
 }
 
-void PrefixCache::capture_layer(const PagedKv& cache, int seq_id, int layer) {
-  if (tail_tokens_ > 0) {
-    HACK_CHECK(static_cast<int>(tail_slices_.size()) == layer, "prefix cache: tail layer {} captured out of order", layer);
-    tail_slices_.emplace_back();
-    encode_kv_block_layer(cache, seq_id, layer, tail_first_, tail_tokens_, BlockCodec::exact, tail_slices_.back());
+void PrefixCache::capture_layer(PrefixJob& job, const PagedKv& cache, int seq_id, int layer) {
+  if (job.tail_tokens > 0) {
+    HACK_CHECK(static_cast<int>(job.tail_slices.size()) == layer, "prefix cache: tail layer {} captured out of order", layer);
+    job.tail_slices.emplace_back();
+    encode_kv_block_layer(cache, seq_id, layer, job.tail_first, job.tail_tokens, BlockCodec::exact, job.tail_slices.back());
   }
-  for (int b = capture_first_; b < capture_end_; ++b) {
-    auto& slices = capture_slices_[static_cast<size_t>(b - capture_first_)];
+  for (int b = job.first; b < job.end; ++b) {
+    auto& slices = job.slices[static_cast<size_t>(b - job.first)];
     HACK_CHECK(static_cast<int>(slices.size()) == layer, "prefix cache: layer {} captured out of order", layer);
     slices.emplace_back();
     encode_kv_block_layer(cache, seq_id, layer, b * block_tokens_, block_tokens_, options_.codec, slices.back());
   }
 }
 
-int PrefixCache::finish_capture() {
+int PrefixCache::finish_capture(PrefixJob& job) {
   int stored = 0;
-  for (int b = capture_first_; b < capture_end_; ++b) {
-    auto& slices = capture_slices_[static_cast<size_t>(b - capture_first_)];
+  for (int b = job.first; b < job.end; ++b) {
+    auto& slices = job.slices[static_cast<size_t>(b - job.first)];
     if (static_cast<int>(slices.size()) != shape_.num_layers) break;  // the prefill stopped early
     std::vector<std::byte> value =
         assemble_kv_block(options_.codec, dtype_, shape_, int64_t{b} * block_tokens_, block_tokens_, slices);
     const auto bi = static_cast<size_t>(b);
-    store_block(capture_keys_[bi], b == 0 ? root_ : capture_keys_[bi - 1], b == 0, std::move(value));
+    store_block(job.keys[bi], b == 0 ? root_ : job.keys[bi - 1], b == 0, std::move(value));
     ++stored;
   }
   const size_t layers = static_cast<size_t>(shape_.num_layers);
-  for (size_t i = 0; i < capture_pages_.size(); ++i) {
-    auto& pages = capture_pages_[i];
+  for (size_t i = 0; i < job.pages.size(); ++i) {
+    auto& pages = job.pages[i];
     if (pages.size() != layers) break;  // the prefill stopped early
     std::vector<std::byte> value;
     for (const auto& page : pages) value.insert(value.end(), page.begin(), page.end());
-    const int b = capture_page_first_ + static_cast<int>(i), k = b + page_key_offset_;
+    const int b = job.page_first + static_cast<int>(i), k = b + page_key_offset_;
     const auto ki = static_cast<size_t>(k);
-    put_local(pages_space_, capture_keys_[ki], k == 0 ? root_ : capture_keys_[ki - 1], b == 0, std::move(value));
+    put_local(pages_space_, job.keys[ki], k == 0 ? root_ : job.keys[ki - 1], b == 0, std::move(value));
   }
-  if (tail_tokens_ > 0 && static_cast<int>(tail_slices_.size()) == shape_.num_layers) {
-    put_local(tail_space_, tail_key_, tail_parent_, /*first=*/true,
-              assemble_kv_block(BlockCodec::exact, dtype_, shape_, tail_first_, tail_tokens_, tail_slices_));
+  if (job.tail_tokens > 0 && static_cast<int>(job.tail_slices.size()) == shape_.num_layers) {
+    put_local(tail_space_, job.tail_key, job.tail_parent, /*first=*/true,
+              assemble_kv_block(BlockCodec::exact, dtype_, shape_, job.tail_first, job.tail_tokens, job.tail_slices));
   }
-  tail_tokens_ = 0;
-  tail_slices_.clear();
-  capture_slices_.clear();
-  capture_pages_.clear();
-  capture_first_ = capture_end_ = 0;
-  restored_pages_.clear();
-  known_.clear();
+  job = PrefixJob{};
   return stored;
 }
 
-void PrefixCache::find_pages(const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks) {
+void PrefixCache::find_pages(PrefixJob& job, const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks) {
   const KvCacheOptions& o = cache.options();
   if (!options_.keep_pages || !local_ || o.mode != KvMode::hack) return;
   HACK_CHECK(o.block_tokens == block_tokens_, "prefix cache: blocks of {} tokens, the cache's of {}", block_tokens_,
@@ -313,41 +307,41 @@ void PrefixCache::find_pages(const PagedKv& cache, std::span<const BlockKey> key
     offsets.push_back(total);
     total += cache.hack_layout(l).page_bytes();
   }
-  known_.assign(static_cast<size_t>(shape_.num_layers), {});
+  job.known.assign(static_cast<size_t>(shape_.num_layers), {});
   for (const vault::BlockPtr& b : got) {
     if (b->value.size() != total) {  // another layout (cannot happen under one fingerprint): not used
       spdlog::warn("prefix cache: cached pages of {} bytes, the cache's layout needs {}; quantizing instead",
                    b->value.size(), total);
       break;
     }
-    for (size_t l = 0; l < known_.size(); ++l) known_[l].push_back(b->value.data() + offsets[l]);
-    restored_pages_.push_back(b);
+    for (size_t l = 0; l < job.known.size(); ++l) job.known[l].push_back(b->value.data() + offsets[l]);
+    job.restored_pages.push_back(b);
   }
 }
 
-KnownPages PrefixCache::known_pages() const {
-  if (known_.empty() || known_[0].empty()) return {};
-  return [this](int layer, int block) -> const std::byte* {
-    const auto& pages = known_[static_cast<size_t>(layer)];
+KnownPages PrefixCache::known_pages(const PrefixJob& job) {
+  if (job.known.empty() || job.known[0].empty()) return {};
+  return [&job](int layer, int block) -> const std::byte* {
+    const auto& pages = job.known[static_cast<size_t>(layer)];
     return block >= 0 && static_cast<size_t>(block) < pages.size() ? pages[static_cast<size_t>(block)] : nullptr;
   };
 }
 
-void PrefixCache::capture_pages(const PagedKv& cache, int seq_id, int layer) {
-  if (!options_.keep_pages || !local_ || cache.options().mode != KvMode::hack || capture_keys_.empty()) return;
+void PrefixCache::capture_pages(PrefixJob& job, const PagedKv& cache, int seq_id, int layer) {
+  if (!options_.keep_pages || !local_ || cache.options().mode != KvMode::hack || job.keys.empty()) return;
   if (layer == 0) {
     // New pages: from the first one the restore did not find, up to the last one closed whose
     // key (the block holding its last token) is a full block of the prompt.
     page_key_offset_ = page_key_offset(cache.options().sinks, block_tokens_);
-    capture_page_first_ = known_.empty() ? 0 : static_cast<int>(known_[0].size());
-    const int end = std::min(cache.hack_page_count(seq_id, 0), capture_end_ - page_key_offset_);
-    capture_pages_.assign(static_cast<size_t>(std::max(0, end - capture_page_first_)), {});
+    job.page_first = job.known.empty() ? 0 : static_cast<int>(job.known[0].size());
+    const int end = std::min(cache.hack_page_count(seq_id, 0), job.end - page_key_offset_);
+    job.pages.assign(static_cast<size_t>(std::max(0, end - job.page_first)), {});
   }
   const size_t page_bytes = cache.hack_layout(layer).page_bytes();
-  for (size_t i = 0; i < capture_pages_.size(); ++i) {
-    auto& pages = capture_pages_[i];
+  for (size_t i = 0; i < job.pages.size(); ++i) {
+    auto& pages = job.pages[i];
     HACK_CHECK(static_cast<int>(pages.size()) == layer, "prefix cache: pages of layer {} captured out of order", layer);
-    const int b = capture_page_first_ + static_cast<int>(i);
+    const int b = job.page_first + static_cast<int>(i);
     pages.emplace_back(page_bytes);
     const std::span<const std::byte> host = cache.host_hack_page(seq_id, layer, b);
     if (host.empty()) {

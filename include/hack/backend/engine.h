@@ -63,6 +63,23 @@ class Engine {
   void prefill(int seq_id, std::span<const int> tokens, std::vector<float>& logits, bool all_logits = false,
                const std::function<void(int layer, bool last_chunk)>& on_layer_done = {},
                const std::function<void(int layer)>& before_evict = {});
+  /// One prompt of a batched prefill step.
+  struct PrefillItem {
+    int seq_id = 0;
+    std::span<const int> tokens;
+  };
+  /// Prefills several short prompts in one forward (llama.cpp and vLLM batch waiting prompts
+  /// the same way): each item's tokens continue its sequence (a restored prefix included) and
+  /// end its prompt. `logits` gets one row per item, in order: its last token's logits
+  /// [items][vocab]. `on_layer_done(layer)` runs after each layer, when every item's KV of the
+  /// layer is final (a caller exports and captures them there; an exception it throws aborts
+  /// the forward, as in Backend::forward). The items together hold at most
+  /// options().prefill_chunk_tokens tokens, no static eviction (a caller checks evicts()), no
+  /// prompt logprobs. A batch of other GEMM shapes rounds differently from one prefill() per
+  /// prompt in the last bits: only callers that allow that batch (hack-prefill
+  /// --prefill-batch-jobs). Throws hack::Error, nothing run, when an item breaks these rules.
+  void prefill_batch(std::span<const PrefillItem> items, std::vector<float>& logits,
+                     const std::function<void(int layer)>& on_layer_done = {});
   const EngineOptions& options() const { return options_; }
   /// One decode step: tokens[i] is the next token of seq_ids[i]; logits [n][vocab].
   void decode(std::span<const int> seq_ids, std::span<const int> tokens, std::vector<float>& logits);

@@ -29,6 +29,7 @@ struct PrefillServerConfig {
   int send_retries = 1;       ///< PrefillWorkerOptions::send_retries
   float send_retry_wait_s = 5; ///< PrefillWorkerOptions::retry_wait_s
   int max_draining_jobs = 4;   ///< PrefillWorkerOptions::max_draining_jobs (0: no pipelining)
+  int prefill_batch_jobs = 1;  ///< PrefillWorkerOptions::batch_jobs (1: no batched prefill)
   bool enable_test_hooks = false;  ///< honour test_corrupt_page, --test-layer-delay-ms, POST /internal/test/hold-ucx
   int test_layer_delay_ms = 0;
   std::string prefix_cache_bytes = "256M";  ///< local prefix cache budget (K/M/G suffix); "0" = none

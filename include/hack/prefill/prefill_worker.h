@@ -5,6 +5,9 @@
 /// of layer l overlaps the compute of layers l+1..; then the first token is sampled, sent
 /// in request_done's payload, and the job ends once every message has left.
 ///
+/// With PrefillWorkerOptions::batch_jobs > 1, short prompts waiting together are computed in
+/// one forward (Engine::prefill_batch), each still exported, sampled and drained as its own job.
+///
 /// Jobs are pipelined: once job i's compute has ended, its messages drain while the engine
 /// thread computes job i+1. A job starts while at most PrefillWorkerOptions::max_draining_jobs
 /// earlier ones drain, and only when the cache's byte budget can reserve its sequence beside
@@ -29,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <variant>
@@ -73,6 +77,16 @@ struct PrefillWorkerOptions {
   /// the cache's byte budget can reserve its sequence beside theirs. 0: a job starts only
   /// once the previous one has drained (no pipelining).
   int max_draining_jobs = 4;
+  /// Up to this many queued short prompts share one forward (a batched prefill step, as
+  /// llama.cpp's server and vLLM batch waiting prompts): consecutive jobs at the queue's head
+  /// whose prompts each and all together fit one prefill chunk (EngineOptions::
+  /// prefill_chunk_tokens), without prompt logprobs or static eviction, and whose sequences the
+  /// byte budget holds together. Each job keeps its own restore, capture, export, cancel and
+  /// failure; a job that fails or is cancelled inside the step fails alone. 1 (the default):
+  /// every job alone, so the cluster's output is hack-run's bit for bit; > 1 rounds a batched
+  /// prompt's logits differently in the last bits (GEMMs of other shapes), so its first token
+  /// may differ where two candidates are nearly tied (RESULTS "Batched short-prompt prefill").
+  int batch_jobs = 1;
 };
 
 /// Where a job's KV goes: an endpoint of the worker's UcxWorker, or a decode node's UCX
@@ -112,6 +126,7 @@ struct PrefillResult {
   int prompt_tokens = 0;
   std::vector<SampleResult> prompt_logprobs;  ///< when sampling.prompt_logprobs >= 0 (prompt_logprobs())
   PrefixRestoreResult prefix;  ///< what was restored instead of computed
+  int step_jobs = 1;           ///< jobs in the forward that computed it (> 1: a batched step, batch_jobs)
   PrefillTimings timings;
 };
 
@@ -142,6 +157,8 @@ struct PrefillWorkerStats {
   uint64_t connects_by_address = 0;   ///< decode endpoints opened by worker address (same host)
   uint64_t connects_by_listener = 0;  ///< decode endpoints opened by host:port
   uint64_t kv_bytes_sent = 0;      ///< KV payload bytes of jobs that succeeded
+  uint64_t batched_steps = 0;      ///< forwards that prefilled several jobs together (batch_jobs)
+  uint64_t batched_jobs = 0;       ///< the jobs in them
   int64_t kv_sequences = 0;        ///< sequences in the prefill cache after the last job (0: all freed)
   size_t kv_bytes_used = 0;        ///< its bytes then
 };
@@ -202,9 +219,25 @@ class PrefillWorker {
     bool freed = false;       ///< its sequence is freed (or handed to unsent_)
   };
   void run();
+  /// One job's compute in progress (the .cpp): what its layer callbacks and its end share.
+  struct Run;
   /// The job's compute: the prefill, its KV handed to the sender, the first token sampled and
   /// request_done queued. A failure is left in d.status.
   void compute(Draining& d);
+  /// Several short jobs' computes in one forward (batch_jobs); each as compute() would, each
+  /// failure left in its own d.status.
+  void compute_batch(std::span<Draining* const> jobs);
+  /// compute()'s steps: setup and prefix restore (throws on failure); one layer's capture and
+  /// export; the first token sampled from the job's logits (`all`: [prompt][vocab] when prompt
+  /// logprobs are wanted, else its last row) and request_done handed to the sender.
+  void begin_run(Run& r);
+  void capture_layer(Run& r, int layer);
+  void export_layer(Run& r, int layer, bool last_chunk);
+  void end_run(Run& r, std::span<float> logits);
+  /// Leaves the failure in d.status, named by the request.
+  static void set_failure(Draining& d, const std::exception& e);
+  /// Whether a queued job may share a batched prefill step (batch_jobs).
+  bool batchable(const Queued& q) const;
   /// Engine thread: moves every draining job on without waiting — settles it (its messages
   /// left, it failed, was cancelled or timed out), waits for UCX to let go of it (up to a
   /// deadline), reports it (or queues it again) and, with may_free (no forward running), frees
@@ -213,8 +246,9 @@ class PrefillWorker {
   void free_sequence(Draining& d);
   /// Books the ended job and calls on_done, or queues it again (retry).
   void report(Draining& d);
-  /// Whether `next` may start now beside the jobs still draining (mutex_ held).
-  bool may_start(const Queued& next) const;
+  /// Whether `next` may start now beside the jobs still draining and, in a batched step, the
+  /// `batch_bytes` its earlier jobs reserve (mutex_ held).
+  bool may_start(const Queued& next, size_t batch_bytes = 0) const;
   net::EndpointId resolve(const DecodePeer& peer);
   /// Closes an endpoint whose transport broke and forgets it (any thread).
   void drop_endpoint(net::EndpointId endpoint, const Status& reason);
@@ -239,12 +273,12 @@ class PrefillWorker {
   std::condition_variable wake_;
   std::deque<Queued> queue_;
   bool stopping_ = false;
-  uint64_t running_id_ = 0;        // the computing job
-  bool running_ = false;           // a job computes
-  int64_t running_tokens_ = 0;     // its prompt tokens
+  // The computing jobs (one, or a batched step's): cancel() sets their `cancelled`. Owned by
+  // the engine thread's run() while they compute.
+  std::vector<Draining*> computing_;
+  int64_t computing_tokens_ = 0;   // their prompt tokens
   int64_t draining_tokens_ = 0;    // prompt tokens of draining jobs not yet reported
   int64_t queued_tokens_ = 0;
-  std::atomic<bool> cancel_running_{false};
   // Jobs past their compute, oldest first. Changed by the engine thread only, under mutex_ (so
   // cancel() and submit() may read it).
   std::list<std::unique_ptr<Draining>> draining_;

@@ -93,6 +93,30 @@ struct PrefixRestoreResult {
   std::string vault_error; ///< why vault blocks were not used ("" when they were or none were asked)
 };
 
+/// One prompt's state in a PrefixCache between its restore and finish_capture: the pages its
+/// restore found and the blocks, pages and tail captured so far. Owned by the caller (one per
+/// prompt in flight); opaque to it.
+struct PrefixJob {
+  // capture in progress: [first, end) of keys, slices per block per layer
+  std::vector<BlockKey> keys;
+  int first = 0;
+  int end = 0;
+  std::vector<std::vector<std::vector<std::byte>>> slices;
+  // keep_pages: the restored pages ([block] → value, [layer][block] → page); captured pages
+  // from page_first, [page][layer] → bytes.
+  std::vector<vault::BlockPtr> restored_pages;
+  std::vector<std::vector<const std::byte*>> known;
+  int page_first = 0;
+  std::vector<std::vector<std::vector<std::byte>>> pages;
+  // keep_tail: tokens [tail_first, +tail_tokens) under tail_key, whose prefix is tail_parent;
+  // slices per layer.
+  int tail_first = 0;
+  int tail_tokens = 0;
+  BlockKey tail_key{};
+  BlockKey tail_parent{};
+  std::vector<std::vector<std::byte>> tail_slices;
+};
+
 /// Used by one thread (the prefill worker's engine thread).
 class PrefixCache {
  public:
@@ -107,8 +131,9 @@ class PrefixCache {
   /// give the first generated token).
   int restorable_blocks(size_t prompt_tokens) const;
   /// Restores the longest cached prefix of `keys` into `seq_id` of `cache` (empty, its prefill
-  /// bracket open). Throws hack::Error only for a local problem (the cache refusing a block).
-  PrefixRestoreResult restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys);
+  /// bracket open), and notes in `job` the closed pages it found (keep_pages; known_pages).
+  /// Throws hack::Error only for a local problem (the cache refusing a block).
+  PrefixRestoreResult restore(PagedKv& cache, int seq_id, std::span<const BlockKey> keys, PrefixJob& job);
 
   /// After restore() (`result`; `keys` the blocks it was asked for): restores, right after the
   /// restored blocks, the longest tail the local cache keeps that `prompt` continues
@@ -121,19 +146,21 @@ class PrefixCache {
   /// Capture of a prompt's new blocks while it is prefilled: begin, then capture_layer in
   /// each layer's callback of the last chunk (tokens exact then), then finish. `prompt`
   /// given: its tail is captured too (keep_tail; pass it only when the tail was not restored).
-  void begin_capture(std::span<const BlockKey> all_keys, int first_new_block, int full_blocks,
+  /// Each prompt has its own PrefixJob, so prompts prefilled in one batched step capture
+  /// side by side.
+  void begin_capture(PrefixJob& job, std::span<const BlockKey> all_keys, int first_new_block, int full_blocks,
                      std::span<const int> prompt = {});
-  void capture_layer(const PagedKv& cache, int seq_id, int layer);
-  /// Stores the captured blocks locally and in the vault. Returns how many.
-  int finish_capture();
+  void capture_layer(PrefixJob& job, const PagedKv& cache, int seq_id, int layer);
+  /// Stores the captured blocks locally and in the vault, and clears `job`. Returns how many.
+  int finish_capture(PrefixJob& job);
 
-  /// The closed pages the last restore found (keep_pages), valid until finish_capture or the
-  /// next restore: for PagedKv::close_pending_blocks and KvExportCursor::known_pages. Empty
+  /// The closed pages the job's restore found (keep_pages), valid while `job` lives and until
+  /// finish_capture: for PagedKv::close_pending_blocks and KvExportCursor::known_pages. Empty
   /// (no function) when it found none.
-  KnownPages known_pages() const;
+  static KnownPages known_pages(const PrefixJob& job);
   /// With keep_pages: after a layer's blocks were closed at the prompt's end (HACK mode),
   /// captures the pages of the new blocks (see the .cpp for which) for finish_capture.
-  void capture_pages(const PagedKv& cache, int seq_id, int layer);
+  void capture_pages(PrefixJob& job, const PagedKv& cache, int seq_id, int layer);
 
   const PrefixCacheOptions& options() const { return options_; }
   const BlockKey& root() const { return root_; }
@@ -156,31 +183,14 @@ class PrefixCache {
   std::unique_ptr<net::VaultClient> vault_;
   std::vector<float> scratch_;
   KvRestoreTimes restore_times_;  // of the restore in progress
-  // capture in progress: [first_new_block, full_blocks) of all_keys, slices per block per layer
-  std::vector<BlockKey> capture_keys_;
-  int capture_first_ = 0;
-  int capture_end_ = 0;
-  std::vector<std::vector<std::vector<std::byte>>> capture_slices_;
   // keep_pages: the pages namespace; the key offset of a page (page b, tokens
-  // [S + bΠ, S + (b+1)Π), lies under the key of the block holding its last token, b + ⌈S/Π⌉);
-  // the restored pages ([block] → value, [layer][block] → page); captured pages from
-  // capture_page_first_, [page][layer] → bytes.
+  // [S + bΠ, S + (b+1)Π), lies under the key of the block holding its last token, b + ⌈S/Π⌉).
   std::string pages_space_;
   int page_key_offset_ = 0;
-  std::vector<vault::BlockPtr> restored_pages_;
-  std::vector<std::vector<const std::byte*>> known_;
-  int capture_page_first_ = 0;
-  std::vector<std::vector<std::vector<std::byte>>> capture_pages_;
-  void find_pages(const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks);
-  // keep_tail: the tail namespace; the capture in progress (tokens [tail_first_, +tail_tokens_)
-  // under tail_key_, whose prefix is tail_parent_), slices per layer.
+  void find_pages(PrefixJob& job, const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks);
+  // keep_tail: the tail namespace.
   bool tails() const { return options_.keep_tail && local_ && !options_.whole_chunks; }
   std::string tail_space_;
-  int tail_first_ = 0;
-  int tail_tokens_ = 0;
-  BlockKey tail_key_{};
-  BlockKey tail_parent_{};
-  std::vector<std::vector<std::byte>> tail_slices_;
 };
 
 }  // namespace hack::server

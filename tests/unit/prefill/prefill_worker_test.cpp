@@ -947,3 +947,145 @@ TEST_CASE("prefill worker: a drain that fails or is cancelled fails its job only
     CHECK(worker.queue_tokens() == 0);
   }
 }
+
+namespace {
+
+PrefillWorkerOptions batched_options(KvMode mode, int chunk, int batch_jobs) {
+  PrefillWorkerOptions wo;
+  wo.kv = kv_options(mode);
+  wo.engine.prefill_chunk_tokens = chunk;
+  wo.batch_jobs = batch_jobs;
+  return wo;
+}
+
+}  // namespace
+
+TEST_CASE("prefill worker: short prompts queued together share one batched step, and each decodes as hack-run's",
+          "[server][prefill][batch]") {
+  Fixture f;
+  constexpr int kNew = 8;
+  for (KvMode mode : {KvMode::fp, KvMode::hack}) {
+    INFO("kv " << kv_mode_name(mode));
+    const PrefillWorkerOptions wo = batched_options(mode, 64, 4);
+    Inbox inbox;
+    net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
+    net::KvReceiver receiver(rx_worker, inbox.callbacks());
+    const uint16_t port = rx_worker.listen("127.0.0.1", 0);
+    Outcomes outcomes;
+    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
+    // Job 1 is long (computed alone); the short ones queue behind it. Jobs 2–5 fit one chunk of
+    // 64 together (56 tokens) and share a step; job 6 would pass it and waits for the next.
+    const std::map<uint64_t, int> lengths = {{1, 700}, {2, 10}, {3, 15}, {4, 1}, {5, 30}, {6, 20}};
+    PagedKvCache decode_kv(f.shape, wo.kv);
+    for (const auto& [id, n] : lengths) {
+      decode_kv.add_sequence(static_cast<int>(id), n + kNew);
+      REQUIRE(worker.submit(greedy_job(id, n, f.cfg.vocab_size, port, outcomes)).is_ok());
+    }
+    std::map<uint64_t, int> first;
+    while (first.size() < lengths.size()) {
+      auto e = inbox.next(net::test::kWaitS);
+      REQUIRE(e.has_value());
+      const int seq = static_cast<int>(e->id);
+      if (e->kind == Inbox::Event::page || e->kind == Inbox::Event::exact) {
+        import_message(decode_kv, seq, static_cast<int>(e->layer),
+                       e->kind == Inbox::Event::page ? KvMessageKind::hack_page : KvMessageKind::exact, e->bytes);
+      } else if (e->kind == Inbox::Event::done) {
+        first[e->id] = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(e->bytes.data()), e->bytes.size()))["token"];
+      } else if (e->kind == Inbox::Event::error) {
+        FAIL("request " << e->id << ": " << e->message);
+      }
+    }
+    for (const auto& [id, n] : lengths) {
+      REQUIRE(outcomes.wait(id, net::test::kWaitS));
+      REQUIRE(succeeded(outcomes, id));
+    }
+    const PrefillWorkerStats st = worker.stats();
+    CHECK(st.batched_steps == 1);
+    CHECK(st.batched_jobs == 4);
+    for (const auto& [id, n] : lengths) {
+      const int expected_jobs = id >= 2 && id <= 5 ? 4 : 1;
+      CHECK(std::get<PrefillResult>(outcomes.by_id.at(id)).step_jobs == expected_jobs);
+    }
+    // Each batched job's KV and first token continue as one engine's generate() does (greedy:
+    // the batch's last-bit rounding does not move an argmax of this model).
+    const std::unique_ptr<Backend> decode_backend = make_cpu_backend(f.model, f.decode_pool, decode_kv);
+    Engine decode(*decode_backend);
+    for (const auto& [id, n] : lengths) {
+      INFO("request " << id << ", " << n << " prompt tokens");
+      PagedKvCache ref_kv(f.shape, wo.kv);
+      const std::unique_ptr<Backend> ref_backend = make_cpu_backend(f.model, f.decode_pool, ref_kv);
+      Engine ref(*ref_backend);
+      ref.add_sequence(1, n + kNew);
+      SamplingParams sp;
+      sp.temperature = 0.0f;
+      sp.max_tokens = kNew;
+      sp.ignore_eos = true;
+      const std::vector<int> prompt = test::random_prompt(n, f.cfg.vocab_size, static_cast<uint32_t>(id));
+      const GenerationResult expected = generate(ref, 1, prompt, sp, {});
+      const int seq = static_cast<int>(id);
+      CHECK(decode_kv.length(seq, 0) == n);
+      decode.adopt_sequence(seq);
+      std::vector<int> tokens = {first.at(id)};
+      std::vector<float> logits;
+      while (static_cast<int>(tokens.size()) < kNew) {
+        const int token = tokens.back();
+        decode.decode(std::span<const int>(&seq, 1), std::span<const int>(&token, 1), logits);
+        tokens.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      }
+      CHECK(tokens == expected.tokens);
+      decode.remove_sequence(seq);
+    }
+    CHECK(wait_kv_empty(worker, net::test::kWaitS));
+    CHECK(worker.queue_tokens() == 0);
+  }
+}
+
+TEST_CASE("prefill worker: in a batched step a cancelled job fails alone, and each job captures its own prefix blocks",
+          "[server][prefill][batch][prefix]") {
+  Fixture f;
+  PrefillWorkerOptions wo = cached_options(BlockCodec::int8_head, "batch");
+  wo.engine.prefill_chunk_tokens = 128;
+  wo.batch_jobs = 8;
+  wo.test_layer_delay_ms = 300;  // time to cancel job 3 inside the step
+  Inbox inbox;
+  net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
+  net::KvReceiver receiver(rx_worker, inbox.callbacks());
+  const uint16_t port = rx_worker.listen("127.0.0.1", 0);
+  Outcomes outcomes;
+  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
+  // Job 1 (200 tokens, alone) holds the worker while jobs 2–4 (40 tokens each: one full block
+  // of 32 and a tail) queue and then share one step.
+  REQUIRE(worker.submit(greedy_job(1, 200, f.cfg.vocab_size, port, outcomes)).is_ok());
+  for (uint64_t id : {2, 3, 4}) REQUIRE(worker.submit(greedy_job(id, 40, f.cfg.vocab_size, port, outcomes)).is_ok());
+  REQUIRE(outcomes.wait(1, net::test::kWaitS));
+  REQUIRE(inbox.wait_seen(2, net::test::kWaitS));  // the step has exported layer 0 of job 2
+  CHECK(worker.cancel(3));
+  for (uint64_t id : {2, 3, 4}) REQUIRE(outcomes.wait(id, net::test::kWaitS));
+  CHECK(succeeded(outcomes, 2));
+  CHECK(succeeded(outcomes, 4));
+  CHECK_THAT(outcomes.error_of(3), Catch::Contains("request 3 was cancelled"));
+  CHECK(worker.stats().batched_steps == 1);
+  CHECK(std::get<PrefillResult>(outcomes.by_id.at(2)).step_jobs == 3);
+  CHECK(wait_kv_empty(worker, net::test::kWaitS));
+
+  // The same prompts again, as new requests: jobs 2 and 4 stored their own block and tail in the
+  // step and restore all but their last token; job 3's capture ended with it.
+  for (uint64_t id : {2, 3, 4}) {
+    PrefillJob again = greedy_job(id, 40, f.cfg.vocab_size, port, outcomes);
+    again.request_id = 10 + id;
+    REQUIRE(worker.submit(std::move(again)).is_ok());
+  }
+  for (uint64_t id : {12, 13, 14}) {
+    REQUIRE(outcomes.wait(id, net::test::kWaitS));
+    REQUIRE(succeeded(outcomes, id));
+  }
+  const auto restored = [&](uint64_t id) { return std::get<PrefillResult>(outcomes.by_id.at(id)).prefix.tokens; };
+  CHECK(restored(12) == 39);
+  CHECK(restored(13) == 0);
+  CHECK(restored(14) == 39);
+  // A hit's first token is the computed one's.
+  for (uint64_t id : {2, 4})
+    CHECK(std::get<PrefillResult>(outcomes.by_id.at(id)).first.token ==
+          std::get<PrefillResult>(outcomes.by_id.at(10 + id)).first.token);
+  CHECK(wait_kv_empty(worker, net::test::kWaitS));
+}
