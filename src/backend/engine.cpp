@@ -16,9 +16,6 @@ Engine::Engine(Backend& backend, EngineOptions options, ThreadPool* pool)
   HACK_CHECK(options_.prefill_chunk_tokens > 0, "prefill_chunk_tokens must be positive");
   validate(options_.keep);
   if (options_.keep.enabled()) {
-    HACK_CHECK(backend_.name() == "cpu", "--kv-keep-ratio / --kv-keep-tokens: static eviction runs on the CPU "
-                                         "backend only so far (this engine runs on {})",
-               backend_.name());
     // Scores come from the observer's uncompressed q against the cache's keys, which FDC
     // stores projected: the dot would be wrong.
     HACK_CHECK(!kv_.shape().compressed(), "--kv-keep-ratio / --kv-keep-tokens cannot be combined with --fdc yet");

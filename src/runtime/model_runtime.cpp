@@ -110,8 +110,6 @@ void build_cuda(const ModelRuntimeConfig& c, int device_kv_tokens, int max_seque
 #ifdef HACK_HAVE_CUDA
   HACK_CHECK(cuda_device_available(), "--device cuda: no CUDA device is visible to this process");
   HACK_CHECK(max_sequences > 0, "--device cuda: sequences per forward must be positive, got {}", max_sequences);
-  HACK_CHECK(!keep_options_from(c.kv).enabled(),
-             "--device cuda: --kv-keep-ratio / --kv-keep-tokens (static eviction) run on --device cpu only so far");
   CudaBackendOptions bo;
   bo.plan_attention = c.cuda_attention == "plan";
   // A decode step carries one token per sequence beside at most one prefill chunk.

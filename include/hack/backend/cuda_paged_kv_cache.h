@@ -31,8 +31,9 @@
 /// behind them: their tokens are attended to as codes and cannot be read back exactly (as on
 /// the CPU). An append observer (a decode node's vault recording) sees host appends as given
 /// and the backend's device-written tokens as the bf16 stored, read back after each layer's
-/// commit_append (a synchronous copy per layer and step, only for observed sequences). Not
-/// offered on the device yet, refused by name: static eviction (keep_tokens).
+/// commit_append (a synchronous copy per layer and step, only for observed sequences). Static
+/// eviction (keep_tokens) moves a layer's kept tokens through the host, inside the prefill
+/// bracket, as the CPU cache does (one round trip per layer of a pruned prompt).
 #pragma once
 
 #include <optional>

@@ -185,6 +185,11 @@ class CudaBackend final : public Backend {
 
   KvCache& kv() override { return kv_; }
 
+  /// The observer sees each layer's post-RoPE q, k and v of every row, read back to the host
+  /// (one synchronous copy of [T][q_dim + 2 kv_dim] floats per layer, only while one is set:
+  /// static eviction's scoring and hack-calibrate's capture).
+  void set_activation_observer(ActivationObserverFn fn) override { observer_ = std::move(fn); }
+
   size_t forward(std::span<const SequenceChunk> batch, std::vector<float>& logits,
                  const LayerDoneFn& on_layer_done) override {
     CudaPagedKvCache* kv = &kv_;
@@ -227,6 +232,7 @@ class CudaBackend final : public Backend {
       }
       cuda::rope_inplace(q, plan_d + off_.positions, ptr<float>(inv_freq_), Ti, cfg_.num_heads, hd, s);
       cuda::rope_inplace(k, plan_d + off_.positions, ptr<float>(inv_freq_), Ti, cfg_.num_kv_heads, hd, s);
+      if (observer_) observe(l, T, q, k, v);
 
       const cuda::PagedKvLayer kv_layer = kv->layer(l);
       cuda::kv_append(kv_layer, k, v, plan_d + off_.slots, Ti, s);
@@ -282,6 +288,21 @@ class CudaBackend final : public Backend {
   struct PrefillEntry {
     int row, n_tokens, start_pos, table_offset;
   };
+
+  // Shows the layer's rows to observer_ (host copies of the device q, k, v; rows in chunk order,
+  // as the CPU backend shows them).
+  void observe(int layer, size_t T, const float* q, const float* k, const float* v) {
+    const size_t qn = T * static_cast<size_t>(cfg_.q_dim()), kn = T * static_cast<size_t>(cfg_.kv_dim());
+    observed_q_.resize(qn);
+    observed_k_.resize(kn);
+    observed_v_.resize(kn);
+    const cudaStream_t s = stream_.get();
+    HACK_CUDA_CHECK(cudaMemcpyAsync(observed_q_.data(), q, qn * sizeof(float), cudaMemcpyDeviceToHost, s));
+    HACK_CUDA_CHECK(cudaMemcpyAsync(observed_k_.data(), k, kn * sizeof(float), cudaMemcpyDeviceToHost, s));
+    HACK_CUDA_CHECK(cudaMemcpyAsync(observed_v_.data(), v, kn * sizeof(float), cudaMemcpyDeviceToHost, s));
+    HACK_CUDA_CHECK(cudaStreamSynchronize(s));
+    observer_(layer, T, observed_q_.data(), observed_k_.data(), observed_v_.data());
+  }
 
   void upload_weights(const Model& model) {
     const int dev = options_.device;
@@ -716,6 +737,9 @@ class CudaBackend final : public Backend {
   int n_logit_rows_ = 0;
   int max_decode_pages_ = 0;
   int max_prefill_tokens_ = 0;
+  // The activation observer and its host copies: [T][q_dim], [T][kv_dim] ×2 f32.
+  ActivationObserverFn observer_;
+  std::vector<float> observed_q_, observed_k_, observed_v_;
 };
 
 }  // namespace

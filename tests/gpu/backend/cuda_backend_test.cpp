@@ -572,3 +572,85 @@ TEST_CASE("cuda backend --kv hack: a mixed batch equals single runs; what the de
   select.select.ratio = 0.5;
   REQUIRE_THROWS_WITH(make_cuda_kv_cache(model.config, GpuRun::kv_options(8, select)), Catch::Contains("--kv-select"));
 }
+
+TEST_CASE("cuda backend: the activation observer shows the cpu backend's q, k and v; static eviction prunes a "
+          "prompt on the device as on the cpu",
+          "[gpu][backend][keep]") {
+  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-qwen3");
+  const ModelConfig& cfg = model.config;
+  CpuRef cpu(model);
+  GpuRun gpu(model);
+  // What each backend showed: per layer, the rows of q, k and v.
+  struct Seen {
+    std::map<int, std::vector<float>> q, k, v;
+    std::map<int, size_t> rows;
+    ActivationObserverFn fn(const ModelConfig& c) {
+      return [this, &c](int layer, size_t n, const float* qp, const float* kp, const float* vp) {
+        rows[layer] = n;
+        q[layer].assign(qp, qp + n * static_cast<size_t>(c.q_dim()));
+        k[layer].assign(kp, kp + n * static_cast<size_t>(c.kv_dim()));
+        v[layer].assign(vp, vp + n * static_cast<size_t>(c.kv_dim()));
+      };
+    }
+  } on_cpu, on_gpu;
+  cpu.backend->set_activation_observer(on_cpu.fn(cfg));
+  gpu.backend->set_activation_observer(on_gpu.fn(cfg));
+  std::vector<int> ids;
+  for (int i = 0; i < 37; ++i) ids.push_back((i * 61 + 5) % cfg.vocab_size);
+  std::vector<float> a, b;
+  cpu.engine.add_sequence(0, 64);
+  gpu.engine.add_sequence(0, 64);
+  cpu.engine.prefill(0, ids, a);
+  gpu.engine.prefill(0, ids, b);
+  cpu.backend->set_activation_observer({});
+  gpu.backend->set_activation_observer({});
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    INFO("layer " << l);
+    REQUIRE(on_gpu.rows[l] == ids.size());
+    for (auto [got, want] : {std::pair{&on_gpu.q[l], &on_cpu.q[l]}, std::pair{&on_gpu.k[l], &on_cpu.k[l]},
+                             std::pair{&on_gpu.v[l], &on_cpu.v[l]}}) {
+      REQUIRE(got->size() == want->size());
+      const auto [diff, mag] = row_diff(got->data(), want->data(), got->size());
+      INFO("max|Δ| " << diff << " max|x| " << mag);
+      REQUIRE(diff <= kLogitsRelTol * mag);
+    }
+  }
+
+  // Static eviction (--kv-keep-ratio 0.5, one kept set for the model) of a 120-token prompt:
+  // both devices keep the budget in every layer, new tokens take positions after the whole
+  // prompt, and decode goes on with the cpu's logits (the same kept set: a differing one
+  // would move them by O(1)).
+  EngineOptions eo{512};
+  eo.keep.ratio = 0.5f;
+  eo.keep.recent = 8;
+  eo.keep.scope = KeepScope::model;
+  Engine cpu_keep(*cpu.backend, eo), gpu_keep(*gpu.backend, eo);
+  std::vector<int> prompt;
+  for (int i = 0; i < 120; ++i) prompt.push_back((i * 89 + 11) % cfg.vocab_size);
+  constexpr int kSeq = 5;
+  cpu_keep.add_sequence(kSeq, 160);
+  gpu_keep.add_sequence(kSeq, 160);
+  cpu_keep.prefill(kSeq, prompt, a);
+  gpu_keep.prefill(kSeq, prompt, b);
+  const int budget = eo.keep.budget(static_cast<int>(prompt.size()));
+  REQUIRE(budget < static_cast<int>(prompt.size()));
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    REQUIRE(cpu.kv->length(kSeq, l) == budget);
+    REQUIRE(gpu.kv->length(kSeq, l) == budget);
+  }
+  REQUIRE(gpu_keep.position(kSeq) == static_cast<int>(prompt.size()));
+  const size_t vocab = static_cast<size_t>(cfg.vocab_size);
+  {
+    const auto [diff, mag] = row_diff(b.data(), a.data(), vocab);
+    REQUIRE(diff <= kLogitsRelTol * mag);
+  }
+  int token = argmax(a.data(), vocab);
+  for (int step = 0; step < 4; ++step) {
+    cpu_keep.decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), a);
+    gpu_keep.decode(std::span<const int>(&kSeq, 1), std::span<const int>(&token, 1), b);
+    const auto [diff, mag] = row_diff(b.data(), a.data(), vocab);
+    INFO("decode step " << step << " max|Δ| " << diff << " max|logit| " << mag);
+    REQUIRE(diff <= kLogitsRelTol * mag);
+    token = argmax(a.data(), vocab);
+  }
+}

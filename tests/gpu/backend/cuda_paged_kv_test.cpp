@@ -254,12 +254,82 @@ TEST_CASE("paged kv: the device's exact tokens, peeked pages and reservations ag
   REQUIRE(dev->max_tokens(0) == 8 * kPageTokens);
   REQUIRE_FALSE(dev->try_extend_sequence(0, 64 * kPageTokens));
   REQUIRE(dev->max_tokens(0) == 8 * kPageTokens);
-  // What the device does not offer yet is refused by name.
-  REQUIRE_THROWS_WITH(dev->keep_tokens(0, 0, {0, 1}), Catch::Contains("--kv-keep"));
+  // Evicting after a block closed is refused, as on the cpu.
+  REQUIRE_THROWS_WITH(dev->keep_tokens(0, 0, {0, 1}), Catch::Contains("before any block is quantized"));
   REQUIRE_THROWS(dev->set_append_observer(99, nullptr));  // an unknown sequence
   // A page for the wrong position is refused before anything is stored.
   dev->add_sequence(1, 3 * kPageTokens);
   const std::span<const std::byte> page1 = cpu->hack_page(0, 0, 1);
   REQUIRE_THROWS(dev->append_hack_page(0, 1, page1.data(), page1.size()));  // no sinks yet
   REQUIRE(dev->length(1, 0) == 0);
+}
+
+TEST_CASE("paged kv: keep_tokens on the device keeps the cpu cache's tokens, and closes the cpu's pages after",
+          "[gpu][paged-kv][keep]") {
+  // Static eviction inside a prefill (--kv-keep-*): the same kept positions give the same
+  // exact tokens in order on both devices, and the blocks closed at end_prefill are the same
+  // page bytes.
+  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-qwen3");
+  const KvShape shape = kv_shape(model);
+  const KvCacheOptions options = hack_k8v8();
+  CudaKvOptions ko;
+  ko.page_tokens = kPageTokens;
+  ko.num_pages = 32;
+  ko.hack = options;
+  auto dev = make_cuda_kv_cache(model.config, ko);
+  auto cpu = make_paged_kv_cache(shape, options);
+  const int n = 5 * kPageTokens + 7;
+  const size_t token_floats = static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim);
+  std::vector<float> k(static_cast<size_t>(n) * token_floats), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = std::sin(0.29f * static_cast<float>(i));
+    v[i] = std::cos(0.13f * static_cast<float>(i));
+  }
+  // Sinks, every third token after them, and the last ten: 4 + 23 + 10 kept (two full blocks).
+  std::vector<int> kept = {0, 1, 2, 3};
+  for (int p = 4; p < n - 10; p += 3) kept.push_back(p);
+  for (int p = n - 10; p < n; ++p) kept.push_back(p);
+  for (PagedKv* kv : {static_cast<PagedKv*>(dev.get()), static_cast<PagedKv*>(cpu.get())}) {
+    kv->add_sequence(0, n + 8);
+    kv->begin_prefill(0);
+    for (int l = 0; l < shape.num_layers; ++l) {
+      kv->append(l, 0, 0, n, k.data(), v.data());
+      kv->keep_tokens(0, l, kept);
+    }
+  }
+  const int m = static_cast<int>(kept.size());
+  const size_t elems = static_cast<size_t>(m) * token_floats;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    INFO("layer " << l);
+    REQUIRE(dev->length(0, l) == m);
+    std::vector<uint16_t> dk(elems), dv(elems), ck(elems), cv(elems);
+    dev->copy_exact_tokens(0, l, 0, m, reinterpret_cast<std::byte*>(dk.data()), reinterpret_cast<std::byte*>(dv.data()));
+    cpu->copy_exact_tokens(0, l, 0, m, reinterpret_cast<std::byte*>(ck.data()), reinterpret_cast<std::byte*>(cv.data()));
+    REQUIRE(dk == ck);
+    REQUIRE(dv == cv);
+    // Token i of the kept layer is the prompt's token kept[i] (bf16 of the given f32).
+    for (int i : {0, 4, m - 1})
+      for (size_t e = 0; e < token_floats; e += 7)
+        REQUIRE(dk[static_cast<size_t>(i) * token_floats + e] ==
+                f32_to_bf16(k[static_cast<size_t>(kept[static_cast<size_t>(i)]) * token_floats + e]));
+  }
+  dev->end_prefill(0);
+  cpu->end_prefill(0);
+  const int closed = (m - 4) / kPageTokens;
+  std::vector<std::byte> a(cpu->hack_layout(0).page_bytes()), b(a.size());
+  for (int l = 0; l < shape.num_layers; ++l) {
+    REQUIRE(dev->hack_page_count(0, l) == closed);
+    for (int p = 0; p < closed; ++p) {
+      dev->read_hack_page(0, l, p, a.data());
+      cpu->read_hack_page(0, l, p, b.data());
+      REQUIRE(a == b);
+    }
+  }
+  // Kept positions out of order or past the layer are refused before anything changes.
+  dev->add_sequence(1, 40);
+  dev->begin_prefill(1);
+  dev->append(0, 1, 0, 20, k.data(), v.data());
+  REQUIRE_THROWS_WITH(dev->keep_tokens(1, 0, {3, 2}), Catch::Contains("out of order"));
+  REQUIRE_THROWS_WITH(dev->keep_tokens(1, 0, {0, 20}), Catch::Contains("not among its 20 tokens"));
+  REQUIRE(dev->length(1, 0) == 20);
 }
