@@ -146,6 +146,7 @@ struct DecodeServer::Impl {
     probe_thread = std::thread([this] { probe_until_ready(); });
     spdlog::info("hack-decode: model {} ({}, cpu isa {}), kv {}, HTTP {}:{}, UCX {}", rt->name, rt->backend->name(),
                  cpu_isa_name(cpu_isa()), describe(rt->kv_options), config.host, http->port(), ucx_address());
+    if (rt->device == DeviceKind::cuda) spdlog::info("hack-decode: {}", net::device_kv_path(*worker));
   }
 
   // Readiness covers the data plane: a prefill node can stream KV here only once a

@@ -809,6 +809,14 @@ std::string ucx_host_id() {
   return id;
 }
 
+bool UcxWorker::cuda_memory() const {
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  const ucs_status_t status = ucp_context_query(impl_->context.handle, &attr);
+  if (status != UCS_OK) fail("ucp_context_query: {}", ucs_status_string(status));
+  return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
+
 std::string UcxWorker::transports(EndpointId endpoint) {
   std::string text;
   impl_->call([&] {
@@ -954,6 +962,14 @@ UcxStats UcxWorker::stats() const {
   s.eager_retained = impl_->eager_retained;
   s.eager_held_bytes = impl_->releases->held_bytes;
   return s;
+}
+
+std::string device_kv_path(const UcxWorker& ucx) {
+  return ucx.cuda_memory()
+             ? "KV pages move between device memory and UCX through host copies; this UCX could send CUDA memory "
+               "itself (a cuda transport is loaded), but device-direct sends are not built yet"
+             : "KV pages move between device memory and UCX through host copies: this UCX has no CUDA memory "
+               "transport (cuda_copy / cuda_ipc)";
 }
 
 }  // namespace hack::net

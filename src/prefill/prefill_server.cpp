@@ -118,7 +118,10 @@ struct PrefillServer::Impl {
   std::unique_ptr<HttpServer> http;
 
   explicit Impl(const PrefillServerConfig& c) : config(c) {
-    rt = load_model_runtime(config.model);  // one job computes at a time: one sequence per forward
+    HACK_CHECK(config.prefill_batch_jobs >= 1 && config.prefill_batch_jobs <= 256,
+               "--prefill-batch-jobs must be in [1, 256], got {}", config.prefill_batch_jobs);
+    // One job computes at a time, or a batched step's jobs: the sequences of one forward.
+    rt = load_model_runtime(config.model, RuntimeParts{.device_max_sequences = config.prefill_batch_jobs});
     ucx = std::make_unique<net::UcxWorker>();
     HACK_CHECK(config.kv_connect == "auto" || config.kv_connect == "listener",
                "--kv-connect must be auto or listener, got '{}'", config.kv_connect);
@@ -141,8 +144,6 @@ struct PrefillServer::Impl {
     HACK_CHECK(config.max_draining_jobs >= 0 && config.max_draining_jobs <= 1024,
                "--max-draining-jobs must be in [0, 1024], got {}", config.max_draining_jobs);
     wo.max_draining_jobs = config.max_draining_jobs;
-    HACK_CHECK(config.prefill_batch_jobs >= 1 && config.prefill_batch_jobs <= 256,
-               "--prefill-batch-jobs must be in [1, 256], got {}", config.prefill_batch_jobs);
     wo.batch_jobs = config.prefill_batch_jobs;
     HACK_CHECK(config.test_layer_delay_ms == 0 || config.enable_test_hooks,
                "--test-layer-delay-ms needs --enable-test-hooks");
@@ -189,6 +190,7 @@ struct PrefillServer::Impl {
     });
     spdlog::info("hack-prefill: model {} ({}, cpu isa {}), kv {}, HTTP {}:{}", rt->name, config.model.device,
                  cpu_isa_name(cpu_isa()), describe(rt->kv_options), config.host, http->port());
+    if (rt->device == DeviceKind::cuda) spdlog::info("hack-prefill: {}", net::device_kv_path(*ucx));
   }
 
   ~Impl() {

@@ -139,6 +139,10 @@ class UcxWorker {
   /// connect_address (UCX 1.13's ucp_ep_print_info reads past a buffer for host:port ones).
   /// An endpoint opened by worker address has its lanes at once.
   std::string transports(EndpointId endpoint);
+  /// Whether this UCX can send from and receive into CUDA device memory (a transport such as
+  /// cuda_copy or cuda_ipc is loaded: ucp_context_query's memory types). Debian's UCX has none,
+  /// so a node on --device cuda stages its KV pages through host memory (device_kv_path).
+  bool cuda_memory() const;
   /// Closes an endpoint without waiting (pending sends fail); no disconnect callback.
   void close(EndpointId endpoint);
 
@@ -186,5 +190,9 @@ class UcxWorker {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// What a node on --device cuda logs at start: how its KV pages move between device memory
+/// and UCX (today always through host copies; whether this UCX could move device memory itself).
+std::string device_kv_path(const UcxWorker& ucx);
 
 }  // namespace hack::net

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -362,4 +364,21 @@ TEST_CASE("ucx worker: a bad UCX option is an error naming it", "[net][ucx]") {
   UcxOptions options;
   options.config = {{"RNDV_THRESH", "not-a-size"}};
   CHECK_THROWS_WITH(UcxWorker(options), Catch::Contains("RNDV_THRESH=not-a-size"));
+}
+
+TEST_CASE("ucx worker: CUDA memory support is reported as the loaded UCX modules give it", "[net][ucx]") {
+  // UCX moves device memory only through its cuda transports (libuct_cuda*: cuda_copy,
+  // cuda_ipc, gdr_copy), loaded from its module directory. Debian's build has none, and a
+  // node on --device cuda then says that its pages go through host copies.
+  namespace fs = std::filesystem;
+  const char* env = std::getenv("UCX_MODULE_DIR");
+  const fs::path dir = env != nullptr && *env != '\0' ? fs::path(env) : fs::path("/usr/lib/x86_64-linux-gnu/ucx");
+  REQUIRE(fs::is_directory(dir));
+  bool cuda_module = false;
+  for (const auto& e : fs::directory_iterator(dir))
+    cuda_module = cuda_module || e.path().filename().string().starts_with("libuct_cuda");
+  UcxWorker worker(test::options_for("tcp"));
+  CHECK(worker.cuda_memory() == cuda_module);
+  CHECK_THAT(device_kv_path(worker), Catch::Contains("through host copies"));
+  CHECK_THAT(device_kv_path(worker), Catch::Contains(cuda_module ? "could send CUDA memory" : "no CUDA memory transport"));
 }
