@@ -805,22 +805,11 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
 void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
-  const int n = blocks_.length(seq_id, layer);
   HACK_CHECK(options_.mode == KvMode::fp || (blocks_.prefilling(seq_id) && lp.pages.empty()),
              "sequence {} layer {}: tokens can be evicted only inside its prefill, before any block is quantized",
              seq_id, layer);
-  for (size_t i = 0; i < kept.size(); ++i)
-    HACK_CHECK(kept[i] >= 0 && kept[i] < n && (i == 0 || kept[i] > kept[i - 1]),
-               "sequence {} layer {}: kept token {} is out of order or not among its {} tokens", seq_id, layer, kept[i],
-               n);
-  const size_t token_floats = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim);
-  std::vector<float> k(static_cast<size_t>(n) * token_floats), v(k.size());
-  read_exact_tokens(seq_id, layer, 0, n, k.data(), v.data());  // bf16/f32 → f32 → the same bits when stored again
-  for (size_t i = 0; i < kept.size(); ++i) {
-    const size_t from = static_cast<size_t>(kept[i]) * token_floats;
-    std::copy_n(k.begin() + static_cast<std::ptrdiff_t>(from), token_floats, k.begin() + static_cast<std::ptrdiff_t>(i * token_floats));
-    std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(from), token_floats, v.begin() + static_cast<std::ptrdiff_t>(i * token_floats));
-  }
+  std::vector<float> k, v;
+  read_kept_tokens(seq_id, layer, kept, k, v);
   for (PageRef p : lp.pages) pages_of(layer).release(p);
   lp.pages.clear();
   for (PageRef p : lp.pending) open_pool_->release(p);

@@ -113,6 +113,14 @@ class PagedKv : public KvCache {
                                  std::byte* v) const = 0;
   /// The same converted to f32 (KvCache::read_exact_tokens), through copy_exact_tokens.
   void read_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, float* k, float* v) const override;
+
+ protected:
+  /// keep_tokens' first half on either device: checks `kept` (ascending indices among the
+  /// layer's tokens, naming the sequence) and reads the kept tokens as f32 into k, v
+  /// [kept][num_kv_heads · head_dim], in order (bf16 → f32 is exact, so storing them again
+  /// writes the same bits).
+  void read_kept_tokens(int seq_id, int layer, const std::vector<int>& kept, std::vector<float>& k,
+                        std::vector<float>& v) const;
 };
 
 }  // namespace hack

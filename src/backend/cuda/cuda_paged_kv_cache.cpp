@@ -349,28 +349,15 @@ const uint16_t* CudaPagedKvCache::exact_row(const Sequence& s, int layer, int po
 }
 
 void CudaPagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {
-  // As the CPU cache does it: the layer's tokens come back as f32 (bf16 → f32 is exact, so
-  // storing them again writes the same bits), the kept ones move to rows 0 .. kept − 1, and
-  // the layer restarts from them. Its pages stay the sequence's (reserved for max_tokens).
+  // As the CPU cache does it: the kept tokens come back as f32 (read_kept_tokens) and the
+  // layer restarts from them. Its pages stay the sequence's (reserved for max_tokens).
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
   (void)get(seq_id);
-  const int n = blocks_.length(seq_id, layer);
   HACK_CHECK(!is_hack() || (blocks_.prefilling(seq_id) && blocks_.closed_blocks(seq_id, layer) == 0),
              "sequence {} layer {}: tokens can be evicted only inside its prefill, before any block is quantized",
              seq_id, layer);
-  for (size_t i = 0; i < kept.size(); ++i)
-    HACK_CHECK(kept[i] >= 0 && kept[i] < n && (i == 0 || kept[i] > kept[i - 1]),
-               "sequence {} layer {}: kept token {} is out of order or not among its {} tokens", seq_id, layer, kept[i],
-               n);
-  const size_t token_floats = static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim);
-  std::vector<float> k(static_cast<size_t>(n) * token_floats), v(k.size());
-  read_exact_tokens(seq_id, layer, 0, n, k.data(), v.data());
-  for (size_t i = 0; i < kept.size(); ++i) {
-    const auto from = static_cast<std::ptrdiff_t>(static_cast<size_t>(kept[i]) * token_floats);
-    const auto to = static_cast<std::ptrdiff_t>(i * token_floats);
-    std::copy_n(k.begin() + from, token_floats, k.begin() + to);
-    std::copy_n(v.begin() + from, token_floats, v.begin() + to);
-  }
+  std::vector<float> k, v;
+  read_kept_tokens(seq_id, layer, kept, k, v);
   blocks_.set_layer(seq_id, layer, 0, 0);
   KvAppendObserver* observer = blocks_.observer(seq_id);  // it saw these tokens once already
   blocks_.set_observer(seq_id, nullptr);

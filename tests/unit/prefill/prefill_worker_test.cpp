@@ -166,6 +166,20 @@ class ProgressHold {
   std::thread thread_;  // last: starts once the members above exist
 };
 
+// The decode node's side: adopts `seq` (its KV imported) and decodes greedily from the first
+// token until `n` tokens, the first included.
+std::vector<int> continue_greedy(Engine& decode, int seq, int first, int n) {
+  decode.adopt_sequence(seq);
+  std::vector<int> tokens = {first};
+  std::vector<float> logits;
+  while (static_cast<int>(tokens.size()) < n) {
+    const int token = tokens.back();
+    decode.decode(std::span<const int>(&seq, 1), std::span<const int>(&token, 1), logits);
+    tokens.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  }
+  return tokens;
+}
+
 struct Fixture {
   ModelConfig cfg = test::small_synthetic_config();
   Model model = Model::synthetic(cfg, 99);
@@ -270,15 +284,7 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
 
       // The decode node: continue from the first token.
       const int seq = static_cast<int>(id);
-      decode.adopt_sequence(seq);
-      std::vector<int> tokens = {j["token"].get<int>()};
-      std::vector<float> logits;
-      while (static_cast<int>(tokens.size()) < new_tokens) {
-        const int token = tokens.back();
-        decode.decode(std::span<const int>(&seq, 1), std::span<const int>(&token, 1), logits);
-        tokens.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-      }
-      CHECK(tokens == expected.tokens);
+      CHECK(continue_greedy(decode, seq, j["token"].get<int>(), new_tokens) == expected.tokens);
       if (id == 1002) {
         CHECK(j["logprob"].get<float>() == expected.samples[0].logprob);
         REQUIRE(j["top_logprobs"].size() == 3);
@@ -1024,15 +1030,7 @@ TEST_CASE("prefill worker: short prompts queued together share one batched step,
       const GenerationResult expected = generate(ref, 1, prompt, sp, {});
       const int seq = static_cast<int>(id);
       CHECK(decode_kv.length(seq, 0) == n);
-      decode.adopt_sequence(seq);
-      std::vector<int> tokens = {first.at(id)};
-      std::vector<float> logits;
-      while (static_cast<int>(tokens.size()) < kNew) {
-        const int token = tokens.back();
-        decode.decode(std::span<const int>(&seq, 1), std::span<const int>(&token, 1), logits);
-        tokens.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-      }
-      CHECK(tokens == expected.tokens);
+      CHECK(continue_greedy(decode, seq, first.at(id), kNew) == expected.tokens);
       decode.remove_sequence(seq);
     }
     CHECK(wait_kv_empty(worker, net::test::kWaitS));
