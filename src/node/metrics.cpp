@@ -136,6 +136,11 @@ struct Metrics::Impl {
                                                                  .Help("Prefill jobs sent again on a fresh endpoint to "
                                                                        "their decode node after a broken one.")
                                                                  .Register(registry);
+  prometheus::Family<prometheus::Counter>& prefill_batched = prometheus::BuildCounter()
+                                                                 .Name("hack:prefill_batched_jobs_total")
+                                                                 .Help("Prompts a prefill node computed in a batched "
+                                                                       "step beside others (--prefill-batch-jobs).")
+                                                                 .Register(registry);
   prometheus::Family<prometheus::Counter>& kv_connects =
       prometheus::BuildCounter()
           .Name("hack:kv_connects_total")
@@ -204,6 +209,10 @@ void Metrics::count_vault_message_rejected(std::string_view reason) {
 
 void Metrics::add_kv_send_retries(uint64_t n) {
   if (n > 0) impl_->kv_send_retries.Add({}).Increment(static_cast<double>(n));
+}
+
+void Metrics::add_prefill_batched_jobs(uint64_t n) {
+  impl_->prefill_batched.Add({}).Increment(static_cast<double>(n));
 }
 
 void Metrics::add_kv_connects(std::string_view by, uint64_t n) {

@@ -114,6 +114,7 @@ struct PrefillServer::Impl {
   std::mutex retries_mutex;
   uint64_t retries_reported = 0;  // PrefillWorkerStats::send_retries already in metrics (retries_mutex)
   uint64_t connects_reported[2] = {0, 0};  // connects_by_address, _by_listener already in metrics (retries_mutex)
+  uint64_t batched_reported = 0;  // PrefillWorkerStats::batched_jobs already in metrics (retries_mutex)
   NodeEndpoints endpoints;
   std::unique_ptr<HttpServer> http;
 
@@ -210,6 +211,8 @@ struct PrefillServer::Impl {
       metrics.add_kv_connects("listener", st.connects_by_listener - connects_reported[1]);
       connects_reported[0] = st.connects_by_address;
       connects_reported[1] = st.connects_by_listener;
+      metrics.add_prefill_batched_jobs(st.batched_jobs - batched_reported);
+      batched_reported = st.batched_jobs;
     }
     return metrics.serialize();
   }

@@ -380,18 +380,21 @@ std::string describe_mismatch(const Case& c, const Reference& ref, const Generat
 }
 
 // `logprob_tolerance`: how far a logprob of the decode node may be from hack-run's once their
-// tokens agree (see the check below).
-void check_equal_to_hack_run(const std::string& kv, double logprob_tolerance = 1e-3) {
+// tokens agree (see the check below). `prefill_flags`: more flags of the prefill node;
+// `transports`: the UCX_TLS settings to run (each a cluster).
+void check_equal_to_hack_run(const std::string& kv, double logprob_tolerance = 1e-3,
+                             const std::vector<std::string>& prefill_flags = {},
+                             const std::vector<std::string>& transports = {kTcp, kShm}) {
   const std::vector<Case> cases = equality_cases();
   const std::vector<Reference> refs = run_references(kv, cases);
   for (const Reference& r : refs) {
     INFO(r.error);
     REQUIRE(r.error.empty());
   }
-  for (const std::string& tls : {kTcp, kShm}) {
+  for (const std::string& tls : transports) {
     INFO("--kv " << kv << ", UCX_TLS=" << tls);
     Node decode = start_slow_decode(kv, tls, kBatchingStepDelayMs);
-    Node prefill = start_prefill(kv, tls);
+    Node prefill = start_prefill(kv, tls, prefill_flags);
     std::vector<Generated> results(cases.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -439,6 +442,8 @@ void check_equal_to_hack_run(const std::string& kv, double logprob_tolerance = 1
     // Both nodes run on this host: prefill opened its KV endpoint by the decode node's UCX
     // worker address (so with shared memory enabled, UCX carried the KV over it).
     CHECK(metric(prefill.address, "hack:kv_connects_total{by=\"address\"}") >= 1);
+    if (std::find(prefill_flags.begin(), prefill_flags.end(), "--prefill-batch-jobs") != prefill_flags.end())
+      CHECK(metric(prefill.address, "hack:prefill_batched_jobs_total") >= 2);
     require_drained(decode);
     require_drained(prefill);
   }
@@ -466,6 +471,14 @@ TEST_CASE("disaggregated greedy output equals hack-run token for token (--kv hac
   // not pinned down. Pages damaged in flight are caught by their checksums (the corruption
   // test below).
   check_equal_to_hack_run("hack", 2e-2);
+}
+
+TEST_CASE("batched short-prompt prefill: greedy output equals hack-run token for token", "[e2e][disaggregation]") {
+  // --prefill-batch-jobs 8: the 13 of 16 prompts of at most 512 tokens that queue together
+  // share prefill forwards (the metric below says they did). A batch rounds the prompt's
+  // logits and KV in the last bits (RESULTS "Batched short-prompt prefill": ≤ 3e-4 of max|logit|
+  // on hack-tiny), so logprobs get the K4/V4 case's bound; greedy tokens must still agree.
+  check_equal_to_hack_run("hack --hack-bits 2", 2e-2, {"--prefill-batch-jobs", "8"}, {kShm});
 }
 
 TEST_CASE("disaggregated greedy output equals hack-run under a per-layer bit allocation", "[e2e][disaggregation]") {

@@ -63,6 +63,8 @@ class Metrics {
   void count_vault_message_rejected(std::string_view reason);
   /// hack:kv_send_retries_total: prefill jobs sent again on a fresh endpoint after a broken one.
   void add_kv_send_retries(uint64_t n);
+  /// hack:prefill_batched_jobs_total: prompts computed in a batched prefill step beside others.
+  void add_prefill_batched_jobs(uint64_t n);
   /// hack:kv_connects_total{by}: KV endpoints a prefill node opened, by "address" or "listener".
   void add_kv_connects(std::string_view by, uint64_t n);
 
