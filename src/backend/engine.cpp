@@ -182,9 +182,7 @@ void Engine::prefill_batch(std::span<const PrefillItem> items, std::vector<float
   HACK_CHECK(total <= static_cast<size_t>(options_.prefill_chunk_tokens),
              "prefill batch: {} tokens, more than one chunk of {}", total, options_.prefill_chunk_tokens);
   for (const PrefillItem& item : items) kv_.begin_prefill(item.seq_id);
-  LayerDoneFn layer_done;
-  if (on_layer_done) layer_done = on_layer_done;
-  backend_.forward(chunks_, logits, layer_done);
+  backend_.forward(chunks_, logits, on_layer_done);
   for (const PrefillItem& item : items) {
     state(item.seq_id).position += static_cast<int>(item.tokens.size());
     kv_.end_prefill(item.seq_id);

@@ -654,3 +654,49 @@ TEST_CASE("cuda backend: the activation observer shows the cpu backend's q, k an
     token = argmax(a.data(), vocab);
   }
 }
+
+TEST_CASE("cuda backend: a batched prefill step (hack-prefill --prefill-batch-jobs) equals one prefill per prompt",
+          "[gpu][backend][prefill-batch]") {
+  // Engine::prefill_batch puts several whole prompts in one forward: several prefill chunks
+  // side by side in the plan. Each prompt's last-token logits must be its own prefill's
+  // (other GEMM shapes: 1e-3 relative, as the mixed batch above), on fp and HACK KV, on the
+  // kernels path and the plan runner; and decode goes on from the batched KV.
+  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-qwen3");
+  const size_t vocab = static_cast<size_t>(model.config.vocab_size);
+  const std::vector<std::vector<int>> prompts{{5, 6, 7, 8, 9},
+                                              {100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100, 1200, 1300,
+                                               1400, 1500, 1600, 1700, 1800, 1900, 2000, 2100, 2200, 2300, 2400},
+                                              {42}};
+  for (const bool hack : {false, true})
+    for (const bool plan : {false, true}) {
+      INFO((hack ? "--kv hack" : "--kv fp") << (plan ? ", plan runner" : ", kernels"));
+      const std::optional<KvCacheOptions> kv = hack ? std::optional(hack_options(4, 4)) : std::nullopt;
+      GpuRun batched(model, 512, 256, kv, plan), single(model, 512, 256, kv, plan);
+      std::vector<Engine::PrefillItem> items;
+      for (int s = 0; s < 3; ++s) {
+        batched.engine.add_sequence(s, 64);
+        single.engine.add_sequence(s, 64);
+        items.push_back({s, prompts[static_cast<size_t>(s)]});
+      }
+      std::vector<float> got, ref;
+      batched.engine.prefill_batch(items, got);
+      REQUIRE(got.size() == 3 * vocab);
+      for (int s = 0; s < 3; ++s) {
+        single.engine.prefill(s, prompts[static_cast<size_t>(s)], ref);
+        const auto [diff, mag] = row_diff(&got[static_cast<size_t>(s) * vocab], ref.data(), vocab);
+        INFO("prompt " << s << " max|Δ| " << diff);
+        REQUIRE(diff <= 1e-3 * mag);
+        REQUIRE(batched.kv->length(s, 0) == static_cast<int>(prompts[static_cast<size_t>(s)].size()));
+      }
+      const std::vector<int> seqs{0, 1, 2}, next{11, 12, 13};
+      batched.engine.decode(seqs, next, got);
+      single.engine.decode(seqs, next, ref);
+      for (size_t r = 0; r < 3; ++r) {
+        const auto [diff, mag] = row_diff(&got[r * vocab], &ref[r * vocab], vocab);
+        INFO("decode row " << r << " max|Δ| " << diff);
+        // HACK: the closed block was quantized from KV that differs in its last bits (the
+        // mixed-batch hack test's 5e-3).
+        REQUIRE(diff <= (hack ? 5e-3 : 1e-3) * mag);
+      }
+    }
+}
