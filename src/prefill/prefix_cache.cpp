@@ -279,7 +279,7 @@ int PrefixCache::finish_capture(PrefixJob& job) {
     if (pages.size() != layers) break;  // the prefill stopped early
     std::vector<std::byte> value;
     for (const auto& page : pages) value.insert(value.end(), page.begin(), page.end());
-    const int b = job.page_first + static_cast<int>(i), k = b + page_key_offset_;
+    const int b = job.page_first + static_cast<int>(i), k = b + job.page_offset;
     const auto ki = static_cast<size_t>(k);
     put_local(pages_space_, job.keys[ki], k == 0 ? root_ : job.keys[ki - 1], b == 0, std::move(value));
   }
@@ -296,11 +296,10 @@ void PrefixCache::find_pages(PrefixJob& job, const PagedKv& cache, std::span<con
   if (!options_.keep_pages || !local_ || o.mode != KvMode::hack) return;
   HACK_CHECK(o.block_tokens == block_tokens_, "prefix cache: blocks of {} tokens, the cache's of {}", block_tokens_,
              o.block_tokens);
-  page_key_offset_ = page_key_offset(o.sinks, block_tokens_);
-  if (restored_blocks <= page_key_offset_) return;
+  const int offset = page_key_offset(o.sinks, block_tokens_);
+  if (restored_blocks <= offset) return;
   std::vector<vault::BlockPtr> got = local_->promote(
-      pages_space_, keys.subspan(static_cast<size_t>(page_key_offset_),
-                                 static_cast<size_t>(restored_blocks - page_key_offset_)));
+      pages_space_, keys.subspan(static_cast<size_t>(offset), static_cast<size_t>(restored_blocks - offset)));
   std::vector<size_t> offsets;
   size_t total = 0;
   for (int l = 0; l < shape_.num_layers; ++l) {
@@ -332,9 +331,9 @@ void PrefixCache::capture_pages(PrefixJob& job, const PagedKv& cache, int seq_id
   if (layer == 0) {
     // New pages: from the first one the restore did not find, up to the last one closed whose
     // key (the block holding its last token) is a full block of the prompt.
-    page_key_offset_ = page_key_offset(cache.options().sinks, block_tokens_);
+    job.page_offset = page_key_offset(cache.options().sinks, block_tokens_);
     job.page_first = job.known.empty() ? 0 : static_cast<int>(job.known[0].size());
-    const int end = std::min(cache.hack_page_count(seq_id, 0), job.end - page_key_offset_);
+    const int end = std::min(cache.hack_page_count(seq_id, 0), job.end - job.page_offset);
     job.pages.assign(static_cast<size_t>(std::max(0, end - job.page_first)), {});
   }
   const size_t page_bytes = cache.hack_layout(layer).page_bytes();

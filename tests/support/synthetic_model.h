@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "hack/kv/kv_options.h"
 #include "hack/model/config.h"
 
 namespace hack::test {
@@ -29,6 +30,17 @@ inline std::vector<int> random_prompt(int length, int vocab, uint32_t seed) {
     t = static_cast<int>((x >> 8) % static_cast<uint32_t>(vocab));
   }
   return p;
+}
+
+/// The KV these tests run on: `mode`, blocks of `block_tokens`, 4 sinks, f32 exact tokens (so
+/// a paged cache keeps the computed values as they are).
+inline KvCacheOptions synthetic_kv_options(KvMode mode, int block_tokens) {
+  KvCacheOptions o;
+  o.mode = mode;
+  o.block_tokens = block_tokens;
+  o.sinks = 4;
+  o.fp_dtype = DType::f32;
+  return o;
 }
 
 }  // namespace hack::test

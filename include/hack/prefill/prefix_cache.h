@@ -107,6 +107,7 @@ struct PrefixJob {
   std::vector<vault::BlockPtr> restored_pages;
   std::vector<std::vector<const std::byte*>> known;
   int page_first = 0;
+  int page_offset = 0;  // the key of page b is keys[b + page_offset] (see page_key_offset in the .cpp)
   std::vector<std::vector<std::vector<std::byte>>> pages;
   // keep_tail: tokens [tail_first, +tail_tokens) under tail_key, whose prefix is tail_parent;
   // slices per layer.
@@ -183,10 +184,8 @@ class PrefixCache {
   std::unique_ptr<net::VaultClient> vault_;
   std::vector<float> scratch_;
   KvRestoreTimes restore_times_;  // of the restore in progress
-  // keep_pages: the pages namespace; the key offset of a page (page b, tokens
-  // [S + bΠ, S + (b+1)Π), lies under the key of the block holding its last token, b + ⌈S/Π⌉).
+  // keep_pages: the pages namespace.
   std::string pages_space_;
-  int page_key_offset_ = 0;
   void find_pages(PrefixJob& job, const PagedKv& cache, std::span<const BlockKey> keys, int restored_blocks);
   // keep_tail: the tail namespace.
   bool tails() const { return options_.keep_tail && local_ && !options_.whole_chunks; }

@@ -308,12 +308,8 @@ void CudaPagedKvCache::commit_append(int layer, int seq_id, int start_pos, int n
   // on the legacy stream waits for the backend's stream): the observer sees what is stored.
   const size_t elems = static_cast<size_t>(n_tokens) * static_cast<size_t>(shape_.num_kv_heads) *
                        static_cast<size_t>(shape_.head_dim);
-  std::vector<uint16_t> k16(elems), v16(elems);
-  copy_exact_tokens(seq_id, layer, start_pos, n_tokens, reinterpret_cast<std::byte*>(k16.data()),
-                    reinterpret_cast<std::byte*>(v16.data()));
   std::vector<float> k(elems), v(elems);
-  convert_to_f32(DType::bf16, k16.data(), k.data(), elems);
-  convert_to_f32(DType::bf16, v16.data(), v.data(), elems);
+  read_exact_tokens(seq_id, layer, start_pos, n_tokens, k.data(), v.data());
   observer->on_append(layer, start_pos, n_tokens, k.data(), v.data());
 }
 
@@ -352,7 +348,6 @@ void CudaPagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>
   // As the CPU cache does it: the kept tokens come back as f32 (read_kept_tokens) and the
   // layer restarts from them. Its pages stay the sequence's (reserved for max_tokens).
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "device KV cache: layer {} out of range", layer);
-  (void)get(seq_id);
   HACK_CHECK(!is_hack() || (blocks_.prefilling(seq_id) && blocks_.closed_blocks(seq_id, layer) == 0),
              "sequence {} layer {}: tokens can be evicted only inside its prefill, before any block is quantized",
              seq_id, layer);

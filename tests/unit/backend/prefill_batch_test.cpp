@@ -25,14 +25,7 @@ namespace {
 
 constexpr int kChunk = 128;
 
-KvCacheOptions cache_options(KvMode mode) {
-  KvCacheOptions o;
-  o.mode = mode;
-  o.block_tokens = 16;
-  o.sinks = 4;
-  o.fp_dtype = DType::f32;
-  return o;
-}
+KvCacheOptions cache_options(KvMode mode) { return test::synthetic_kv_options(mode, 16); }
 
 // max |a − b| over max |a|: what the batch's other summation order moves.
 double relative_error(std::span<const float> a, std::span<const float> b) {
@@ -105,8 +98,9 @@ TEST_CASE("a batched prefill step gives each prompt one prefill's logits and KV,
         CHECK(closed == single.kv->blocks().closed_blocks(seq, l));
         // The tokens still exact (fp: all; HACK: the sinks and the tokens after the closed
         // blocks) are the single prefill's within rounding.
-        const int sinks = mode == KvMode::hack ? std::min(4, n) : n;
-        const int after = mode == KvMode::hack ? std::min(n, 4 + closed * 16) : n;
+        const KvCacheOptions& o = batched.kv->options();
+        const int sinks = mode == KvMode::hack ? std::min(o.sinks, n) : n;
+        const int after = mode == KvMode::hack ? std::min(n, o.sinks + closed * o.block_tokens) : n;
         for (auto [from, count] : {std::pair{0, sinks}, std::pair{after, n - after}}) {
           if (count == 0) continue;
           std::vector<float> ka(static_cast<size_t>(count) * static_cast<size_t>(cfg.kv_dim())), kb(ka.size());

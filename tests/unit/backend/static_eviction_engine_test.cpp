@@ -33,14 +33,7 @@ int argmax(const std::vector<float>& logits, size_t vocab) {
                           logits.begin());
 }
 
-KvCacheOptions cache_options(KvMode mode) {
-  KvCacheOptions o;
-  o.mode = mode;
-  o.block_tokens = 16;
-  o.sinks = 4;
-  o.fp_dtype = DType::f32;
-  return o;
-}
+KvCacheOptions cache_options(KvMode mode) { return test::synthetic_kv_options(mode, 16); }
 
 struct Run {
   std::unique_ptr<PagedKvCache> kv;

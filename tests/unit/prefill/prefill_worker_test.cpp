@@ -31,14 +31,7 @@ using namespace hack::server;
 
 namespace {
 
-KvCacheOptions kv_options(KvMode mode) {
-  KvCacheOptions o;
-  o.mode = mode;
-  o.block_tokens = 32;
-  o.sinks = 4;
-  o.fp_dtype = DType::f32;
-  return o;
-}
+KvCacheOptions kv_options(KvMode mode) { return test::synthetic_kv_options(mode, 32); }
 
 // What the receiver saw, queued for the test thread (callbacks run on the progress thread).
 struct Inbox {
@@ -956,6 +949,18 @@ TEST_CASE("prefill worker: a drain that fails or is cancelled fails its job only
 
 namespace {
 
+// One decode node's receiver on loopback and a prefill worker sending to it with `wo`.
+struct OneNode {
+  Inbox inbox;
+  net::UcxWorker rx_worker{net::test::options_for("tcp")}, tx_worker{net::test::options_for("tcp")};
+  net::KvReceiver receiver{rx_worker, inbox.callbacks()};
+  uint16_t port = rx_worker.listen("127.0.0.1", 0);
+  Outcomes outcomes;
+  PrefillWorker worker;
+  OneNode(Fixture& f, const PrefillWorkerOptions& wo)
+      : worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo) {}
+};
+
 PrefillWorkerOptions batched_options(KvMode mode, int chunk, int batch_jobs) {
   PrefillWorkerOptions wo;
   wo.kv = kv_options(mode);
@@ -973,12 +978,8 @@ TEST_CASE("prefill worker: short prompts queued together share one batched step,
   for (KvMode mode : {KvMode::fp, KvMode::hack}) {
     INFO("kv " << kv_mode_name(mode));
     const PrefillWorkerOptions wo = batched_options(mode, 64, 4);
-    Inbox inbox;
-    net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
-    net::KvReceiver receiver(rx_worker, inbox.callbacks());
-    const uint16_t port = rx_worker.listen("127.0.0.1", 0);
-    Outcomes outcomes;
-    PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
+    OneNode node(f, wo);
+    auto& [inbox, rx_worker, tx_worker, receiver, port, outcomes, worker] = node;
     // Job 1 is long (computed alone); the short ones queue behind it. Jobs 2–5 fit one chunk of
     // 64 together (56 tokens) and share a step; job 6 would pass it and waits for the next.
     const std::map<uint64_t, int> lengths = {{1, 700}, {2, 10}, {3, 15}, {4, 1}, {5, 30}, {6, 20}};
@@ -1045,12 +1046,8 @@ TEST_CASE("prefill worker: in a batched step a cancelled job fails alone, and ea
   wo.engine.prefill_chunk_tokens = 128;
   wo.batch_jobs = 8;
   wo.test_layer_delay_ms = 300;  // time to cancel job 3 inside the step
-  Inbox inbox;
-  net::UcxWorker rx_worker(net::test::options_for("tcp")), tx_worker(net::test::options_for("tcp"));
-  net::KvReceiver receiver(rx_worker, inbox.callbacks());
-  const uint16_t port = rx_worker.listen("127.0.0.1", 0);
-  Outcomes outcomes;
-  PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
+  OneNode node(f, wo);
+  auto& [inbox, rx_worker, tx_worker, receiver, port, outcomes, worker] = node;
   // Job 1 (200 tokens, alone) holds the worker while jobs 2–4 (40 tokens each: one full block
   // of 32 and a tail) queue and then share one step.
   REQUIRE(worker.submit(greedy_job(1, 200, f.cfg.vocab_size, port, outcomes)).is_ok());
