@@ -126,6 +126,30 @@ void decode_both(Engine& cpu, Engine& gpu, int token) {
   }
 }
 
+// tiny-qwen3's KV, hack k8v8, on the device (a pool of `pages`) and on the cpu, empty.
+struct TwinCaches {
+  explicit TwinCaches(int pages)
+      : model(Model::load(test::fixtures_dir() / "models" / "tiny-qwen3")),
+        shape(kv_shape(model)),
+        dev(make_cuda_kv_cache(model.config, CudaKvOptions{kPageTokens, pages, 0, hack_k8v8()})),
+        cpu(make_paged_kv_cache(shape, hack_k8v8())),
+        token_floats(static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim)) {}
+  // n tokens of K = sin(fk · i), V = cos(fv · i) over their elements i: [n][token_floats].
+  void tokens(int n, float fk, float fv, std::vector<float>& k, std::vector<float>& v) const {
+    k.resize(static_cast<size_t>(n) * token_floats);
+    v.resize(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = std::sin(fk * static_cast<float>(i));
+      v[i] = std::cos(fv * static_cast<float>(i));
+    }
+  }
+  Model model;
+  KvShape shape;
+  std::unique_ptr<CudaPagedKvCache> dev;
+  std::unique_ptr<PagedKvCache> cpu;
+  size_t token_floats;
+};
+
 std::vector<int> prompt_of(int n, int vocab) {
   std::vector<int> ids;
   for (int i = 0; i < n; ++i) ids.push_back((i * 97 + 13) % vocab);
@@ -177,22 +201,11 @@ TEST_CASE("paged kv: cpu-exported pages imported into the device give the cpu's 
 
 TEST_CASE("paged kv: the device's exact tokens, peeked pages and reservations agree with the cpu cache",
           "[gpu][paged-kv]") {
-  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-qwen3");
-  const KvShape shape = kv_shape(model);
-  const KvCacheOptions options = hack_k8v8();
-  CudaKvOptions ko;
-  ko.page_tokens = kPageTokens;
-  ko.num_pages = 16;
-  ko.hack = options;
-  auto dev = make_cuda_kv_cache(model.config, ko);
-  auto cpu = make_paged_kv_cache(shape, options);
+  TwinCaches twins(16);
+  auto& [model, shape, dev, cpu, token_floats] = twins;
   const int n = 2 * kPageTokens + 4 + 5;  // sinks, two full blocks, five open tokens
-  const size_t token_floats = static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim);
-  std::vector<float> k(static_cast<size_t>(n) * token_floats), v(k.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = std::sin(0.37f * static_cast<float>(i));
-    v[i] = std::cos(0.11f * static_cast<float>(i));
-  }
+  std::vector<float> k, v;
+  twins.tokens(n, 0.37f, 0.11f, k, v);
   for (PagedKv* kv : {static_cast<PagedKv*>(dev.get()), static_cast<PagedKv*>(cpu.get())}) {
     kv->add_sequence(0, n + 3);
     kv->begin_prefill(0);
@@ -269,22 +282,11 @@ TEST_CASE("paged kv: keep_tokens on the device keeps the cpu cache's tokens, and
   // Static eviction inside a prefill (--kv-keep-*): the same kept positions give the same
   // exact tokens in order on both devices, and the blocks closed at end_prefill are the same
   // page bytes.
-  const Model model = Model::load(test::fixtures_dir() / "models" / "tiny-qwen3");
-  const KvShape shape = kv_shape(model);
-  const KvCacheOptions options = hack_k8v8();
-  CudaKvOptions ko;
-  ko.page_tokens = kPageTokens;
-  ko.num_pages = 32;
-  ko.hack = options;
-  auto dev = make_cuda_kv_cache(model.config, ko);
-  auto cpu = make_paged_kv_cache(shape, options);
+  TwinCaches twins(32);
+  auto& [model, shape, dev, cpu, token_floats] = twins;
   const int n = 5 * kPageTokens + 7;
-  const size_t token_floats = static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(shape.head_dim);
-  std::vector<float> k(static_cast<size_t>(n) * token_floats), v(k.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = std::sin(0.29f * static_cast<float>(i));
-    v[i] = std::cos(0.13f * static_cast<float>(i));
-  }
+  std::vector<float> k, v;
+  twins.tokens(n, 0.29f, 0.13f, k, v);
   // Sinks, every third token after them, and the last ten: 4 + 23 + 10 kept (two full blocks).
   std::vector<int> kept = {0, 1, 2, 3};
   for (int p = 4; p < n - 10; p += 3) kept.push_back(p);
