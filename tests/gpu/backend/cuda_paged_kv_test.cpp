@@ -202,7 +202,11 @@ TEST_CASE("paged kv: cpu-exported pages imported into the device give the cpu's 
 TEST_CASE("paged kv: the device's exact tokens, peeked pages and reservations agree with the cpu cache",
           "[gpu][paged-kv]") {
   TwinCaches twins(16);
-  auto& [model, shape, dev, cpu, token_floats] = twins;
+  // References, not a structured binding: lambdas below capture them (clang < 16 cannot).
+  const KvShape& shape = twins.shape;
+  auto& dev = twins.dev;
+  auto& cpu = twins.cpu;
+  const size_t token_floats = twins.token_floats;
   const int n = 2 * kPageTokens + 4 + 5;  // sinks, two full blocks, five open tokens
   std::vector<float> k, v;
   twins.tokens(n, 0.37f, 0.11f, k, v);
@@ -283,7 +287,11 @@ TEST_CASE("paged kv: keep_tokens on the device keeps the cpu cache's tokens, and
   // exact tokens in order on both devices, and the blocks closed at end_prefill are the same
   // page bytes.
   TwinCaches twins(32);
-  auto& [model, shape, dev, cpu, token_floats] = twins;
+  // References, not a structured binding: lambdas below capture them (clang < 16 cannot).
+  const KvShape& shape = twins.shape;
+  auto& dev = twins.dev;
+  auto& cpu = twins.cpu;
+  const size_t token_floats = twins.token_floats;
   const int n = 5 * kPageTokens + 7;
   std::vector<float> k, v;
   twins.tokens(n, 0.29f, 0.13f, k, v);

@@ -1074,7 +1074,8 @@ TEST_CASE("prefill worker: in a batched step a cancelled job fails alone, and ea
     REQUIRE(outcomes.wait(id, net::test::kWaitS));
     REQUIRE(succeeded(outcomes, id));
   }
-  const auto restored = [&](uint64_t id) { return std::get<PrefillResult>(outcomes.by_id.at(id)).prefix.tokens; };
+  // node.outcomes, not the binding: clang before 16 cannot capture a structured binding.
+  const auto restored = [&](uint64_t id) { return std::get<PrefillResult>(node.outcomes.by_id.at(id)).prefix.tokens; };
   CHECK(restored(12) == 39);
   CHECK(restored(13) == 0);
   CHECK(restored(14) == 39);
