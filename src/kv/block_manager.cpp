@@ -48,12 +48,22 @@ void KvBlockManager::add_sequence(int seq_id, int max_tokens) {
   s.max_tokens = max_tokens;
   s.reserved_bytes = bytes;
   s.layers.resize(static_cast<size_t>(num_layers_));
+  if (owns_pages())  // the page tables do not grow on the decode path
+    for (Layer& l : s.layers) l.pages.reserve(table_pages(max_tokens));
   sequences_.emplace(seq_id, std::move(s));
+}
+
+void KvBlockManager::release_pages(int layer, Layer& l) {
+  PageIds& ids = page_ids(layer);
+  for (uint32_t id : l.pages) ids.release(id);
+  l.pages.clear();
 }
 
 bool KvBlockManager::remove_sequence(int seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return false;
+  if (owns_pages())
+    for (int l = 0; l < num_layers_; ++l) release_pages(l, it->second.layers[static_cast<size_t>(l)]);
   budget_.release(it->second.reserved_bytes);
   sequences_.erase(it);
   return true;
@@ -72,8 +82,21 @@ void KvBlockManager::fork_sequence(int src_seq, int dst_seq, int n_tokens, int m
   }
   add_sequence(dst_seq, max_tokens);
   const Sequence& from = get(src_seq);  // add_sequence may have moved it
-  for (int l = 0; l < num_layers_; ++l)
-    set_layer(dst_seq, l, n_tokens, std::min(blocks, from.layers[static_cast<size_t>(l)].closed));
+  Sequence& dst = get(dst_seq);
+  for (int l = 0; l < num_layers_; ++l) {
+    const Layer& src_layer = from.layers[static_cast<size_t>(l)];
+    Layer& to = dst.layers[static_cast<size_t>(l)];
+    to.length = n_tokens;
+    to.closed = hack() ? std::min(blocks, src_layer.closed) : 0;
+    if (!owns_pages()) continue;
+    // Closed pages (hack: the closed blocks among the first n_tokens; fp: the full pages)
+    // are never written again, so dst shares them; a partly filled fp page is dst's own.
+    PageIds& ids = page_ids(l);
+    const int shared = hack() ? to.closed : blocks;
+    to.pages.assign(src_layer.pages.begin(), src_layer.pages.begin() + shared);
+    for (uint32_t id : to.pages) ids.retain(id);
+    if (!hack() && n_tokens > blocks * options_.block_tokens) to.pages.push_back(ids.allocate());
+  }
 }
 
 bool KvBlockManager::try_extend_sequence(int seq_id, int max_tokens) {
@@ -83,6 +106,7 @@ bool KvBlockManager::try_extend_sequence(int seq_id, int max_tokens) {
   if (bytes > s.reserved_bytes && !budget_.try_reserve(bytes - s.reserved_bytes)) return false;
   s.reserved_bytes = std::max(s.reserved_bytes, bytes);
   s.max_tokens = max_tokens;
+  for (Layer& l : s.layers) l.pages.reserve(table_pages(max_tokens));
   return true;
 }
 
@@ -129,7 +153,71 @@ void KvBlockManager::check_append(int seq_id, int layer, int start_pos, int n_to
 
 void KvBlockManager::record_append(int seq_id, int layer, int n_tokens) { layer_of(seq_id, layer).length += n_tokens; }
 
+void KvBlockManager::own_page_ids(const std::vector<int>& layer_space) {
+  HACK_CHECK(sequences_.empty() && spaces_.empty(), "KV block manager: page ids are taken over before any sequence, once");
+  HACK_CHECK(static_cast<int>(layer_space.size()) == num_layers_, "KV block manager: {} layer spaces for {} layers",
+             layer_space.size(), num_layers_);
+  int spaces = 0;
+  for (int s : layer_space) {
+    HACK_CHECK(s >= 0 && s < num_layers_, "KV block manager: page space {} out of range", s);
+    spaces = std::max(spaces, s + 1);
+  }
+  for (int i = 0; i < spaces; ++i) spaces_.push_back(std::make_unique<PageIds>());
+  layer_space_ = layer_space;
+}
+
+PageIds& KvBlockManager::page_ids(int layer) const {
+  HACK_CHECK(owns_pages(), "KV block manager: the storage names its own pages");
+  HACK_CHECK(layer >= 0 && layer < num_layers_, "layer {} out of range", layer);
+  return *spaces_[static_cast<size_t>(layer_space_[static_cast<size_t>(layer)])];
+}
+
+std::span<const uint32_t> KvBlockManager::pages(int seq_id, int layer) const { return layer_of(seq_id, layer).pages; }
+
+uint32_t KvBlockManager::add_page(int seq_id, int layer) {
+  HACK_CHECK(!hack(), "KV block manager: add_page is for fp pages");
+  Layer& l = layer_of(seq_id, layer);
+  const uint32_t id = page_ids(layer).allocate();
+  l.pages.push_back(id);
+  return id;
+}
+
+void KvBlockManager::new_pages(int layer, int n, std::vector<uint32_t>& ids) {
+  PageIds& space = page_ids(layer);
+  ids.clear();
+  try {
+    for (int i = 0; i < n; ++i) ids.push_back(space.allocate());
+  } catch (...) {  // a bounded space ran out: none of them is handed out
+    free_pages(layer, ids);
+    ids.clear();
+    throw;
+  }
+}
+
+void KvBlockManager::free_pages(int layer, std::span<const uint32_t> ids) {
+  PageIds& space = page_ids(layer);
+  for (uint32_t id : ids) space.release(id);
+}
+
+void KvBlockManager::close_blocks(int seq_id, int layer, std::span<const uint32_t> ids) {
+  HACK_CHECK(hack() && owns_pages(), "KV block manager: close_blocks is for HACK pages it hands out");
+  Layer& l = layer_of(seq_id, layer);
+  const int closed = l.closed + static_cast<int>(ids.size());
+  HACK_CHECK(closed <= full_blocks(l.length), "sequence {} layer {}: {} closed blocks of {} tokens ({} closed before)",
+             seq_id, layer, closed, l.length, l.closed);
+  l.pages.insert(l.pages.end(), ids.begin(), ids.end());
+  l.closed = closed;
+}
+
+int KvBlockManager::page_ref_count(int seq_id, int layer, int index) const {
+  const Layer& l = layer_of(seq_id, layer);
+  HACK_CHECK(index >= 0 && index < static_cast<int>(l.pages.size()), "sequence {} layer {}: no page {}", seq_id, layer,
+             index);
+  return page_ids(layer).ref_count(l.pages[static_cast<size_t>(index)]);
+}
+
 void KvBlockManager::record_closed(int seq_id, int layer, int closed_blocks) {
+  HACK_CHECK(!owns_pages(), "KV block manager: closed blocks come with their pages (close_blocks)");
   Layer& l = layer_of(seq_id, layer);
   HACK_CHECK(closed_blocks >= l.closed && closed_blocks <= full_blocks(l.length),
              "sequence {} layer {}: {} closed blocks of {} tokens ({} closed before)", seq_id, layer, closed_blocks,
@@ -141,6 +229,13 @@ void KvBlockManager::set_layer(int seq_id, int layer, int length, int closed) {
   Layer& l = layer_of(seq_id, layer);
   HACK_CHECK(length >= 0 && length <= get(seq_id).max_tokens && closed >= 0 && (!hack() || closed <= full_blocks(length)),
              "sequence {} layer {}: {} tokens with {} closed blocks do not fit", seq_id, layer, length, closed);
+  if (owns_pages()) {
+    if (length == 0 && closed == 0) release_pages(layer, l);
+    const int T = options_.block_tokens;
+    const size_t held = static_cast<size_t>(hack() ? closed : (length + T - 1) / T);
+    HACK_CHECK(l.pages.size() == held, "sequence {} layer {}: {} tokens with {} closed blocks need {} pages, it holds {}",
+               seq_id, layer, length, closed, held, l.pages.size());
+  }
   l.length = length;
   l.closed = hack() ? closed : 0;
 }

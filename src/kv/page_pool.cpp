@@ -13,66 +13,109 @@ namespace hack {
 namespace {
 constexpr size_t kPageAlign = 64;
 constexpr size_t kSlabTargetBytes = size_t{4} << 20;
+constexpr size_t kMaxSlabs = size_t{1} << 18;  // 1 TiB of 4 MiB slabs
 }  // namespace
 
 void PagePool::AlignedFree::operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kPageAlign}); }
 
-PagePool::PagePool(size_t page_bytes, size_t pages_per_slab)
-    : page_bytes_((page_bytes + kPageAlign - 1) / kPageAlign * kPageAlign),
-      pages_per_slab_(pages_per_slab > 0 ? pages_per_slab : std::max<size_t>(1, kSlabTargetBytes / std::max<size_t>(1, page_bytes))) {
-  HACK_CHECK(page_bytes > 0, "PagePool: page size must be positive");
-}
-
-PageRef PagePool::allocate() {
+uint32_t PageIds::allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
+  uint32_t id;
   if (free_.empty()) {
-    const size_t bytes = page_bytes_ * pages_per_slab_;
-    Slab slab;
-    if (bytes >= HugePageMapping::kHugePage) slab.mapped = std::make_unique<HugePageMapping>(bytes, "KV pages", false);
-    else slab.heap.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kPageAlign})));
-    const uint32_t first = static_cast<uint32_t>(page_data_.size());
-    for (size_t i = 0; i < pages_per_slab_; ++i) {
-      page_data_.push_back(slab.data() + i * page_bytes_);
-      refs_.push_back(0);
+    HACK_CHECK(capacity_ == 0 || refs_.size() < capacity_, "page ids: all {} pages are held", capacity_);
+    // Room for many ids at once, in both lists, so that steps between growths allocate nothing.
+    if (refs_.size() == refs_.capacity()) {
+      const size_t room = std::max<size_t>(1024, 2 * refs_.capacity());
+      refs_.reserve(room);
+      free_.reserve(room);
     }
-    // Hand out the slab's pages in address order.
-    for (size_t i = pages_per_slab_; i-- > 0;) free_.push_back(first + static_cast<uint32_t>(i));
-    slabs_.push_back(std::move(slab));
-    slab_released_.push_back(0);
+    id = static_cast<uint32_t>(refs_.size());
+    refs_.push_back(0);
+  } else {
+    id = free_.back();
+    free_.pop_back();
   }
-  const uint32_t id = free_.back();
-  free_.pop_back();
-  slab_released_[id / pages_per_slab_] = 0;
   refs_[id] = 1;
   ++in_use_;
-  return {page_data_[id], id};
+  return id;
 }
 
-void PagePool::retain(PageRef page) {
+void PageIds::retain(uint32_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  HACK_CHECK(page.id < refs_.size() && refs_[page.id] > 0, "PagePool: retain of a free page {}", page.id);
-  ++refs_[page.id];
+  HACK_CHECK(id < refs_.size() && refs_[id] > 0, "page ids: retain of a free page {}", id);
+  ++refs_[id];
 }
 
-void PagePool::release(PageRef page) {
-  if (!page) return;
+bool PageIds::release(uint32_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  HACK_CHECK(page.id < refs_.size() && refs_[page.id] > 0, "PagePool: release of a free page {}", page.id);
-  if (--refs_[page.id] == 0) {
-    free_.push_back(page.id);
-    --in_use_;
-  }
+  HACK_CHECK(id < refs_.size() && refs_[id] > 0, "page ids: release of a free page {}", id);
+  if (--refs_[id] > 0) return false;
+  free_.push_back(id);
+  --in_use_;
+  return true;
 }
 
-int PagePool::ref_count(PageRef page) const {
+int PageIds::ref_count(uint32_t id) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return page.id < refs_.size() ? refs_[page.id] : 0;
+  return id < refs_.size() ? refs_[id] : 0;
 }
 
-size_t PagePool::pages_in_use() const {
+bool PageIds::none_held(uint32_t first, uint32_t count) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t id = first; id < std::min<size_t>(refs_.size(), size_t{first} + count); ++id)
+    if (refs_[id] > 0) return false;
+  return true;
+}
+
+size_t PageIds::in_use() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return in_use_;
 }
+
+PagePool::PagePool(size_t page_bytes, size_t pages_per_slab, PageIds* ids)
+    : page_bytes_((page_bytes + kPageAlign - 1) / kPageAlign * kPageAlign),
+      pages_per_slab_(pages_per_slab > 0 ? pages_per_slab : std::max<size_t>(1, kSlabTargetBytes / std::max<size_t>(1, page_bytes))),
+      own_ids_(ids == nullptr ? std::make_unique<PageIds>() : nullptr),
+      ids_(ids == nullptr ? own_ids_.get() : ids) {
+  HACK_CHECK(page_bytes > 0, "PagePool: page size must be positive");
+  slab_base_.reserve(kMaxSlabs);
+}
+
+std::byte* PagePool::map(uint32_t id) {
+  const size_t slab = id / pages_per_slab_;
+  std::lock_guard<std::mutex> lock(mutex_);
+  HACK_CHECK(slab < kMaxSlabs, "PagePool: page {} lies past the pool's {} slabs of {} pages", id, kMaxSlabs,
+             pages_per_slab_);
+  while (slabs_.size() <= slab) {
+    const size_t bytes = page_bytes_ * pages_per_slab_;
+    Slab s;
+    if (bytes >= HugePageMapping::kHugePage) s.mapped = std::make_unique<HugePageMapping>(bytes, "KV pages", false);
+    else s.heap.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kPageAlign})));
+    slab_base_.push_back(s.data());  // within the reserved capacity: data() readers see no move
+    slabs_.push_back(std::move(s));
+    slab_released_.push_back(0);
+  }
+  slab_released_[slab] = 0;
+  return data(id);
+}
+
+PageRef PagePool::allocate() {
+  const uint32_t id = ids_->allocate();
+  try {
+    return {map(id), id};
+  } catch (...) {
+    ids_->release(id);
+    throw;
+  }
+}
+
+void PagePool::retain(PageRef page) { ids_->retain(page.id); }
+
+void PagePool::release(PageRef page) {
+  if (page) ids_->release(page.id);
+}
+
+int PagePool::ref_count(PageRef page) const { return ids_->ref_count(page.id); }
 
 size_t PagePool::bytes_reserved() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -86,8 +129,7 @@ size_t PagePool::release_free_slabs() {
   size_t released = 0;
   for (size_t s = 0; s < slabs_.size(); ++s) {
     if (slab_released_[s]) continue;
-    const auto first = refs_.begin() + static_cast<std::ptrdiff_t>(s * pages_per_slab_);
-    if (std::any_of(first, first + static_cast<std::ptrdiff_t>(pages_per_slab_), [](int r) { return r > 0; })) continue;
+    if (!ids_->none_held(static_cast<uint32_t>(s * pages_per_slab_), static_cast<uint32_t>(pages_per_slab_))) continue;
     // Only whole OS pages inside the slab: the allocator's bookkeeping just before it stays.
     const auto begin = reinterpret_cast<uintptr_t>(slabs_[s].data());
     const uintptr_t from = (begin + os_page - 1) / os_page * os_page;

@@ -144,11 +144,11 @@ int PageSelector::choose(const PagedKvCache& kv, const AttentionPlan& plan, int 
   if (k == C) {
     std::fill(sc.keep.begin(), sc.keep.end(), 1);
   } else if (k > 0) {
-    const std::span<const PageRef> refs = kv.hack_pages(it.seq_id, layer);
-    HACK_CHECK(static_cast<int>(refs.size()) == closed, "page selection: sequence {} layer {} holds {} pages, the plan {}",
-               it.seq_id, layer, refs.size(), closed);
+    const std::span<const uint32_t> ids = kv.hack_pages(it.seq_id, layer);
+    HACK_CHECK(static_cast<int>(ids.size()) == closed, "page selection: sequence {} layer {} holds {} pages, the plan {}",
+               it.seq_id, layer, ids.size(), closed);
     sc.pages.resize(static_cast<size_t>(C));
-    for (int p = 0; p < C; ++p) sc.pages[static_cast<size_t>(p)] = refs[static_cast<size_t>(p)].data;
+    for (int p = 0; p < C; ++p) sc.pages[static_cast<size_t>(p)] = kv.page_data(layer, ids[static_cast<size_t>(p)]);
     // The query group's rows (the first k_dim entries of each head_dim slot).
     const HackPageLayout& layout = kv.hack_layout(layer);
     const HackHeadLayout& hl = layout.head(head);

@@ -68,18 +68,30 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
     widest_token = std::max(widest_token, e.token_elems);
     exact_.push_back(std::move(e));
   }
-  // Layers whose pages have the same size share a pool.
-  auto pool_for = [&](size_t page_bytes) {
-    for (const auto& p : block_pools_)
-      if (p->page_bytes() == page_bytes) return p.get();
-    block_pools_.push_back(std::make_unique<PagePool>(page_bytes));
-    return block_pools_.back().get();
+  // Layers whose pages have the same size share a pool, whose ids are one of the block
+  // manager's id spaces (it hands them out, counts their holders and shares them on forks).
+  std::vector<size_t> page_bytes;  // per layer
+  const auto use_pools = [&] {
+    std::vector<int> space;
+    std::vector<size_t> sizes;
+    for (size_t bytes : page_bytes) {
+      const auto at = std::find(sizes.begin(), sizes.end(), bytes);
+      space.push_back(static_cast<int>(at - sizes.begin()));
+      if (at == sizes.end()) sizes.push_back(bytes);
+    }
+    blocks_.own_page_ids(space);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int first_layer = static_cast<int>(std::find(space.begin(), space.end(), static_cast<int>(i)) - space.begin());
+      block_pools_.push_back(std::make_unique<PagePool>(sizes[i], 0, &blocks_.page_ids(first_layer)));
+    }
+    for (int s : space) layer_pool_.push_back(block_pools_[static_cast<size_t>(s)].get());
   };
   if (options.mode == KvMode::fp) {
     HACK_CHECK(options.fp_dtype == DType::bf16 || options.fp_dtype == DType::f32,
                "paged KV cache: fp pages hold bf16 or f32, not {}", dtype_name(options.fp_dtype));
     exact_elem_bytes_ = dtype_size(options.fp_dtype);
-    for (const ExactLayout& e : exact_) layer_pool_.push_back(pool_for(T * e.token_elems * exact_elem_bytes_));
+    for (const ExactLayout& e : exact_) page_bytes.push_back(T * e.token_elems * exact_elem_bytes_);
+    use_pools();
     return;
   }
   HACK_CHECK(options.sinks >= 0 && options.sinks <= 1024, "--hack-sinks must be in [0, 1024], got {}", options.sinks);
@@ -90,8 +102,9 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
              "HACK bit allocation: {} layers given, the model has {}", options.layer_bits.size(), shape.num_layers);
   for (int l = 0; l < shape.num_layers; ++l) {
     layouts_.push_back(hack_page_layout(shape, options, l));
-    layer_pool_.push_back(pool_for(layouts_.back().page_bytes()));
+    page_bytes.push_back(layouts_.back().page_bytes());
   }
+  use_pools();
   exact_elem_bytes_ = 2;
   // Exact pages are sized for the widest layer (all layers share these pools).
   open_pool_ = std::make_unique<PagePool>(T * widest_token * 2);
@@ -145,35 +158,26 @@ size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
 
 void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
   blocks_.add_sequence(seq_id, max_tokens);  // checks the id, the count and the budget
-  add_pages(seq_id, max_tokens);
+  add_pages(seq_id);
 }
 
-void PagedKvCache::add_pages(int seq_id, int max_tokens) {
+void PagedKvCache::add_pages(int seq_id) {
   auto s = std::make_unique<Sequence>();
   s->layers.resize(static_cast<size_t>(shape_.num_layers));
-  const int max_pages = (max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1;
   for (size_t l = 0; l < s->layers.size(); ++l) {  // no reallocation on the decode path
     LayerPages& lp = s->layers[l];
     lp.layer = static_cast<int>(l);
-    lp.pages.reserve(static_cast<size_t>(max_pages));
     lp.pending.reserve(static_cast<size_t>(2 + (options_.recent_tokens + options_.block_tokens - 1) / options_.block_tokens));
   }
   sequences_.emplace(seq_id, std::move(s));
 }
 
 bool PagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
-  Sequence& s = get(seq_id);
-  if (max_tokens <= blocks_.max_tokens(seq_id)) return true;
-  if (!blocks_.try_extend_sequence(seq_id, max_tokens)) return false;
-  const size_t max_pages = static_cast<size_t>((max_tokens + options_.block_tokens - 1) / options_.block_tokens + 1);
-  for (auto& lp : s.layers) lp.pages.reserve(max_pages);
-  return true;
+  return blocks_.try_extend_sequence(seq_id, max_tokens);
 }
 
 void PagedKvCache::release_pages(Sequence& s) {
-  for (auto& lp : s.layers) {
-    for (PageRef p : lp.pages) pages_of(lp.layer).release(p);
-    lp.pages.clear();
+  for (auto& lp : s.layers) {  // the closed pages are the block manager's
     for (PageRef p : lp.pending) open_pool_->release(p);
     lp.pending.clear();
     if (lp.open) open_pool_->release(lp.open);
@@ -223,25 +227,25 @@ void PagedKvCache::quantize_pending(int seq_id, int layer, const KnownPages* kno
   LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   // The blocks that have left the recent window (the block manager's rule, the same on
   // every device); pending blocks are the full ones past the closed pages.
+  const size_t closed = static_cast<size_t>(blocks_.closed_blocks(seq_id, layer));
   const size_t upto = static_cast<size_t>(blocks_.closable_blocks(seq_id, layer));
-  const size_t done = upto > lp.pages.size() ? std::min(lp.pending.size(), upto - lp.pages.size()) : 0;
-  if (done == 0) {
-    blocks_.record_closed(seq_id, layer, static_cast<int>(lp.pages.size()));
-    return;
+  const size_t done = upto > closed ? std::min(lp.pending.size(), upto - closed) : 0;
+  if (done == 0) return;
+  // Page ids come from the block manager first, then their memory from the pool; the
+  // quantization of each block (a pure function of its tokens and position) may then run in
+  // parallel. A decode step closes one block: the id list's capacity is kept per thread.
+  thread_local std::vector<uint32_t> ids;
+  blocks_.new_pages(layer, static_cast<int>(done), ids);
+  thread_local std::vector<std::byte*> fresh_data;
+  fresh_data.resize(done);
+  std::byte** fresh = fresh_data.data();
+  try {
+    for (size_t i = 0; i < done; ++i) fresh[i] = pages_of(layer).map(ids[i]);
+  } catch (...) {
+    blocks_.free_pages(layer, ids);
+    throw;
   }
-  // Pages come from the pools first; the quantization of each block (a pure function of its
-  // tokens and position) may then run in parallel. One block (a decode step's closing) needs
-  // no list.
-  PageRef one;
-  std::vector<PageRef> many;
-  if (done == 1) {
-    one = pages_of(layer).allocate();
-  } else {
-    many.reserve(done);
-    for (size_t i = 0; i < done; ++i) many.push_back(pages_of(layer).allocate());
-  }
-  PageRef* fresh = done == 1 ? &one : many.data();
-  const int64_t first = options_.sinks + static_cast<int64_t>(lp.pages.size()) * T;
+  const int64_t first = options_.sinks + static_cast<int64_t>(closed) * T;
   // Known pages are looked up and checked here, on this thread, before anything changes.
   std::vector<const std::byte*> given;
   if (known != nullptr && *known) {
@@ -249,23 +253,23 @@ void PagedKvCache::quantize_pending(int seq_id, int layer, const KnownPages* kno
     const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
     try {
       for (size_t i = 0; i < done; ++i) {
-        const std::byte* page = (*known)(layer, static_cast<int>(lp.pages.size() + i));
+        const std::byte* page = (*known)(layer, static_cast<int>(closed + i));
         if (page == nullptr) continue;
         const int64_t at = first + static_cast<int64_t>(i) * T;
         layout.validate_at(page, layer, at);
         given[i] = page;
       }
     } catch (...) {
-      for (size_t i = 0; i < done; ++i) pages_of(layer).release(fresh[i]);
+      blocks_.free_pages(layer, ids);
       throw;
     }
   }
   const auto quantize = [&](size_t b0, size_t b1) {
     for (size_t i = b0; i < b1; ++i) {
       if (!given.empty() && given[i] != nullptr) {
-        std::memcpy(fresh[i].data, given[i], layouts_[static_cast<size_t>(layer)].page_bytes());
+        std::memcpy(fresh[i], given[i], layouts_[static_cast<size_t>(layer)].page_bytes());
       } else {
-        quantize_block(layer, lp.pending[i].data, first + static_cast<int64_t>(i) * T, fresh[i].data);
+        quantize_block(layer, lp.pending[i].data, first + static_cast<int64_t>(i) * T, fresh[i]);
       }
     }
   };
@@ -276,15 +280,12 @@ void PagedKvCache::quantize_pending(int seq_id, int layer, const KnownPages* kno
       quantize(0, done);
     }
   } catch (...) {  // the blocks stay pending, the new pages go back
-    for (size_t i = 0; i < done; ++i) pages_of(layer).release(fresh[i]);
+    blocks_.free_pages(layer, ids);
     throw;
   }
-  for (size_t i = 0; i < done; ++i) {
-    lp.pages.push_back(fresh[i]);
-    open_pool_->release(lp.pending[i]);
-  }
+  blocks_.close_blocks(seq_id, layer, ids);
+  for (size_t i = 0; i < done; ++i) open_pool_->release(lp.pending[i]);
   lp.pending.erase(lp.pending.begin(), lp.pending.begin() + static_cast<std::ptrdiff_t>(done));
-  blocks_.record_closed(seq_id, layer, static_cast<int>(lp.pages.size()));
 }
 
 void PagedKvCache::quantize_block(int layer, const std::byte* block, int64_t first, std::byte* page) const {
@@ -305,14 +306,15 @@ void PagedKvCache::peek_block_page(int seq_id, int layer, int block, std::byte* 
   HACK_CHECK(options_.mode == KvMode::hack, "peek_block_page: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
-  HACK_CHECK(block >= 0 && static_cast<size_t>(block) < lp.pages.size() + lp.pending.size(),
+  const std::span<const uint32_t> closed = blocks_.pages(seq_id, layer);
+  HACK_CHECK(block >= 0 && static_cast<size_t>(block) < closed.size() + lp.pending.size(),
              "peek_block_page: sequence {} layer {} has no full block {}", seq_id, layer, block);
   const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
-  if (static_cast<size_t>(block) < lp.pages.size()) {
-    std::memcpy(page, lp.pages[static_cast<size_t>(block)].data, layout.page_bytes());
+  if (static_cast<size_t>(block) < closed.size()) {
+    std::memcpy(page, page_data(layer, closed[static_cast<size_t>(block)]), layout.page_bytes());
     return;
   }
-  quantize_block(layer, lp.pending[static_cast<size_t>(block) - lp.pages.size()].data,
+  quantize_block(layer, lp.pending[static_cast<size_t>(block) - closed.size()].data,
                  options_.sinks + static_cast<int64_t>(block) * options_.block_tokens, page);
 }
 
@@ -330,14 +332,16 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
   if (options_.mode == KvMode::hack && n_tokens > 0 && !blocks_.prefilling(seq_id)) quantize_pending(seq_id, layer);
   if (KvAppendObserver* observer = blocks_.observer(seq_id); observer != nullptr && n_tokens > 0)
     observer->on_append(layer, start_pos, n_tokens, k, v);
+  std::byte* fp_page = nullptr;  // fp: the page being written
   for (int i = 0; i < n_tokens; ++i) {
     const int pos = start_pos + i;
     const float* kt = k + static_cast<size_t>(i) * token_floats;
     const float* vt = v + static_cast<size_t>(i) * token_floats;
     if (options_.mode == KvMode::fp) {
       const int slot = pos % T;
-      if (slot == 0) lp.pages.push_back(pages_of(layer).allocate());
-      write_exact(layer, lp.pages.back().data, T, slot, kt, vt);
+      if (slot == 0) fp_page = pages_of(layer).map(blocks_.add_page(seq_id, layer));
+      if (fp_page == nullptr) fp_page = pages_of(layer).data(blocks_.pages(seq_id, layer).back());
+      write_exact(layer, fp_page, T, slot, kt, vt);
     } else if (pos < options_.sinks) {
       if (!lp.sink) lp.sink = sink_pool_->allocate();
       write_exact(layer, lp.sink.data, options_.sinks, pos, kt, vt);
@@ -354,13 +358,19 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
   blocks_.record_append(seq_id, layer, n_tokens);
 }
 
-PagedKvCache::Segment PagedKvCache::resolve(const LayerPages& lp, const PlanSegment& s) const {
+CpuLayerView PagedKvCache::view_of(int seq_id, int layer) const {
+  return {&get(seq_id).layers[static_cast<size_t>(layer)], blocks_.pages(seq_id, layer).data()};
+}
+
+PagedKvCache::Segment PagedKvCache::resolve(const CpuLayerView& view, const PlanSegment& s) const {
   const int T = options_.block_tokens;
+  const LayerPages& lp = *view.exact;
   switch (s.slot) {
     case SegmentSlot::sinks:
       return {s.first_token, s.tokens, false, lp.sink.data, options_.sinks};
     case SegmentSlot::closed:
-      return {s.first_token, s.tokens, options_.mode == KvMode::hack, lp.pages[static_cast<size_t>(s.index)].data, T};
+      return {s.first_token, s.tokens, options_.mode == KvMode::hack,
+              page_data(lp.layer, view.pages[static_cast<size_t>(s.index)]), T};
     case SegmentSlot::pending:
       return {s.first_token, s.tokens, false, lp.pending[static_cast<size_t>(s.index)].data, T};
     case SegmentSlot::open:
@@ -409,11 +419,12 @@ size_t PagedKvCache::attend_scratch_floats(int n_tokens, int) const {
   return align16(rows * d) * 2 + align16(rows) * 3 + work_floats() + 16;
 }
 
-void PagedKvCache::attend_segments(const LayerPages& lp, std::span<const PlanSegment> segments, const int* selection,
+void PagedKvCache::attend_segments(const CpuLayerView& lv, std::span<const PlanSegment> segments, const int* selection,
                                    int seg_begin, int seg_end, int head_begin, int head_end, int start_pos,
                                    int n_tokens, const cpu::AttentionRows* rows, float* work) const {
   const int G = shape_.group_size;
-  auto segment = [&](int i) { return resolve(lp, segments[static_cast<size_t>(selection ? selection[i] : i)]); };
+  const LayerPages& lp = *lv.exact;
+  auto segment = [&](int i) { return resolve(lv, segments[static_cast<size_t>(selection ? selection[i] : i)]); };
   // Segments are visited in position order and, inside one, every head in turn, so a page
   // is read front to back. The next segment is prefetched while this one computes: a HACK
   // kernel spreads prefetches of the next page's section of its head over its work; exact
@@ -490,7 +501,7 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
                           size_t q_row_stride, float* out, size_t out_row_stride, float scale, float* scratch) const {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers && kv_head >= 0 && kv_head < shape_.num_kv_heads,
              "attend: layer {} / KV head {} out of range", layer, kv_head);
-  const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
+  const CpuLayerView view = view_of(seq_id, layer);
   const int length = blocks_.length(seq_id, layer);
   HACK_CHECK(start_pos >= 0 && n_tokens > 0 && length >= start_pos + n_tokens,
              "sequence {} layer {}: attention over {} tokens but {} stored", seq_id, layer, start_pos + n_tokens,
@@ -513,8 +524,8 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
   const cpu::AttentionRows rows{static_cast<int>(rows_n), kd, vd, qs, visible, mx, sum, acc};
   cpu::attention_rows_reset(rows);
   std::vector<PlanSegment> segments;  // the reference path may allocate
-  blocks_.list_segments(start_pos + n_tokens, static_cast<int>(lp.pages.size()), segments);
-  attend_segments(lp, segments, nullptr, 0, static_cast<int>(segments.size()), kv_head, kv_head + 1, start_pos, n_tokens,
+  blocks_.list_segments(start_pos + n_tokens, static_cast<int>(blocks_.pages(seq_id, layer).size()), segments);
+  attend_segments(view, segments, nullptr, 0, static_cast<int>(segments.size()), kv_head, kv_head + 1, start_pos, n_tokens,
                   &rows, work);
   for (int t = 0; t < n_tokens; ++t) {
     cpu::AttentionRows tr = rows;
@@ -581,7 +592,7 @@ void PagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float*
   const AttentionPlan& p = c.plan;
   const PlanTask& t = p.tasks[index];
   const PlanItem& it = p.items[static_cast<size_t>(t.item)];
-  const LayerPages& lp = *c.ws.layers[static_cast<size_t>(t.item)];
+  const CpuLayerView& lp = c.ws.layers[static_cast<size_t>(t.item)];
   const std::span<const int> sel = p.selection_of(t.item, t.head_begin);
   const int* selection = t.head_end - t.head_begin == 1 && !sel.empty() ? sel.data() : nullptr;
   const bool alone = (index == 0 || !same_unit(p.tasks[index - 1], t)) &&
@@ -639,13 +650,13 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
   ws.layers.resize(plan.items.size());
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const PlanItem& it = plan.items[i];
-    const LayerPages& lp = get(it.seq_id).layers[static_cast<size_t>(layer)];
     const int length = blocks_.length(it.seq_id, layer);
+    const size_t closed = blocks_.pages(it.seq_id, layer).size();
     HACK_CHECK(length == it.start_pos + it.n_tokens &&
-                   (options_.mode == KvMode::fp || static_cast<int>(lp.pages.size()) == it.closed_pages),
+                   (options_.mode == KvMode::fp || static_cast<int>(closed) == it.closed_pages),
                "sequence {} layer {}: holds {} tokens in {} closed pages, the step's plan expects {} in {}", it.seq_id,
-               layer, length, lp.pages.size(), it.start_pos + it.n_tokens, it.closed_pages);
-    ws.layers[i] = &lp;
+               layer, length, closed, it.start_pos + it.n_tokens, it.closed_pages);
+    ws.layers[i] = view_of(it.seq_id, layer);
   }
   // Workspace: the plan's softmax states, then per thread the scaled q of a task and the
   // kernels' work area.
@@ -676,10 +687,11 @@ void PagedKvCache::set_select_options(const PageSelectOptions& select) {
 
 void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {
   const Sequence& src = get(src_seq);
-  // The block manager checks the cut, reserves dst and records its lengths and closed blocks
-  // (the closed ones among the first n_tokens); the pages follow that here.
+  // The block manager checks the cut, reserves dst, records its lengths and closed blocks
+  // (the closed ones among the first n_tokens) and shares their page ids; the exact pages
+  // follow that here.
   blocks_.fork_sequence(src_seq, dst_seq, n_tokens, max_tokens);
-  add_pages(dst_seq, max_tokens);
+  add_pages(dst_seq);
   const int T = options_.block_tokens, S = options_.mode == KvMode::hack ? options_.sinks : 0;
   const int blocks = blocks_.full_blocks(n_tokens);
   const int tail = std::max(0, n_tokens - S - blocks * T);  // tokens of the partly filled block
@@ -687,15 +699,11 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
   for (size_t l = 0; l < src.layers.size(); ++l) {
     const LayerPages& from = src.layers[l];
     LayerPages& to = dst.layers[l];
-    if (options_.mode == KvMode::fp) {
-      for (int i = 0; i < blocks; ++i) {
-        pages_of(from.layer).retain(from.pages[static_cast<size_t>(i)]);
-        to.pages.push_back(from.pages[static_cast<size_t>(i)]);
-      }
-      if (tail > 0) {
-        to.pages.push_back(pages_of(from.layer).allocate());
-        copy_exact_page(from.layer, from.pages[static_cast<size_t>(blocks)].data, to.pages.back().data, T, tail);
-      }
+    const int layer = from.layer;
+    if (options_.mode == KvMode::fp) {  // the full pages are shared; the tail's page is dst's own
+      if (tail > 0)
+        copy_exact_page(layer, page_data(layer, blocks_.pages(src_seq, layer)[static_cast<size_t>(blocks)]),
+                        pages_of(layer).map(blocks_.pages(dst_seq, layer).back()), T, tail);
       continue;
     }
     if (S > 0 && n_tokens > 0) {
@@ -707,17 +715,13 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
         copy_exact_page(from.layer, from.sink.data, to.sink.data, S, n_tokens);
       }
     }
-    // Full blocks: quantized ones shared as HACK pages, pending ones shared as pending.
-    const size_t quantized = from.pages.size();
-    for (int i = 0; i < blocks; ++i) {
-      if (static_cast<size_t>(i) < quantized) {
-        pages_of(from.layer).retain(from.pages[static_cast<size_t>(i)]);
-        to.pages.push_back(from.pages[static_cast<size_t>(i)]);
-      } else {
-        const PageRef p = from.pending[static_cast<size_t>(i) - quantized];
-        open_pool_->retain(p);
-        to.pending.push_back(p);
-      }
+    // Full blocks: quantized ones are shared as HACK pages (by the block manager), pending
+    // ones shared as pending.
+    const size_t quantized = blocks_.pages(src_seq, layer).size();
+    for (int i = static_cast<int>(quantized); i < blocks; ++i) {
+      const PageRef p = from.pending[static_cast<size_t>(i) - quantized];
+      open_pool_->retain(p);
+      to.pending.push_back(p);
     }
     if (tail > 0) {
       const size_t b = static_cast<size_t>(blocks) - quantized;  // exact block holding the tail
@@ -753,10 +757,11 @@ const std::byte* PagedKvCache::exact_location(const LayerPages& lp, int seq_id, 
   HACK_CHECK(pos >= 0 && pos < length, "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer, pos,
              length);
   const int T = options_.block_tokens;
+  const std::span<const uint32_t> closed = blocks_.pages(seq_id, layer);
   if (options_.mode == KvMode::fp) {
     slot = pos % T;
     capacity = T;
-    return lp.pages[static_cast<size_t>(pos / T)].data;
+    return page_data(layer, closed[static_cast<size_t>(pos / T)]);
   }
   const int S = options_.sinks;
   if (pos < S) {
@@ -765,8 +770,8 @@ const std::byte* PagedKvCache::exact_location(const LayerPages& lp, int seq_id, 
     return lp.sink.data;
   }
   const size_t block = static_cast<size_t>((pos - S) / T);
-  HACK_CHECK(block >= lp.pages.size(), "sequence {} layer {}: token {} lies in a quantized block", seq_id, layer, pos);
-  const size_t b = block - lp.pages.size();
+  HACK_CHECK(block >= closed.size(), "sequence {} layer {}: token {} lies in a quantized block", seq_id, layer, pos);
+  const size_t b = block - closed.size();
   slot = (pos - S) % T;
   capacity = T;
   return b < lp.pending.size() ? lp.pending[b].data : lp.open.data;
@@ -805,19 +810,17 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
 void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
-  HACK_CHECK(options_.mode == KvMode::fp || (blocks_.prefilling(seq_id) && lp.pages.empty()),
+  HACK_CHECK(options_.mode == KvMode::fp || (blocks_.prefilling(seq_id) && blocks_.pages(seq_id, layer).empty()),
              "sequence {} layer {}: tokens can be evicted only inside its prefill, before any block is quantized",
              seq_id, layer);
   std::vector<float> k, v;
   read_kept_tokens(seq_id, layer, kept, k, v);
-  for (PageRef p : lp.pages) pages_of(layer).release(p);
-  lp.pages.clear();
   for (PageRef p : lp.pending) open_pool_->release(p);
   lp.pending.clear();
   if (lp.open) open_pool_->release(lp.open);
   if (lp.sink) sink_pool_->release(lp.sink);
   lp.open = lp.sink = PageRef{};
-  blocks_.set_layer(seq_id, layer, 0, 0);
+  blocks_.set_layer(seq_id, layer, 0, 0);  // gives the closed pages back
   KvAppendObserver* observer = blocks_.observer(seq_id);  // it saw these tokens once already
   blocks_.set_observer(seq_id, nullptr);
   append(layer, seq_id, 0, static_cast<int>(kept.size()), k.data(), v.data());
@@ -827,10 +830,9 @@ void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& ke
 double PagedKvCache::bytes_per_token() const { return kv_bytes_per_token(shape_, options_); }
 
 size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
-  const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   const size_t exact_token = exact_[static_cast<size_t>(layer)].token_elems * exact_elem_bytes_;
   std::vector<PlanSegment> segments;
-  blocks_.list_segments(blocks_.length(seq_id, layer), static_cast<int>(lp.pages.size()), segments);
+  blocks_.list_segments(blocks_.length(seq_id, layer), blocks_.closed_blocks(seq_id, layer), segments);
   size_t bytes = 0;
   for (const PlanSegment& s : segments)
     bytes += s.slot == SegmentSlot::closed && options_.mode == KvMode::hack ? pages_of(layer).page_bytes()
@@ -838,17 +840,16 @@ size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
   return bytes;
 }
 
-std::span<const PageRef> PagedKvCache::hack_pages(int seq_id, int layer) const {
+std::span<const uint32_t> PagedKvCache::hack_pages(int seq_id, int layer) const {
   HACK_CHECK(options_.mode == KvMode::hack, "hack_pages: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "hack_pages: layer {} out of range", layer);
-  return get(seq_id).layers[static_cast<size_t>(layer)].pages;
+  return blocks_.pages(seq_id, layer);
 }
 
 std::span<const std::byte> PagedKvCache::hack_page(int seq_id, int layer, int index) const {
-  HACK_CHECK(options_.mode == KvMode::hack, "hack_page: cache is in fp mode");
-  const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
-  HACK_CHECK(index >= 0 && index < static_cast<int>(lp.pages.size()), "hack_page: no page {}", index);
-  return {lp.pages[static_cast<size_t>(index)].data, pages_of(layer).page_bytes()};
+  const std::span<const uint32_t> ids = hack_pages(seq_id, layer);
+  HACK_CHECK(index >= 0 && index < static_cast<int>(ids.size()), "hack_page: no page {}", index);
+  return {page_data(layer, ids[static_cast<size_t>(index)]), pages_of(layer).page_bytes()};
 }
 
 std::span<const std::byte> PagedKvCache::host_hack_page(int seq_id, int layer, int index) const {
@@ -861,9 +862,7 @@ void PagedKvCache::read_hack_page(int seq_id, int layer, int index, std::byte* p
 }
 
 int PagedKvCache::page_ref_count(int seq_id, int layer, int index) const {
-  const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
-  HACK_CHECK(index >= 0 && index < static_cast<int>(lp.pages.size()), "page_ref_count: no page {}", index);
-  return pages_of(layer).ref_count(lp.pages[static_cast<size_t>(index)]);
+  return blocks_.page_ref_count(seq_id, layer, index);
 }
 
 void PagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) { blocks_.set_observer(seq_id, observer); }
@@ -872,20 +871,25 @@ void PagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, si
   HACK_CHECK(options_.mode == KvMode::hack, "append_hack_page: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   layouts_[static_cast<size_t>(layer)].validate(bytes, size);
-  LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
+  const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   const int length = blocks_.length(seq_id, layer);
-  const int64_t expected = options_.sinks + static_cast<int64_t>(lp.pages.size()) * options_.block_tokens;
+  const int64_t expected = options_.sinks + static_cast<int64_t>(blocks_.closed_blocks(seq_id, layer)) * options_.block_tokens;
   HACK_CHECK(length == expected && lp.pending.empty(), "append_hack_page: sequence {} layer {} holds {} tokens, a block starts at {}",
              seq_id, layer, length, expected);
   HACK_CHECK(HackPageLayout::page_layer(bytes) == layer && HackPageLayout::page_first_token(bytes) == expected,
              "append_hack_page: page is layer {} token {}, expected layer {} token {}", HackPageLayout::page_layer(bytes),
              HackPageLayout::page_first_token(bytes), layer, expected);
   blocks_.check_append(seq_id, layer, length, options_.block_tokens);
-  const PageRef page = pages_of(layer).allocate();
-  std::memcpy(page.data, bytes, size);
-  lp.pages.push_back(page);
+  thread_local std::vector<uint32_t> id;
+  blocks_.new_pages(layer, 1, id);
+  try {
+    std::memcpy(pages_of(layer).map(id[0]), bytes, size);
+  } catch (...) {
+    blocks_.free_pages(layer, id);
+    throw;
+  }
   blocks_.record_append(seq_id, layer, options_.block_tokens);
-  blocks_.record_closed(seq_id, layer, static_cast<int>(lp.pages.size()));
+  blocks_.close_blocks(seq_id, layer, id);
 }
 
 KvCacheStats PagedKvCache::stats() const {

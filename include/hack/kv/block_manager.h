@@ -12,6 +12,13 @@
 /// the same plan from the same state, which is what lets one plan drive either runner and a
 /// page set move between devices.
 ///
+/// Page ids: a storage whose pages are all alike per layer group (the host pools) lets the
+/// manager hand out their ids (own_page_ids): then the manager keeps each (sequence, layer)'s
+/// page table — the ids of its closed blocks in block order — with reference counts, shares
+/// closed pages between forks and frees them with the last holder, and the storage only maps
+/// ids to memory. A storage that names its pages itself (the device pool, whose one id indexes
+/// every layer's pages in the kernels' tables) keeps counts here and its ids to itself.
+///
 /// Per (sequence, layer) of `length` tokens, in hack mode: the sinks [0, S) (exact), then
 /// full blocks of Π tokens from S — the first `closed` of them closed (HACK pages), the rest
 /// pending (exact, not yet quantized) — then the open block (exact, partly filled). In fp
@@ -20,7 +27,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -52,11 +61,13 @@ class KvBlockManager {
   /// Throws hack::Error (naming the sequence and the bytes) when it exists, max_tokens is not
   /// positive or the budget cannot hold it.
   void add_sequence(int seq_id, int max_tokens);
-  /// Forgets the sequence and gives its reservation back; false when it was unknown.
+  /// Forgets the sequence and gives its reservation (and its pages' ids) back; false when it
+  /// was unknown.
   bool remove_sequence(int seq_id);
   /// Opens dst (reserving max_tokens) holding the first n_tokens of src in every layer: the
-  /// blocks src closed among them closed in dst too (the storage shares those pages; full
-  /// blocks src has not closed stay pending, a partly filled block is copied). Throws
+  /// blocks src closed among them closed in dst too (with owns_pages() their page ids are
+  /// shared here; full blocks src has not closed stay pending; a partly filled fp page gets
+  /// a new id in dst's table, which the storage fills with a copy). Throws
   /// hack::Error, nothing changed, when n_tokens exceeds max_tokens or what src holds, or
   /// would cut into a block src has already closed (its exact tokens are gone).
   void fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens);
@@ -71,6 +82,27 @@ class KvBlockManager {
   int64_t sequence_count() const { return static_cast<int64_t>(sequences_.size()); }
   /// Tokens of every sequence in its last layer (what the sequences hold once a step ends).
   int64_t token_count() const;
+
+  // ---- page ids (own_page_ids) ----
+  /// From now on the manager hands out the page ids: layer l's pages are ids of space
+  /// layer_space[l] (layers whose pages share memory share a space). Before any sequence.
+  void own_page_ids(const std::vector<int>& layer_space);
+  bool owns_pages() const { return !spaces_.empty(); }
+  /// The id space of a layer's pages (owns_pages()).
+  PageIds& page_ids(int layer) const;
+  /// A layer's page table: hack mode, its closed blocks' pages in block order; fp mode, its
+  /// pages in token order (the last may be partial). Empty unless owns_pages().
+  std::span<const uint32_t> pages(int seq_id, int layer) const;
+  /// fp mode: a new page at the end of the layer's table, for the next Π tokens.
+  uint32_t add_page(int seq_id, int layer);
+  /// n ids of the layer's space in no table yet (reference count 1): pages to fill before
+  /// close_blocks adopts them, or free_pages gives them back.
+  void new_pages(int layer, int n, std::vector<uint32_t>& ids);
+  void free_pages(int layer, std::span<const uint32_t> ids);
+  /// hack mode: `ids` (from new_pages) become the layer's next closed blocks.
+  void close_blocks(int seq_id, int layer, std::span<const uint32_t> ids);
+  /// Holders of page `index` of a layer's table.
+  int page_ref_count(int seq_id, int layer, int index) const;
 
   // ---- blocks of one layer ----
   int length(int seq_id, int layer) const { return layer_of(seq_id, layer).length; }
@@ -90,10 +122,12 @@ class KvBlockManager {
   void check_append(int seq_id, int layer, int start_pos, int n_tokens) const;
   /// Records an append the storage made (check_append's conditions hold).
   void record_append(int seq_id, int layer, int n_tokens);
-  /// Records that the layer's blocks [closed, closed_blocks) are closed now (hack mode).
+  /// Records that the layer's blocks [closed, closed_blocks) are closed now (hack mode; a
+  /// storage naming its own pages — with owns_pages(), close_blocks records them).
   void record_closed(int seq_id, int layer, int closed_blocks);
-  /// Sets a layer's state outright (a fork, an import, a rebuild): `closed` full blocks of
-  /// `length` tokens closed (hack mode; ignored in fp mode).
+  /// Sets a layer's state outright (an import, a rebuild): `closed` full blocks of `length`
+  /// tokens closed (hack mode; ignored in fp mode). With owns_pages() the page table must
+  /// hold as many pages, except that (0, 0) empties it (its pages released).
   void set_layer(int seq_id, int layer, int length, int closed);
 
   // ---- the prefill bracket (options().exact_prefill, hack mode) ----
@@ -121,7 +155,8 @@ class KvBlockManager {
  private:
   struct Layer {
     int length = 0;
-    int closed = 0;  // hack: closed full blocks
+    int closed = 0;               // hack: closed full blocks
+    std::vector<uint32_t> pages;  // owns_pages(): the page table (hack: `closed` ids)
   };
   struct Sequence {
     int max_tokens = 0;
@@ -135,12 +170,17 @@ class KvBlockManager {
   Layer& layer_of(int seq_id, int layer);
   const Layer& layer_of(int seq_id, int layer) const;
   bool hack() const { return options_.mode == KvMode::hack; }
+  void release_pages(int layer, Layer& l);
+  // Page-table entries a sequence of max_tokens may need (its blocks, plus one).
+  size_t table_pages(int max_tokens) const { return static_cast<size_t>(max_tokens / options_.block_tokens + 2); }
 
   int num_layers_;
   KvCacheOptions options_;
   ReserveBytes reserve_bytes_;
   MemoryBudget budget_;
   std::unordered_map<int, Sequence> sequences_;
+  std::vector<std::unique_ptr<PageIds>> spaces_;  // own_page_ids: the id spaces
+  std::vector<int> layer_space_;                  // [layer]: its space in spaces_
 };
 
 }  // namespace hack

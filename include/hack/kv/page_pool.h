@@ -1,6 +1,6 @@
 /// @file page_pool.h
-/// @brief Fixed-size page allocator with reference counts (shared prefixes), and the byte
-/// budget a KV cache admits sequences against.
+/// @brief Page ids with reference counts (shared prefixes), host memory for pages addressed by
+/// those ids, and the byte budget a KV cache admits sequences against.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +20,41 @@ struct PageRef {
   explicit operator bool() const { return data != nullptr; }
 };
 
-/// Hands out pages of one size from slabs that are never moved or unmapped while the pool
-/// lives, so a PageRef stays valid until released. Thread-safe.
+/// Ids of one kind of page with their reference counts: who holds a page, and when it is
+/// free again. No memory: a storage maps ids to its own pages (PagePool on the host, a device
+/// pool on a GPU), so the bookkeeping is the same on every device (DESIGN.md §2). A freed id
+/// is handed out again before a new one (last freed first); new ids count up from 0.
+/// Thread-safe.
+class PageIds {
+ public:
+  /// capacity 0: ids without bound (a pool that grows); otherwise ids [0, capacity) (a
+  /// pre-allocated pool).
+  explicit PageIds(uint32_t capacity = 0) : capacity_(capacity) {}
+  /// An id with reference count 1. Throws hack::Error when every id of a bounded space is held.
+  uint32_t allocate();
+  /// One more owner of a held id.
+  void retain(uint32_t id);
+  /// One owner fewer; returns true when the id is free now. Throws hack::Error for a free id.
+  bool release(uint32_t id);
+  /// 0 for a free or never allocated id.
+  int ref_count(uint32_t id) const;
+  /// True when no id in [first, first + count) is held.
+  bool none_held(uint32_t first, uint32_t count) const;
+  size_t in_use() const;
+  /// Ids allocate() can still hand out (a bounded space).
+  size_t available() const { return capacity_ - in_use(); }
+
+ private:
+  uint32_t capacity_;
+  mutable std::mutex mutex_;
+  std::vector<int> refs_;       // [id]
+  std::vector<uint32_t> free_;  // ids (a stack)
+  size_t in_use_ = 0;
+};
+
+/// Host memory for pages of one size, addressed by the ids of a PageIds (its own, or one a
+/// KvBlockManager keeps): slabs that are never moved or unmapped while the pool lives, so a
+/// page's address stays valid while its id is held. Thread-safe.
 ///
 /// Memory policy: slabs grow with the most pages ever in use at once and are kept; a slab
 /// none of whose pages is in use can give its memory back (release_free_slabs: the OS drops
@@ -32,7 +65,8 @@ class PagePool {
   /// pages_per_slab = 0 picks slabs of about 4 MiB. Slabs of 2 MiB or more are mapped on
   /// transparent huge pages (HugePageMapping): attention streams pages in an order unrelated
   /// to their addresses, and on 4 KiB pages nearly every page it reads missed the TLB.
-  explicit PagePool(size_t page_bytes, size_t pages_per_slab = 0);
+  /// `ids` = nullptr: the pool keeps its own ids; otherwise it maps those (which must outlive it).
+  explicit PagePool(size_t page_bytes, size_t pages_per_slab = 0, PageIds* ids = nullptr);
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
@@ -43,9 +77,16 @@ class PagePool {
   /// One owner fewer; the page is free again at 0.
   void release(PageRef page);
   int ref_count(PageRef page) const;
+  /// The memory of a held id (allocated from ids()): makes its slab on first use.
+  std::byte* map(uint32_t id);
+  /// The address of an id map() has made room for; no lock (slab addresses never change).
+  std::byte* data(uint32_t id) const {
+    return slab_base_[id / pages_per_slab_] + static_cast<size_t>(id % pages_per_slab_) * page_bytes_;
+  }
+  const PageIds& ids() const { return *ids_; }
 
   size_t page_bytes() const { return page_bytes_; }
-  size_t pages_in_use() const;
+  size_t pages_in_use() const { return ids_->in_use(); }
   size_t bytes_in_use() const { return pages_in_use() * page_bytes_; }
   /// Bytes taken from the system (in-use and free pages).
   size_t bytes_reserved() const;
@@ -65,13 +106,14 @@ class PagePool {
   };
   size_t page_bytes_;
   size_t pages_per_slab_;
+  std::unique_ptr<PageIds> own_ids_;
+  PageIds* ids_;
   mutable std::mutex mutex_;
   std::vector<Slab> slabs_;
-  std::vector<std::byte*> page_data_;  // [id]
-  std::vector<int> refs_;              // [id]
-  std::vector<uint32_t> free_;         // ids
-  std::vector<uint8_t> slab_released_; // [slab]: 1 = memory given back, no page allocated since
-  size_t in_use_ = 0;
+  // [slab] → its first page; reserved once (kMaxSlabs) so that data() may read it while
+  // map() appends, without a lock.
+  std::vector<std::byte*> slab_base_;
+  std::vector<uint8_t> slab_released_; // [slab]: 1 = memory given back, no page mapped since
 };
 
 /// Bytes a cache may commit; sequences reserve their worst case when admitted so a

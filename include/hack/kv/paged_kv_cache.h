@@ -1,7 +1,7 @@
 /// @file paged_kv_cache.h
-/// @brief The host storage of the paged KV behind `--kv fp|hack`: per-sequence page tables
-/// over shared page pools with reference counts, under the device-neutral KvBlockManager
-/// (lengths, closed blocks, reservations, the prefill bracket, the plan), and the CPU runner
+/// @brief The host storage of the paged KV behind `--kv fp|hack`: host page pools under the
+/// device-neutral KvBlockManager (lengths, closed blocks, the closed pages' ids with their
+/// reference counts, reservations, the prefill bracket, the plan), and the CPU runner
 /// of the step's AttentionPlan: page by page with an online softmax in every layer (run).
 ///
 /// Per (sequence, layer), tokens live in:
@@ -41,20 +41,28 @@
 
 namespace hack {
 
-/// The page table of one (sequence, layer) of a PagedKvCache (host pages).
+/// The exact pages of one (sequence, layer) of a PagedKvCache (host pages). Its closed pages
+/// (hack: HACK pages; fp: every fp page, the last maybe partial) are in the block manager's
+/// page table (KvBlockManager::pages), their memory in the layer's pool.
 struct CpuLayerPages {
   PageRef sink;                  ///< hack: bf16 [K|V][head][sinks][dim]
-  std::vector<PageRef> pages;    ///< hack: HACK pages; fp: fp pages (last may be partial)
   std::vector<PageRef> pending;  ///< hack: full bf16 blocks of the latest append, to quantize
   PageRef open;                  ///< hack: bf16 [K|V][head][Π][dim], the block being filled
   int layer = 0;                 ///< which layer (its page layout and pool)
 };
 
+/// What the CPU runner reads of one (sequence, layer): its exact pages and the ids of its
+/// closed pages (the block manager's page table).
+struct CpuLayerView {
+  const CpuLayerPages* exact = nullptr;
+  const uint32_t* pages = nullptr;
+};
+
 /// Caller-owned scratch of PagedKvCache::run, grown on first use and reused after (so a
 /// decode step allocates nothing once the batch shape has been seen).
 struct AttentionWorkspace {
-  std::vector<float> floats;                ///< the plan's softmax states, then per thread: scaled q, kernel work
-  std::vector<const CpuLayerPages*> layers; ///< [plan items]: the item's page table in the running layer
+  std::vector<float> floats;         ///< the plan's softmax states, then per thread: scaled q, kernel work
+  std::vector<CpuLayerView> layers;  ///< [plan items]: the item's pages in the running layer
 };
 
 /// The CPU's PagedKv: host page pools (huge-page slabs) and the CPU attention runner.
@@ -163,9 +171,11 @@ class PagedKvCache final : public PagedKv {
   /// pages of an exact prefill this way before the prefill ends).
   void peek_block_page(int seq_id, int layer, int block, std::byte* page) const override;
 
-  /// The closed HACK pages of a sequence's layer, in order (hack mode; valid until the next
-  /// append or removal). Page selection reads their K ranges through these.
-  std::span<const PageRef> hack_pages(int seq_id, int layer) const;
+  /// The ids of the closed HACK pages of a sequence's layer, in order (hack mode; valid until
+  /// the next append or removal), and the memory of one. Page selection reads their K ranges
+  /// through these.
+  std::span<const uint32_t> hack_pages(int seq_id, int layer) const;
+  const std::byte* page_data(int layer, uint32_t id) const { return pages_of(layer).data(id); }
   std::span<const std::byte> hack_page(int seq_id, int layer, int index) const;
   std::span<const std::byte> host_hack_page(int seq_id, int layer, int index) const override;
   void read_hack_page(int seq_id, int layer, int index, std::byte* page) const override;
@@ -193,8 +203,9 @@ class PagedKvCache final : public PagedKv {
   size_t reserve_bytes_for(int max_tokens) const;
   void release_pages(Sequence& s);
   // The page tables of a sequence the block manager has just opened.
-  void add_pages(int seq_id, int max_tokens);
-  Segment resolve(const LayerPages& lp, const PlanSegment& segment) const;
+  void add_pages(int seq_id);
+  Segment resolve(const CpuLayerView& view, const PlanSegment& segment) const;
+  CpuLayerView view_of(int seq_id, int layer) const;
   cpu::ExactHeadView exact_view(int layer, const Segment& seg, int kv_head) const;
   cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;
   PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
@@ -215,7 +226,7 @@ class PagedKvCache final : public PagedKv {
   // it) for heads [head_begin, head_end), rows[h − head_begin] holding head h's
   // n_tokens·group query rows at positions start_pos..; a segment is done for every head
   // before the next.
-  void attend_segments(const LayerPages& lp, std::span<const PlanSegment> segments, const int* selection, int seg_begin,
+  void attend_segments(const CpuLayerView& view, std::span<const PlanSegment> segments, const int* selection, int seg_begin,
                        int seg_end, int head_begin, int head_end, int start_pos, int n_tokens,
                        const cpu::AttentionRows* rows, float* work) const;
   // run(): one task, the softmax states of a task's head, writing finished rows, merging
@@ -255,7 +266,7 @@ class PagedKvCache final : public PagedKv {
   std::vector<HackPageLayout> layouts_;        // hack: per layer
   size_t exact_elem_bytes_ = 2;                // open/sink/fp page element size
   KvBlockManager blocks_;                      // lengths, closed blocks, reservations, the plan
-  std::vector<std::unique_ptr<PagePool>> block_pools_;  // HACK pages (one pool per page size) or fp pages
+  std::vector<std::unique_ptr<PagePool>> block_pools_;  // HACK pages (one pool per page size, over one of blocks_'s id spaces) or fp pages
   std::vector<PagePool*> layer_pool_;          // per layer: its pool in block_pools_
   std::unique_ptr<PagePool> open_pool_;        // hack: bf16 open blocks
   std::unique_ptr<PagePool> sink_pool_;        // hack: bf16 sinks

@@ -169,6 +169,7 @@ TEST_CASE("block manager: a bare manager told what a storage did plans what the 
           REQUIRE(cache.length(seq, l) == bare.length(seq, l));
           REQUIRE(cache.hack_page_count(seq, l) == bare.closed_blocks(seq, l));
           REQUIRE(cache.hack_pages(seq, l).size() == static_cast<size_t>(bare.closed_blocks(seq, l)));  // the pages themselves
+          REQUIRE(cache.hack_pages(seq, l).data() == cache.blocks().pages(seq, l).data());  // the manager's table
           REQUIRE(cache.pending_block_count(seq, l) == bare.pending_blocks(seq, l));
         }
     }
@@ -197,4 +198,74 @@ TEST_CASE("block manager: a fork keeps the closed blocks among its tokens and ne
   CHECK_FALSE(m.has_sequence(4));
   m.fork_sequence(1, 4, 58, 60);  // in the open block (after every closed one): copied
   CHECK(m.length(4, 1) == 58);
+}
+
+TEST_CASE("block manager: the page ids it hands out are shared by forks and freed with their last holder") {
+  KvBlockManager m(2, hack_options(16, 4, 0), bytes_of);
+  m.own_page_ids({0, 0});  // both layers' pages in one space
+  REQUIRE(m.owns_pages());
+  m.add_sequence(1, 100);
+  REQUIRE_THROWS_AS(m.own_page_ids({0, 0}), Error);  // once, before any sequence
+  std::vector<uint32_t> ids;
+  for (int l = 0; l < 2; ++l) {
+    m.record_append(1, l, 60);  // sinks + 3 blocks + 8
+    m.new_pages(l, 3, ids);
+    REQUIRE_THROWS_AS(m.record_closed(1, l, 3), Error);  // closed blocks come with their pages
+    m.close_blocks(1, l, ids);
+    CHECK(m.closed_blocks(1, l) == 3);
+  }
+  PageIds& space = m.page_ids(0);
+  REQUIRE(&space == &m.page_ids(1));
+  CHECK(space.in_use() == 6);
+  // Layer 0's ids were handed out first; every id is distinct.
+  CHECK(std::vector<uint32_t>(m.pages(1, 0).begin(), m.pages(1, 0).end()) == std::vector<uint32_t>{0, 1, 2});
+  CHECK(std::vector<uint32_t>(m.pages(1, 1).begin(), m.pages(1, 1).end()) == std::vector<uint32_t>{3, 4, 5});
+  // A block that is not full cannot close.
+  m.new_pages(0, 1, ids);
+  REQUIRE_THROWS_AS(m.close_blocks(1, 0, ids), Error);
+  m.free_pages(0, ids);
+  CHECK(space.in_use() == 6);
+
+  m.fork_sequence(1, 2, 36, 80);  // sinks + 2 blocks: shares two pages per layer
+  CHECK(std::vector<uint32_t>(m.pages(2, 1).begin(), m.pages(2, 1).end()) == std::vector<uint32_t>{3, 4});
+  CHECK(m.page_ref_count(2, 0, 0) == 2);
+  CHECK(m.page_ref_count(1, 0, 2) == 1);  // block 2 is not dst's
+  CHECK(space.in_use() == 6);
+  REQUIRE(m.remove_sequence(1));
+  CHECK(space.in_use() == 4);  // the pages only sequence 1 held are free, the shared ones stay
+  CHECK(m.page_ref_count(2, 0, 1) == 1);
+  // Emptying a layer (a rebuild) gives its pages back; other counts are the table's.
+  REQUIRE_THROWS_AS(m.set_layer(2, 0, 36, 1), Error);  // two pages held, not one
+  m.set_layer(2, 0, 0, 0);
+  CHECK(m.pages(2, 0).empty());
+  CHECK(space.in_use() == 2);
+  REQUIRE(m.remove_sequence(2));
+  CHECK(space.in_use() == 0);
+  m.new_pages(1, 1, ids);
+  CHECK(ids[0] == 4);  // the last freed id first (layer 1 of sequence 2 went last)
+  m.free_pages(1, ids);
+}
+
+TEST_CASE("block manager: fp pages get ids as they start, and a fork copies the partial one into an id of its own") {
+  KvCacheOptions o;
+  o.mode = KvMode::fp;
+  o.block_tokens = 16;
+  KvBlockManager m(1, o, bytes_of);
+  m.own_page_ids({0});
+  m.add_sequence(3, 100);
+  for (int p = 0; p < 3; ++p) m.add_page(3, 0);
+  m.record_append(3, 0, 40);
+  CHECK(m.closed_blocks(3, 0) == 3);
+  m.fork_sequence(3, 4, 40, 64);  // two full pages shared, the third (8 tokens) copied
+  const std::span<const uint32_t> a = m.pages(3, 0), b = m.pages(4, 0);
+  REQUIRE(b.size() == 3);
+  CHECK((b[0] == a[0] && b[1] == a[1] && b[2] != a[2]));
+  CHECK(m.page_ref_count(4, 0, 1) == 2);
+  CHECK(m.page_ref_count(4, 0, 2) == 1);
+  m.fork_sequence(3, 5, 32, 64);  // exactly two pages: nothing to copy
+  CHECK(m.pages(5, 0).size() == 2);
+  CHECK(m.page_ids(0).in_use() == 4);
+  for (int s : {3, 4, 5}) m.remove_sequence(s);
+  CHECK(m.page_ids(0).in_use() == 0);
+  REQUIRE_THROWS_AS(m.add_page(7, 0), Error);  // unknown sequence
 }

@@ -240,6 +240,44 @@ TEST_CASE("page pool reference counts and reuse", "[kv][paged]") {
   REQUIRE(pool.pages_in_use() == 0);
 }
 
+TEST_CASE("page ids: new ids count up, freed ones come back last-freed first, a bounded space refuses", "[kv][paged]") {
+  PageIds ids(3);
+  REQUIRE(ids.allocate() == 0);
+  REQUIRE(ids.allocate() == 1);
+  ids.retain(1);
+  REQUIRE_FALSE(ids.release(1));
+  REQUIRE(ids.release(1));
+  REQUIRE_THROWS_AS(ids.release(1), Error);
+  REQUIRE(ids.allocate() == 1);
+  REQUIRE(ids.allocate() == 2);
+  REQUIRE(ids.available() == 0);
+  REQUIRE_THROWS_AS(ids.allocate(), Error);  // every id is held
+  REQUIRE(ids.release(0));
+  REQUIRE(ids.release(2));
+  REQUIRE(ids.allocate() == 2);
+  REQUIRE(ids.ref_count(0) == 0);
+  REQUIRE(ids.in_use() == 2);
+}
+
+TEST_CASE("page pool maps ids another owner hands out, and keeps slabs whose ids are held", "[kv][paged]") {
+  PageIds ids;
+  PagePool pool(4096, 4, &ids);
+  std::vector<uint32_t> held;
+  for (int i = 0; i < 8; ++i) held.push_back(ids.allocate());
+  for (uint32_t id : held) std::memset(pool.map(id), static_cast<int>(id), 4096);
+  REQUIRE(pool.bytes_reserved() == 8 * 4096);
+  REQUIRE(pool.pages_in_use() == 8);
+  REQUIRE(pool.data(5) == pool.data(4) + 4096);  // a slab's pages are contiguous, in id order
+  for (uint32_t id = 4; id < 8; ++id) ids.release(id);
+  REQUIRE(pool.release_free_slabs() >= 3 * 4096);  // slab 1 is free
+  REQUIRE(std::to_integer<int>(pool.data(3)[0]) == 3);  // slab 0 kept
+  REQUIRE(pool.release_free_slabs() == 0);
+  const uint32_t again = ids.allocate();  // the last freed
+  REQUIRE(again == 7);
+  std::memset(pool.map(again), 9, 4096);
+  REQUIRE(std::to_integer<int>(pool.data(7)[4095]) == 9);
+}
+
 // Pages of [data, data + bytes) the OS holds in memory, counting whole OS pages inside the range.
 size_t resident_os_pages(const std::byte* data, size_t bytes) {
   const size_t os_page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
