@@ -101,7 +101,7 @@ class CudaPagedKvCache final : public PagedKv {
 
   int page_tokens() const { return options_.page_tokens; }
   int num_pages() const { return options_.num_pages; }
-  int free_pages() const { return static_cast<int>(free_.size()); }
+  int free_pages() const { return static_cast<int>(page_ids_.available()); }
   int device() const { return options_.device; }
   /// Device view of one layer of the pool.
   cuda::PagedKvLayer layer(int layer) const;
@@ -167,7 +167,7 @@ class CudaPagedKvCache final : public PagedKv {
   KvShape shape_;
   CudaKvOptions options_;
   Buffer pool_;            // device bf16 [layer][num_pages][K|V][kv_head][Π][head_dim]
-  std::vector<int> free_;  // free page ids (a stack)
+  PageIds page_ids_;       // bf16 page ids [0, num_pages): the last freed is handed out first
   // --kv hack:
   std::vector<HackPageLayout> layouts_;        // per layer
   std::vector<HackPageGeometry> geometries_;   // per layer
@@ -176,7 +176,7 @@ class CudaPagedKvCache final : public PagedKv {
   Buffer hack_pool_;                           // device: per layer l at hack_offset_[l], [num_pages] HACK pages hack_stride_[l] apart
   Buffer headers_;                             // device: per layer its page header template, at header_offset_
   std::vector<size_t> header_offset_;
-  std::vector<int> hack_free_;                 // free HACK page ids (a stack)
+  PageIds hack_ids_;                           // --kv hack: HACK page ids [0, num_pages)
   mutable Buffer close_args_;                  // device u64 [4][n]: k_src, v_src, page pointers, first tokens (quantize_blocks), grown on demand
   mutable Buffer scratch_page_;                // device: one HACK page peek_block_page quantizes into
   KvCacheOptions kv_options_;                  // options(): the HACK options, or fp bf16 pages of Π

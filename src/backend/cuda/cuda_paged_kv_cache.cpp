@@ -37,6 +37,8 @@ KvCacheOptions device_kv_options(const KvShape& shape, const CudaKvOptions& opti
 CudaPagedKvCache::CudaPagedKvCache(const KvShape& shape, const CudaKvOptions& options)
     : shape_(shape),
       options_(options),
+      page_ids_(static_cast<uint32_t>(std::max(options.num_pages, 0))),
+      hack_ids_(static_cast<uint32_t>(std::max(options.num_pages, 0))),
       kv_options_(device_kv_options(shape, options)),
       blocks_(std::max(shape.num_layers, 1), kv_options_,
               [this](int max_tokens) { return static_cast<size_t>(pages_needed(max_tokens)) * cuda_kv_page_bytes(shape_, options_); }) {
@@ -50,8 +52,6 @@ CudaPagedKvCache::CudaPagedKvCache(const KvShape& shape, const CudaKvOptions& op
   // Never-written rows are never read (attention stops at each sequence's length), but zeroed
   // memory makes a bug show up as zeros rather than as stale values from another sequence.
   HACK_CUDA_CHECK(cudaMemset(pool_.data(), 0, bytes));
-  free_.reserve(static_cast<size_t>(options.num_pages));
-  for (int p = options.num_pages - 1; p >= 0; --p) free_.push_back(p);
   if (options.hack) init_hack(*options.hack);
 }
 
@@ -102,8 +102,6 @@ void CudaPagedKvCache::init_hack(const KvCacheOptions& o) {
   }
   headers_ = Buffer::allocate(MemoryKind::device, header_bytes, options_.device);
   HACK_CUDA_CHECK(cudaMemcpy(headers_.data(), headers.data(), header_bytes, cudaMemcpyHostToDevice));
-  hack_free_.reserve(static_cast<size_t>(options_.num_pages));
-  for (int p = options_.num_pages - 1; p >= 0; --p) hack_free_.push_back(p);
 }
 
 std::string CudaPagedKvCache::name() const {
@@ -258,28 +256,22 @@ void CudaPagedKvCache::add_sequence(int seq_id, int max_tokens) {
              "device KV cache: sequence {} needs {} pages of {} tokens for {} tokens, {} of {} are free", seq_id, need,
              options_.page_tokens, max_tokens, free_pages(), options_.num_pages);
   const int blocks = is_hack() ? full_blocks(max_tokens) : 0;
-  HACK_CHECK(blocks <= static_cast<int>(hack_free_.size()),
+  HACK_CHECK(static_cast<size_t>(blocks) <= hack_ids_.available(),
              "device KV cache: sequence {} needs {} HACK pages for {} tokens, {} of {} are free", seq_id, blocks,
-             max_tokens, hack_free_.size(), options_.num_pages);
+             max_tokens, hack_ids_.available(), options_.num_pages);
   blocks_.add_sequence(seq_id, max_tokens);  // the budget counts the same page units
   Sequence s;
   s.pages.reserve(static_cast<size_t>(need));
-  for (int i = 0; i < need; ++i) {
-    s.pages.push_back(free_.back());
-    free_.pop_back();
-  }
-  for (int i = 0; i < blocks; ++i) {
-    s.hack_pages.push_back(hack_free_.back());
-    hack_free_.pop_back();
-  }
+  for (int i = 0; i < need; ++i) s.pages.push_back(static_cast<int>(page_ids_.allocate()));
+  for (int i = 0; i < blocks; ++i) s.hack_pages.push_back(static_cast<int>(hack_ids_.allocate()));
   sequences_.emplace(seq_id, std::move(s));
 }
 
 void CudaPagedKvCache::remove_sequence(int seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return;
-  for (int p : it->second.pages) free_.push_back(p);
-  for (int p : it->second.hack_pages) hack_free_.push_back(p);
+  for (int p : it->second.pages) page_ids_.release(static_cast<uint32_t>(p));
+  for (int p : it->second.hack_pages) hack_ids_.release(static_cast<uint32_t>(p));
   sequences_.erase(it);
   blocks_.remove_sequence(seq_id);
 }
@@ -365,16 +357,10 @@ bool CudaPagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
   if (max_tokens <= blocks_.max_tokens(seq_id)) return true;
   const int more = pages_needed(max_tokens) - static_cast<int>(s.pages.size());
   const int more_hack = is_hack() ? full_blocks(max_tokens) - static_cast<int>(s.hack_pages.size()) : 0;
-  if (more > free_pages() || more_hack > static_cast<int>(hack_free_.size())) return false;
+  if (more > free_pages() || more_hack > static_cast<int>(hack_ids_.available())) return false;
   if (!blocks_.try_extend_sequence(seq_id, max_tokens)) return false;
-  for (int i = 0; i < more; ++i) {
-    s.pages.push_back(free_.back());
-    free_.pop_back();
-  }
-  for (int i = 0; i < more_hack; ++i) {
-    s.hack_pages.push_back(hack_free_.back());
-    hack_free_.pop_back();
-  }
+  for (int i = 0; i < more; ++i) s.pages.push_back(static_cast<int>(page_ids_.allocate()));
+  for (int i = 0; i < more_hack; ++i) s.hack_pages.push_back(static_cast<int>(hack_ids_.allocate()));
   return true;
 }
 
