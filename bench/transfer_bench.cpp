@@ -29,6 +29,12 @@
 // arrived": more than the receiver's 4096 early messages (kKvMaxEarlyMessages) arrived while
 // an earlier rendezvous page was still fetched; now it completes (bench/RESULTS.md).
 //
+// --path rma measures the other way a decode node could take a request's KV (DESIGN.md §4's
+// admission handshake; issue 34 asks whether the active-message path is as good): the
+// receiver registers its memory (UcxWorker::register_memory), the sender writes each page
+// into it with one-sided puts, flushes each layer and then sends a small layer-done message;
+// the time ends at the last layer-done. Nothing is checksummed or copied at the receiver.
+//
 // Pages are built once, before any timing: K/V with per-channel offsets and scales plus
 // noise are appended to a PagedKvCache (hack) or packed as bf16 blocks (fp) for
 // --source-tokens tokens of every layer; a longer request reuses those pages cyclically
@@ -48,7 +54,7 @@
 //                  [--kv fp,hack] [--tokens 1024,...,32768] [--max-tokens 32768]
 //                  [--repeats 3] [--block 64] [--bits 2] [--sinks 4] [--source-tokens 1024]
 //                  [--window-layers 2] [--connect address|sockaddr] [--send borrowed|copy] [--message-kb 1024]
-//                  [--gather copy|iov|auto] [--checksum always|auto] [--scatter-pages]
+//                  [--gather copy|iov|auto] [--checksum always|auto] [--scatter-pages] [--path am|rma]
 //                  [--model-dir models/hack-tiny] [--perftest-bytes 1048576]
 //                  [--perftest-iters 200] [--no-perftest] [--json]
 // (--tls takes ':'-separated UCX_TLS lists, since a list itself contains commas)
@@ -121,6 +127,7 @@ struct Args {
   net::KvGather gather = net::KvGather::automatic;  // --gather copy|iov|auto
   net::KvChecksum checksum = net::KvChecksum::automatic;  // --checksum always|auto
   bool scatter_pages = false;  // fp pages in separate allocations, not back to back (--scatter-pages)
+  bool rma = false;            // --path rma: one-sided puts (RmaLink) instead of KvSender's messages
 };
 
 // Parses the flags (hack::FlagSet: --help, HACK_TRANSFER_BENCH_* mirrors, --config);
@@ -132,7 +139,7 @@ std::optional<Args> parse(int argc, char** argv) {
   int64_t perftest_bytes = int64_t{1} << 20;
   bool no_perftest = false;
   int64_t message_kb = 1024;
-  std::string connect = "address", send = "borrowed", gather = "auto", checksum = "auto";
+  std::string connect = "address", send = "borrowed", gather = "auto", checksum = "auto", path = "am";
   FlagSet flags("transfer_bench", "One request's KV streamed layer by layer over UCX: bytes and time, fp vs HACK.",
                 "HACK_TRANSFER_BENCH");
   flags.add_string("tls", &tls, "':'-separated UCX_TLS lists, one run each");
@@ -168,6 +175,10 @@ std::optional<Args> parse(int argc, char** argv) {
                    "hack-prefill)");
   flags.add_bool("scatter-pages", &a.scatter_pages,
                  "fp pages each in their own allocation (before: back to back per layer, as a KV pool's slab holds them)");
+  flags.add_string("path", &path,
+                   "am: KvSender's kv_page active messages (what the nodes do); rma: one-sided puts into the "
+                   "receiver's registered memory, a flush and a layer-done message per layer (worker-address "
+                   "connections only)");
   flags.add_bool("auth", &a.auth, "authenticate the data plane (HMAC-SHA256 tag per message, as with --secret-file)");
   if (!flags.parse(argc, argv)) return std::nullopt;
   a.tls = split_list(tls, ':');
@@ -186,6 +197,9 @@ std::optional<Args> parse(int argc, char** argv) {
   a.connect_by_address = connect == "address";
   a.borrowed_pages = send == "borrowed";
   a.peer_errors = !no_peer_errors;
+  HACK_CHECK(path == "am" || path == "rma", "--path takes am or rma, not '{}'", path);
+  a.rma = path == "rma";
+  HACK_CHECK(!a.rma || (a.connect_by_address && !a.auth), "--path rma needs --connect address and no --auth");
   std::erase_if(a.tokens, [&](int n) { return n > a.max_tokens; });
   HACK_CHECK(!a.tokens.empty(), "no prompt length left under --max-tokens {}", a.max_tokens);
   HACK_CHECK(a.repeats >= 1, "--repeats must be at least 1");
@@ -403,7 +417,27 @@ struct Arrivals {
   std::string error;
 };
 
-class Link {
+// How a request's KV crosses the link: KvSender's active messages (Link), or one-sided puts
+// into the receiver's registered memory (RmaLink, --path rma).
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Streams one request layer by layer; returns seconds from the first send to the
+  // receiver's knowing the whole request has arrived, after checking every byte arrived.
+  // window_layers > 0: layer l is queued only once the receiver has reported layer l −
+  // window_layers done.
+  virtual double transfer(const RequestPlan& plan, int window_layers) = 0;
+  // The sender endpoint's lanes as UCX chose them ("" for a host:port endpoint).
+  virtual std::string lanes() = 0;
+  // Messages (or puts) that carried the latest transfer's pages.
+  virtual size_t last_page_messages() const = 0;
+  // Seconds the latest transfer() spent queueing on the sending thread.
+  virtual double last_queue_s() const = 0;
+  // Share of the latest transfer's pages the receiver has where a decode node could keep them.
+  virtual double last_kept_share() const = 0;
+};
+
+class Link final : public Transport {
  public:
   Link(const std::string& tls, bool auth, bool connect_by_address, bool borrowed_pages, bool peer_errors,
        size_t message_bytes, net::KvGather gather, net::KvChecksum checksum)
@@ -459,17 +493,14 @@ class Link {
       peer_ = sender_worker_->connect("127.0.0.1", port);
     }
   }
-  /// The sender endpoint's lanes as UCX chose them ("" for a host:port endpoint).
-  std::string lanes() { return sender_worker_->transports(peer_); }
-  ~Link() {
+  std::string lanes() override { return sender_worker_->transports(peer_); }
+  ~Link() override {
     sender_.reset();
     receiver_.reset();
   }
 
-  // Streams one request layer by layer; returns seconds from the first send to the
-  // receiver's request_done, after checking every byte arrived. window_layers > 0: layer l
-  // is queued only once the receiver has reported layer l − window_layers done.
-  double transfer(const RequestPlan& plan, int window_layers) {
+  // The end is the receiver's request_done.
+  double transfer(const RequestPlan& plan, int window_layers) override {
     const uint64_t id = ++next_id_;
     {
       std::lock_guard lock(arrivals_.mutex);
@@ -517,11 +548,11 @@ class Link {
     return seconds;
   }
   // kv_page messages the latest transfer() sent (pages coalesced per --message-kb).
-  size_t last_page_messages() const { return last_page_messages_; }
+  size_t last_page_messages() const override { return last_page_messages_; }
   // Seconds the latest transfer() spent in KvSender calls (copy and checksum on this thread).
-  double last_queue_s() const { return last_queue_s_; }
+  double last_queue_s() const override { return last_queue_s_; }
   // Share of the latest transfer's pages the receiver could keep in UCX's buffer.
-  double last_kept_share() const { return last_kept_share_; }
+  double last_kept_share() const override { return last_kept_share_; }
 
  private:
   void fail_with(std::string message) {
@@ -541,6 +572,139 @@ class Link {
   double last_queue_s_ = 0;
   double last_kept_share_ = 0;
   size_t last_page_messages_ = 0;
+};
+
+// One-sided: the receiver registers a region as large as the longest request (a decode node
+// would register its KV pool and name the pages it reserved for the request); the sender
+// puts each page at its offset (a layer's pages in one call), flushes each layer (complete at
+// the receiver) and then sends
+// a 12-byte layer-done message (request id, layer), which the receiver counts; the last one
+// ends the request. No checksum and no copy at the receiver: the bytes land where they stay.
+// Every byte is compared with the pages after each request, outside the timing.
+class RmaLink final : public Transport {
+ public:
+  static constexpr uint16_t kLayerDoneAm = 7;
+
+  RmaLink(const std::string& tls, bool peer_errors, size_t region_bytes) {
+    net::UcxOptions options;
+    options.config = {{"TLS", tls}};
+    options.detect_peer_failure = peer_errors;
+    options.rma = true;
+    receiver_worker_ = std::make_unique<net::UcxWorker>(options);
+    sender_worker_ = std::make_unique<net::UcxWorker>(options);
+    region_.assign(region_bytes, std::byte{0});  // touched: no page faults inside the timing
+    remote_ = receiver_worker_->register_memory(region_);
+    receiver_worker_->set_message_handler(kLayerDoneAm, [this](net::EndpointId, std::span<const std::byte> header,
+                                                               std::span<const std::byte>) {
+      const auto now = Clock::now();
+      uint64_t id = 0;
+      uint32_t layer = 0;
+      if (header.size() != sizeof id + sizeof layer) return fail_with("bad layer-done message");
+      std::memcpy(&id, header.data(), sizeof id);
+      std::memcpy(&layer, header.data() + sizeof id, sizeof layer);
+      std::lock_guard lock(arrivals_.mutex);
+      if (id != arrivals_.request_id) return;
+      ++arrivals_.layers_done;
+      if (static_cast<size_t>(arrivals_.layers_done) == layers_) {
+        arrivals_.done = true;
+        arrivals_.done_at = now;
+      }
+      arrivals_.changed.notify_all();
+    });
+    peer_ = sender_worker_->connect_address(receiver_worker_->address());
+  }
+  ~RmaLink() override {
+    sender_worker_.reset();  // its endpoint (and the remote key unpacked on it) first
+    receiver_worker_->unregister_memory(remote_.id);
+  }
+  std::string lanes() override { return sender_worker_->transports(peer_); }
+  size_t last_page_messages() const override { return last_puts_; }
+  double last_queue_s() const override { return last_queue_s_; }
+  double last_kept_share() const override { return 1.0; }  // every page lies where it was put
+
+  double transfer(const RequestPlan& plan, int window_layers) override {
+    HACK_CHECK(plan.bytes <= region_.size(), "a {}-byte request does not fit the {}-byte region", plan.bytes,
+               region_.size());
+    const uint64_t id = ++next_id_;
+    {
+      std::lock_guard lock(arrivals_.mutex);
+      arrivals_.request_id = id;
+      arrivals_.layers_done = 0;
+      arrivals_.done = false;
+      layers_ = plan.layers.size();
+    }
+    std::fill(region_.begin(), region_.begin() + static_cast<std::ptrdiff_t>(plan.bytes), std::byte{0});
+    auto on_put = [this](const Status& s) {
+      if (!s.is_ok()) fail_with("put: " + s.message());
+    };
+    size_t offset = 0, puts = 0;
+    Clock::duration queueing{};
+    const auto t0 = Clock::now();
+    for (size_t l = 0; l < plan.layers.size(); ++l) {
+      if (window_layers > 0 && static_cast<int>(l) >= window_layers) {
+        const int needed = static_cast<int>(l) - window_layers + 1;
+        std::unique_lock lock(arrivals_.mutex);
+        arrivals_.changed.wait_for(lock, std::chrono::seconds(60),
+                                   [&] { return arrivals_.layers_done >= needed || !arrivals_.error.empty(); });
+        HACK_CHECK(arrivals_.error.empty(), "transfer failed: {}", arrivals_.error);
+        HACK_CHECK(arrivals_.layers_done >= needed, "request {}: layer {} not received within 60 s", id, needed - 1);
+      }
+      const auto q0 = Clock::now();
+      std::vector<net::UcxWorker::PutSegment> segments;
+      segments.reserve(plan.layers[l].size());
+      for (const auto& page : plan.layers[l]) {
+        segments.push_back({page, remote_.address + offset});
+        offset += page.size();
+      }
+      puts += segments.size();
+      sender_worker_->put(peer_, std::move(segments), remote_.rkey, on_put);  // one call per layer
+      std::vector<std::byte> header(sizeof id + sizeof(uint32_t));
+      const auto layer = static_cast<uint32_t>(l);
+      std::memcpy(header.data(), &id, sizeof id);
+      std::memcpy(header.data() + sizeof id, &layer, sizeof layer);
+      sender_worker_->flush(peer_, [this, header = std::move(header)](const Status& s) {
+        if (!s.is_ok()) return fail_with("flush: " + s.message());
+        sender_worker_->send(peer_, kLayerDoneAm, header, {}, [this](const Status& sent) {
+          if (!sent.is_ok()) fail_with("layer done: " + sent.message());
+        });
+      });
+      queueing += Clock::now() - q0;
+    }
+    last_queue_s_ = std::chrono::duration<double>(queueing).count();
+    last_puts_ = puts;
+    std::unique_lock lock(arrivals_.mutex);
+    const bool ended = arrivals_.changed.wait_for(lock, std::chrono::seconds(120),
+                                                  [&] { return arrivals_.done || !arrivals_.error.empty(); });
+    HACK_CHECK(arrivals_.error.empty(), "transfer failed: {}", arrivals_.error);
+    HACK_CHECK(ended, "request {} did not complete within 120 s", id);
+    const double seconds = std::chrono::duration<double>(arrivals_.done_at - t0).count();
+    lock.unlock();
+    offset = 0;
+    for (const auto& layer : plan.layers)
+      for (const auto& page : layer) {
+        HACK_CHECK(std::memcmp(region_.data() + offset, page.data(), page.size()) == 0,
+                   "request {}: the bytes at offset {} differ from the page put there", id, offset);
+        offset += page.size();
+      }
+    return seconds;
+  }
+
+ private:
+  void fail_with(std::string message) {
+    std::lock_guard lock(arrivals_.mutex);
+    if (arrivals_.error.empty()) arrivals_.error = std::move(message);
+    arrivals_.changed.notify_all();
+  }
+
+  Arrivals arrivals_;
+  size_t layers_ = 0;  // of the request being timed (guarded by arrivals_.mutex)
+  std::unique_ptr<net::UcxWorker> receiver_worker_, sender_worker_;
+  std::vector<std::byte> region_;
+  net::RemoteMemory remote_;
+  net::EndpointId peer_ = 0;
+  uint64_t next_id_ = 0;
+  double last_queue_s_ = 0;
+  size_t last_puts_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -842,10 +1006,22 @@ int main(int argc, char** argv) {
         std::printf("(kept: share of pages the receiver kept in UCX's buffer, so hack-decode copies them once; "
                     "the rest twice)\n");
       }
-      Link link(tls, args.auth, args.connect_by_address, args.borrowed_pages, args.peer_errors, args.message_bytes,
-                args.gather, args.checksum);
+      std::unique_ptr<Transport> transport;
+      if (args.rma) {
+        size_t largest = 0;
+        for (const Source& src : sources)
+          for (const RequestPlan& plan : src.plans) largest = std::max(largest, plan.bytes);
+        transport = std::make_unique<RmaLink>(tls, args.peer_errors, largest);
+      } else {
+        transport = std::make_unique<Link>(tls, args.auth, args.connect_by_address, args.borrowed_pages, args.peer_errors,
+                                           args.message_bytes, args.gather, args.checksum);
+      }
+      Transport& link = *transport;
       // Warm-up: the connection is set up lazily, so the first request would pay for it.
       link.transfer(sources.front().plans.front(), args.window_layers);
+      if (!args.json && args.rma)
+        std::printf("path: one-sided puts into the receiver's registered memory, one per page; per layer a flush, "
+                    "then a layer-done message (msgs = puts; nothing to keep or copy at the receiver)\n");
       if (!args.json && args.connect_by_address) std::printf("lanes: %s\n", link.lanes().c_str());
       for (size_t s = 0; s < sources.size(); ++s) {
         const Source& src = sources[s];
@@ -870,6 +1046,7 @@ int main(int argc, char** argv) {
             return gbs / *of;
           };
           nlohmann::json row = {{"tls", tls},
+                                {"path", args.rma ? "rma" : "am"},
                                 {"data_transport", data_on_shm ? "shared memory" : "tcp"},
                                 {"connect", args.connect_by_address ? "address" : "sockaddr"},
                                 {"send", args.borrowed_pages ? "borrowed" : "copy"},

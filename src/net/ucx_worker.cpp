@@ -108,7 +108,7 @@ struct ContextHandle {
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (options.rma ? UCP_FEATURE_RMA : 0);
     status = ucp_init(&params, config, &handle);
     ucp_config_release(config);
     if (status != UCS_OK) fail("ucp_init: {}", ucs_status_string(status));
@@ -164,6 +164,11 @@ struct UcxWorker::Impl {
     // their final lanes when wireup completes; sends wait here until then (see gate_until_wired).
     bool wired = true;
     std::deque<std::pair<uint16_t, SendOp*>> held;
+    std::unordered_map<std::string, ucp_rkey_h> rkeys;  // put: peers' packed keys (bytes) → unpacked on this endpoint
+    void destroy_rkeys() {
+      for (const auto& [packed, rkey] : rkeys) ucp_rkey_destroy(rkey);
+      rkeys.clear();
+    }
   };
   struct SendOp {
     Impl* impl = nullptr;
@@ -172,6 +177,8 @@ struct UcxWorker::Impl {
     std::span<const std::byte> borrowed;  // the caller's bytes (send_borrowed)
     SendCallback done;
     std::vector<ucp_dt_iov_t> iov;        // send_gather: the caller's segments, in order
+    int pending = 0;                      // put: writes not yet complete
+    Status first_error = Status::ok();    // put: the first write that failed
     std::span<const std::byte> bytes() const { return payload.empty() ? borrowed : std::span<const std::byte>(payload); }
   };
   struct RecvOp {
@@ -245,6 +252,8 @@ struct UcxWorker::Impl {
   int next_token = 1;
   std::deque<std::function<void()>> deferred;
   std::unordered_set<SendOp*> sends;
+  std::unordered_map<uint64_t, ucp_mem_h> registrations;  // register_memory
+  uint64_t next_registration = 1;
   std::unordered_set<RecvOp*> recvs;
   RecvOp* delivering = nullptr;  // the rendezvous message whose handler runs now
   EagerDelivery* delivering_eager = nullptr;
@@ -422,6 +431,8 @@ struct UcxWorker::Impl {
     std::vector<EndpointId> ids;
     for (const auto& [id, ep] : endpoints) ids.push_back(id);
     for (EndpointId id : ids) close_endpoint(id, true);
+    for (const auto& [id, memh] : registrations) ucp_mem_unmap(context.handle, memh);
+    registrations.clear();
     // Force-closing fails the outstanding requests; progress until UCX has said so.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while ((!close_requests.empty() || !sends.empty() || !recvs.empty()) && std::chrono::steady_clock::now() < deadline) {
@@ -497,6 +508,7 @@ struct UcxWorker::Impl {
   void close_endpoint(EndpointId id, bool force) {
     auto it = endpoints.find(id);
     if (it == endpoints.end()) return;
+    it->second->destroy_rkeys();  // before the endpoint goes
     if (it->second->adopted) {
       endpoint_by_handle.erase(it->second->ep);
       endpoints.erase(it);
@@ -684,6 +696,90 @@ struct UcxWorker::Impl {
     } else if (UCS_PTR_IS_ERR(request)) {
       finish_send(op, ucx_error("ucp_am_send_nbx", UCS_PTR_STATUS(request)));
     }
+  }
+
+  // ---- one-sided writes --------------------------------------------------------
+
+  // Any thread: true (and `done` told) when the worker is shutting down.
+  bool refuse_when_stopping(const SendCallback& done) {
+    {
+      std::lock_guard lock(mutex);
+      if (!stopping) return false;
+    }
+    if (done) done(Status::error("UCX worker is shutting down"));
+    return true;
+  }
+
+  // A put or a flush, tracked (and failed at shutdown) as a send with no header or payload.
+  SendOp* start_op(EndpointId id, SendCallback done, Endpoint*& endpoint) {
+    auto* op = new SendOp{this, {}, {}, {}, std::move(done), {}};
+    auto it = endpoints.find(id);
+    if (it == endpoints.end() || !it->second->wired) {
+      finish_send(op, Status::error(fmt::format("UCX endpoint {} is closed, unknown or not connected yet", id)));
+      return nullptr;
+    }
+    endpoint = it->second.get();
+    sends.insert(op);
+    return op;
+  }
+
+  void finish_request(SendOp* op, void* request, const char* what) {
+    if (request == nullptr) {
+      finish_send(op, Status::ok());
+    } else if (UCS_PTR_IS_ERR(request)) {
+      finish_send(op, ucx_error(what, UCS_PTR_STATUS(request)));
+    }
+  }
+
+  void start_put(EndpointId id, const std::vector<PutSegment>& segments, const std::string& packed, SendCallback done) {
+    Endpoint* endpoint = nullptr;
+    SendOp* op = start_op(id, std::move(done), endpoint);
+    if (op == nullptr) return;
+    auto key = endpoint->rkeys.find(packed);
+    if (key == endpoint->rkeys.end()) {
+      ucp_rkey_h rkey = nullptr;
+      const ucs_status_t status = ucp_ep_rkey_unpack(endpoint->ep, packed.data(), &rkey);
+      if (status != UCS_OK) {
+        finish_send(op, ucx_error("ucp_ep_rkey_unpack", status));
+        return;
+      }
+      key = endpoint->rkeys.emplace(packed, rkey).first;
+    }
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    params.cb.send = &Impl::on_put_done;
+    params.user_data = op;
+    // Completions come from later progress only (never inside ucp_put_nbx), so the count is
+    // complete before any of them runs.
+    for (const PutSegment& segment : segments) {
+      void* request = ucp_put_nbx(endpoint->ep, segment.local.data(), segment.local.size(), segment.remote_address,
+                                  key->second, &params);
+      if (request == nullptr) continue;
+      if (UCS_PTR_IS_ERR(request)) {
+        if (op->first_error.is_ok()) op->first_error = ucx_error("ucp_put_nbx", UCS_PTR_STATUS(request));
+        break;
+      }
+      ++op->pending;
+    }
+    if (op->pending == 0) finish_send(op, op->first_error);
+  }
+
+  static void on_put_done(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<SendOp*>(user_data);
+    ucp_request_free(request);
+    if (status != UCS_OK && op->first_error.is_ok()) op->first_error = ucx_error("UCX put", status);
+    if (--op->pending == 0) op->impl->finish_send(op, op->first_error);
+  }
+
+  void start_flush(EndpointId id, SendCallback done) {
+    Endpoint* endpoint = nullptr;
+    SendOp* op = start_op(id, std::move(done), endpoint);
+    if (op == nullptr) return;
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    params.cb.send = &Impl::on_send_done;
+    params.user_data = op;
+    finish_request(op, ucp_ep_flush_nbx(endpoint->ep, &params), "ucp_ep_flush_nbx");
   }
 
   // Any thread: starts a send now on the progress thread, else posts it there.
@@ -947,6 +1043,58 @@ std::shared_ptr<const void> UcxWorker::retain_received_payload(std::span<const s
         eager->data, [releases, bytes = eager->bytes](const void* data) { releases->release(const_cast<void*>(data), bytes); });
   }
   return std::shared_ptr<const void>(eager->owner, bytes.data());
+}
+
+RemoteMemory UcxWorker::register_memory(std::span<std::byte> region) {
+  HACK_CHECK(impl_->options.rma, "register_memory: this UCX worker was built without UcxOptions::rma");
+  HACK_CHECK(!region.empty(), "register_memory: an empty region");
+  RemoteMemory out;
+  impl_->call([&] {
+    Impl& impl = *impl_;
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = region.data();
+    params.length = region.size();
+    ucp_mem_h memh = nullptr;
+    ucs_status_t status = ucp_mem_map(impl.context.handle, &params, &memh);
+    if (status != UCS_OK) fail("ucp_mem_map of {} bytes: {}", region.size(), ucs_status_string(status));
+    void* packed = nullptr;
+    size_t packed_bytes = 0;
+    status = ucp_rkey_pack(impl.context.handle, memh, &packed, &packed_bytes);
+    if (status != UCS_OK) {
+      ucp_mem_unmap(impl.context.handle, memh);
+      fail("ucp_rkey_pack: {}", ucs_status_string(status));
+    }
+    const auto* bytes = static_cast<const std::byte*>(packed);
+    out.rkey.assign(bytes, bytes + packed_bytes);
+    ucp_rkey_buffer_release(packed);
+    out.id = impl.next_registration++;
+    out.address = reinterpret_cast<uint64_t>(region.data());
+    impl.registrations.emplace(out.id, memh);
+  });
+  return out;
+}
+
+void UcxWorker::unregister_memory(uint64_t id) {
+  impl_->call([&] {
+    auto it = impl_->registrations.find(id);
+    if (it == impl_->registrations.end()) return;
+    ucp_mem_unmap(impl_->context.handle, it->second);
+    impl_->registrations.erase(it);
+  });
+}
+
+void UcxWorker::put(EndpointId endpoint, std::vector<PutSegment> segments, std::span<const std::byte> rkey,
+                    SendCallback done) {
+  if (impl_->refuse_when_stopping(done)) return;
+  impl_->post([impl = impl_.get(), endpoint, segments = std::move(segments),
+               packed = std::string(reinterpret_cast<const char*>(rkey.data()), rkey.size()),
+               done = std::move(done)]() mutable { impl->start_put(endpoint, segments, packed, std::move(done)); });
+}
+
+void UcxWorker::flush(EndpointId endpoint, SendCallback done) {
+  if (impl_->refuse_when_stopping(done)) return;
+  impl_->post([impl = impl_.get(), endpoint, done = std::move(done)]() mutable { impl->start_flush(endpoint, std::move(done)); });
 }
 
 void UcxWorker::run_on_worker(const std::function<void()>& fn) { impl_->call(fn); }

@@ -68,6 +68,16 @@ struct UcxOptions {
   /// Most bytes of eager payloads kept in UCX's memory at once (retain_received_payload): a
   /// bound on what a slow consumer pins in UCX's receive buffers; past it handlers copy.
   size_t max_retained_eager_bytes = size_t{256} << 20;
+  /// Enables one-sided writes (UCP_FEATURE_RMA): register_memory, put, flush. Off by default:
+  /// the nodes move KV by active messages, and RMA lanes change what UCX wires up.
+  bool rma = false;
+};
+
+/// Memory a worker registered for peers' writes (UcxWorker::register_memory).
+struct RemoteMemory {
+  uint64_t id = 0;              ///< for unregister_memory
+  uint64_t address = 0;         ///< where the region starts, in the registering process
+  std::vector<std::byte> rkey;  ///< the packed remote key a peer passes to put
 };
 
 /// Which processes can reach this one over shared memory: the kernel's boot id and this
@@ -180,6 +190,25 @@ class UcxWorker {
   /// owners must go before the worker). Null for any other span, outside a handler, or when
   /// eager payloads already hold max_retained_eager_bytes: then the caller copies.
   std::shared_ptr<const void> retain_received_payload(std::span<const std::byte> bytes);
+
+  // ---- one-sided writes (UcxOptions::rma) ----
+  /// Registers `region` of this process's memory so that peers may write into it
+  /// (ucp_mem_map); it must stay allocated until unregister_memory. Throws hack::Error.
+  RemoteMemory register_memory(std::span<std::byte> region);
+  void unregister_memory(uint64_t id);
+  /// One write of a put: `local` bytes to the peer's `remote_address`.
+  struct PutSegment {
+    std::span<const std::byte> local;
+    uint64_t remote_address = 0;
+  };
+  /// Writes each segment into the peer's registered memory (inside one region, whose packed
+  /// key is `rkey`), in one call of the progress thread. `done` runs there once UCX no longer
+  /// needs any segment's bytes (which must stay valid and unchanged until then), with the
+  /// first error if one failed — not when the peer can see the bytes: flush says that.
+  void put(EndpointId endpoint, std::vector<PutSegment> segments, std::span<const std::byte> rkey, SendCallback done);
+  /// `done` runs once every put issued on the endpoint before it is complete at the peer
+  /// (ucp_ep_flush_nbx); a message sent after that point finds the bytes in place.
+  void flush(EndpointId endpoint, SendCallback done);
 
   /// Runs fn on the progress thread (now, if called from it) and waits for it.
   void run_on_worker(const std::function<void()>& fn);

@@ -1,7 +1,8 @@
 // UcxWorker over real UCX on loopback, with TCP and with shared memory: listen on an
 // ephemeral port, connect, active messages small (eager) and large (rendezvous) both ways,
 // connecting by worker address (the peer's endpoint adopted on its first message), payloads
-// sent from the caller's memory, a send to an unknown endpoint, a refused connection.
+// sent from the caller's memory, a send to an unknown endpoint, a refused connection, and
+// one-sided puts into a peer's registered memory.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -381,4 +382,50 @@ TEST_CASE("ucx worker: CUDA memory support is reported as the loaded UCX modules
   CHECK(worker.cuda_memory() == cuda_module);
   CHECK_THAT(device_kv_path(worker), Catch::Contains("through host copies"));
   CHECK_THAT(device_kv_path(worker), Catch::Contains(cuda_module ? "could send CUDA memory" : "no CUDA memory transport"));
+}
+
+TEST_CASE("ucx worker: puts land in a peer's registered memory, complete once flushed, then a message finds them", "[net][ucx]") {
+  const std::string tls = GENERATE(from_range(test::loopback_transports()));
+  INFO("UCX_TLS=" << tls);
+  UcxOptions options = test::options_for(tls);
+  options.rma = true;
+  UcxWorker receiver(options), sender(options);
+  std::vector<std::byte> region(size_t{3} << 20, std::byte{0});
+  const RemoteMemory remote = receiver.register_memory(region);
+  REQUIRE(remote.address == reinterpret_cast<uint64_t>(region.data()));
+  REQUIRE(!remote.rkey.empty());
+  // After the flush, a message on the same endpoint: its handler sees every byte in place.
+  std::atomic<bool> in_place{false};
+  const std::vector<std::byte> a = test::random_bytes(4096, 11), b = test::random_bytes(size_t{2} << 20, 12);
+  Inbox inbox;
+  receiver.set_message_handler(kTestAm, [&](EndpointId ep, auto h, auto p) {
+    in_place = std::memcmp(region.data() + 100, a.data(), a.size()) == 0 &&
+               std::memcmp(region.data() + (size_t{1} << 20), b.data(), b.size()) == 0;
+    inbox.add(ep, h, p);
+  });
+  const EndpointId ep = sender.connect_address(receiver.address());
+  SendResult done;
+  sender.put(ep, {{a, remote.address + 100}}, remote.rkey, done.callback());
+  sender.put(ep, {{std::span(b).first(4096), remote.address + (size_t{1} << 20)},
+                  {std::span(b).subspan(4096), remote.address + (size_t{1} << 20) + 4096}},
+             remote.rkey, done.callback());  // one call, two writes
+  SendResult flushed;
+  sender.flush(ep, flushed.callback());
+  REQUIRE(flushed.wait_count(1));
+  REQUIRE(done.wait_count(2));
+  for (const Status& s : done.results) CHECK(s.is_ok());
+  CHECK(flushed.results.front().is_ok());
+  sender.send(ep, kTestAm, test::random_bytes(8, 1), {}, {});
+  REQUIRE(inbox.wait_count(1));
+  CHECK(in_place.load());
+  CHECK(std::all_of(region.begin(), region.begin() + 100, [](std::byte x) { return x == std::byte{0}; }));
+  // A put or a flush on an endpoint that does not exist fails, naming it.
+  SendResult failed;
+  sender.put(ep + 1000, {{a, remote.address}}, remote.rkey, failed.callback());
+  sender.flush(ep + 1000, failed.callback());
+  REQUIRE(failed.wait_count(2));
+  for (const Status& s : failed.results) CHECK(s.message().find("closed, unknown") != std::string::npos);
+  receiver.unregister_memory(remote.id);
+  UcxWorker plain(test::options_for(tls));  // without UcxOptions::rma
+  REQUIRE_THROWS_AS(plain.register_memory(region), Error);
 }
