@@ -415,6 +415,20 @@ struct Arrivals {
   bool done = false;
   Clock::time_point done_at;
   std::string error;
+
+  // Records the first failure and wakes the waiter.
+  void fail(std::string message) {
+    std::lock_guard lock(mutex);
+    if (error.empty()) error = std::move(message);
+    changed.notify_all();
+  }
+  // The window: waits until the receiver has reported `needed` layers of request `id` done.
+  void wait_layers(int needed, uint64_t id) {
+    std::unique_lock lock(mutex);
+    changed.wait_for(lock, std::chrono::seconds(60), [&] { return layers_done >= needed || !error.empty(); });
+    HACK_CHECK(error.empty(), "transfer failed: {}", error);
+    HACK_CHECK(layers_done >= needed, "request {}: layer {} not received within 60 s", id, needed - 1);
+  }
 };
 
 // How a request's KV crosses the link: KvSender's active messages (Link), or one-sided puts
@@ -515,14 +529,8 @@ class Link final : public Transport {
     Clock::duration queueing{};
     for (size_t l = 0; l < plan.layers.size(); ++l) {
       const auto layer = static_cast<uint32_t>(l);
-      if (window_layers > 0 && static_cast<int>(l) >= window_layers) {
-        const int needed = static_cast<int>(l) - window_layers + 1;
-        std::unique_lock lock(arrivals_.mutex);
-        arrivals_.changed.wait_for(lock, std::chrono::seconds(60),
-                                   [&] { return arrivals_.layers_done >= needed || !arrivals_.error.empty(); });
-        HACK_CHECK(arrivals_.error.empty(), "transfer failed: {}", arrivals_.error);
-        HACK_CHECK(arrivals_.layers_done >= needed, "request {}: layer {} not received within 60 s", id, needed - 1);
-      }
+      if (window_layers > 0 && static_cast<int>(l) >= window_layers)
+        arrivals_.wait_layers(static_cast<int>(l) - window_layers + 1, id);
       const auto q0 = Clock::now();
       for (const auto& page : plan.layers[l])
         check(borrowed_pages_ ? sender_->send_page_borrowed(peer_, id, layer, page) : sender_->send_page(peer_, id, layer, page));
@@ -555,11 +563,7 @@ class Link final : public Transport {
   double last_kept_share() const override { return last_kept_share_; }
 
  private:
-  void fail_with(std::string message) {
-    std::lock_guard lock(arrivals_.mutex);
-    if (arrivals_.error.empty()) arrivals_.error = std::move(message);
-    arrivals_.changed.notify_all();
-  }
+  void fail_with(std::string message) { arrivals_.fail(std::move(message)); }
   static void check(const Status& s) { HACK_CHECK(s.is_ok(), "{}", s.message()); }
 
   Arrivals arrivals_;
@@ -641,14 +645,8 @@ class RmaLink final : public Transport {
     Clock::duration queueing{};
     const auto t0 = Clock::now();
     for (size_t l = 0; l < plan.layers.size(); ++l) {
-      if (window_layers > 0 && static_cast<int>(l) >= window_layers) {
-        const int needed = static_cast<int>(l) - window_layers + 1;
-        std::unique_lock lock(arrivals_.mutex);
-        arrivals_.changed.wait_for(lock, std::chrono::seconds(60),
-                                   [&] { return arrivals_.layers_done >= needed || !arrivals_.error.empty(); });
-        HACK_CHECK(arrivals_.error.empty(), "transfer failed: {}", arrivals_.error);
-        HACK_CHECK(arrivals_.layers_done >= needed, "request {}: layer {} not received within 60 s", id, needed - 1);
-      }
+      if (window_layers > 0 && static_cast<int>(l) >= window_layers)
+        arrivals_.wait_layers(static_cast<int>(l) - window_layers + 1, id);
       const auto q0 = Clock::now();
       std::vector<net::UcxWorker::PutSegment> segments;
       segments.reserve(plan.layers[l].size());
@@ -690,11 +688,7 @@ class RmaLink final : public Transport {
   }
 
  private:
-  void fail_with(std::string message) {
-    std::lock_guard lock(arrivals_.mutex);
-    if (arrivals_.error.empty()) arrivals_.error = std::move(message);
-    arrivals_.changed.notify_all();
-  }
+  void fail_with(std::string message) { arrivals_.fail(std::move(message)); }
 
   Arrivals arrivals_;
   size_t layers_ = 0;  // of the request being timed (guarded by arrivals_.mutex)
