@@ -106,7 +106,8 @@ bool KvBlockManager::try_extend_sequence(int seq_id, int max_tokens) {
   if (bytes > s.reserved_bytes && !budget_.try_reserve(bytes - s.reserved_bytes)) return false;
   s.reserved_bytes = std::max(s.reserved_bytes, bytes);
   s.max_tokens = max_tokens;
-  for (Layer& l : s.layers) l.pages.reserve(table_pages(max_tokens));
+  if (owns_pages())
+    for (Layer& l : s.layers) l.pages.reserve(table_pages(max_tokens));
   return true;
 }
 

@@ -358,10 +358,6 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
   blocks_.record_append(seq_id, layer, n_tokens);
 }
 
-CpuLayerView PagedKvCache::view_of(int seq_id, int layer) const {
-  return {&get(seq_id).layers[static_cast<size_t>(layer)], blocks_.pages(seq_id, layer).data()};
-}
-
 PagedKvCache::Segment PagedKvCache::resolve(const CpuLayerView& view, const PlanSegment& s) const {
   const int T = options_.block_tokens;
   const LayerPages& lp = *view.exact;
@@ -501,7 +497,8 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
                           size_t q_row_stride, float* out, size_t out_row_stride, float scale, float* scratch) const {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers && kv_head >= 0 && kv_head < shape_.num_kv_heads,
              "attend: layer {} / KV head {} out of range", layer, kv_head);
-  const CpuLayerView view = view_of(seq_id, layer);
+  const std::span<const uint32_t> closed = blocks_.pages(seq_id, layer);
+  const CpuLayerView view{&get(seq_id).layers[static_cast<size_t>(layer)], closed.data()};
   const int length = blocks_.length(seq_id, layer);
   HACK_CHECK(start_pos >= 0 && n_tokens > 0 && length >= start_pos + n_tokens,
              "sequence {} layer {}: attention over {} tokens but {} stored", seq_id, layer, start_pos + n_tokens,
@@ -524,7 +521,7 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
   const cpu::AttentionRows rows{static_cast<int>(rows_n), kd, vd, qs, visible, mx, sum, acc};
   cpu::attention_rows_reset(rows);
   std::vector<PlanSegment> segments;  // the reference path may allocate
-  blocks_.list_segments(start_pos + n_tokens, static_cast<int>(blocks_.pages(seq_id, layer).size()), segments);
+  blocks_.list_segments(start_pos + n_tokens, static_cast<int>(closed.size()), segments);
   attend_segments(view, segments, nullptr, 0, static_cast<int>(segments.size()), kv_head, kv_head + 1, start_pos, n_tokens,
                   &rows, work);
   for (int t = 0; t < n_tokens; ++t) {
@@ -651,12 +648,12 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const PlanItem& it = plan.items[i];
     const int length = blocks_.length(it.seq_id, layer);
-    const size_t closed = blocks_.pages(it.seq_id, layer).size();
+    const std::span<const uint32_t> closed = blocks_.pages(it.seq_id, layer);
     HACK_CHECK(length == it.start_pos + it.n_tokens &&
-                   (options_.mode == KvMode::fp || static_cast<int>(closed) == it.closed_pages),
+                   (options_.mode == KvMode::fp || static_cast<int>(closed.size()) == it.closed_pages),
                "sequence {} layer {}: holds {} tokens in {} closed pages, the step's plan expects {} in {}", it.seq_id,
-               layer, length, closed, it.start_pos + it.n_tokens, it.closed_pages);
-    ws.layers[i] = view_of(it.seq_id, layer);
+               layer, length, closed.size(), it.start_pos + it.n_tokens, it.closed_pages);
+    ws.layers[i] = {&get(it.seq_id).layers[static_cast<size_t>(layer)], closed.data()};
   }
   // Workspace: the plan's softmax states, then per thread the scaled q of a task and the
   // kernels' work area.

@@ -690,12 +690,8 @@ struct UcxWorker::Impl {
     params.cb.send = &Impl::on_send_done;
     params.user_data = op;
     sends.insert(op);
-    void* request = ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), buffer, count, &params);
-    if (request == nullptr) {
-      finish_send(op, Status::ok());
-    } else if (UCS_PTR_IS_ERR(request)) {
-      finish_send(op, ucx_error("ucp_am_send_nbx", UCS_PTR_STATUS(request)));
-    }
+    finish_request(op, ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), buffer, count, &params),
+                   "ucp_am_send_nbx");
   }
 
   // ---- one-sided writes --------------------------------------------------------
@@ -723,6 +719,8 @@ struct UcxWorker::Impl {
     return op;
   }
 
+  // A send, put or flush just started: done now (request null), failed, or completing later
+  // through its callback.
   void finish_request(SendOp* op, void* request, const char* what) {
     if (request == nullptr) {
       finish_send(op, Status::ok());

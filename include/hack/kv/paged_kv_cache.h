@@ -205,7 +205,6 @@ class PagedKvCache final : public PagedKv {
   // The page tables of a sequence the block manager has just opened.
   void add_pages(int seq_id);
   Segment resolve(const CpuLayerView& view, const PlanSegment& segment) const;
-  CpuLayerView view_of(int seq_id, int layer) const;
   cpu::ExactHeadView exact_view(int layer, const Segment& seg, int kv_head) const;
   cpu::HackHeadView hack_view(int layer, const std::byte* page, int kv_head) const;
   PagePool& pages_of(int layer) const { return *layer_pool_[static_cast<size_t>(layer)]; }
