@@ -1,6 +1,7 @@
 #include "hack/core/dtype.h"
 
 #include "hack/core/error.h"
+#include "hack/core/quant_blocks.h"
 
 namespace hack {
 
@@ -13,6 +14,12 @@ std::string_view dtype_name(DType t) {
     case DType::u8: return "u8";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::q4_0: return "q4_0";
+    case DType::q4_1: return "q4_1";
+    case DType::q8_0: return "q8_0";
+    case DType::q4_k: return "q4_k";
+    case DType::q5_k: return "q5_k";
+    case DType::q6_k: return "q6_k";
   }
   return "?";
 }
@@ -25,6 +32,12 @@ DType parse_dtype(std::string_view name) {
   if (name == "u8" || name == "U8" || name == "uint8") return DType::u8;
   if (name == "i32" || name == "I32" || name == "int32") return DType::i32;
   if (name == "i64" || name == "I64" || name == "int64") return DType::i64;
+  if (name == "q4_0" || name == "Q4_0") return DType::q4_0;
+  if (name == "q4_1" || name == "Q4_1") return DType::q4_1;
+  if (name == "q8_0" || name == "Q8_0") return DType::q8_0;
+  if (name == "q4_k" || name == "Q4_K") return DType::q4_k;
+  if (name == "q5_k" || name == "Q5_K") return DType::q5_k;
+  if (name == "q6_k" || name == "Q6_K") return DType::q6_k;
   fail("unsupported dtype '{}'", name);
 }
 
@@ -115,6 +128,12 @@ void convert_to_f32(DType from, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
       return;
     }
+    case DType::q4_0:
+    case DType::q4_1:
+    case DType::q8_0:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: dequantize_row(from, src, dst, n); return;
   }
 }
 

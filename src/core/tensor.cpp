@@ -92,6 +92,15 @@ Tensor::Shape to_shape(std::initializer_list<int64_t> dims, int* ndim) {
   *ndim = static_cast<int>(dims.size());
   return s;
 }
+// A block type's rows are whole blocks: the last dim is a multiple of the block.
+void check_whole_blocks(DType dtype, const Tensor::Shape& shape, int ndim) {
+  const size_t block = dtype_block_elems(dtype);
+  if (block == 1) return;
+  HACK_CHECK(ndim >= 1 && shape[static_cast<size_t>(ndim - 1)] % static_cast<int64_t>(block) == 0,
+             "a {} tensor's rows must be whole blocks of {} elements (last dim {})", dtype_name(dtype), block,
+             ndim >= 1 ? shape[static_cast<size_t>(ndim - 1)] : 0);
+}
+
 }  // namespace
 
 int64_t Tensor::numel() const {
@@ -108,6 +117,7 @@ Tensor Tensor::empty(DType dtype, std::initializer_list<int64_t> shape, MemoryKi
 }
 
 Tensor Tensor::empty(DType dtype, const Shape& shape, int ndim, MemoryKind kind) {
+  check_whole_blocks(dtype, shape, ndim);
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
@@ -125,6 +135,7 @@ Tensor Tensor::view(DType dtype, std::initializer_list<int64_t> shape, const voi
 
 Tensor Tensor::view(DType dtype, const Shape& shape, int ndim, const void* data,
                     std::shared_ptr<const void> keepalive) {
+  check_whole_blocks(dtype, shape, ndim);
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
@@ -159,6 +170,7 @@ Tensor Tensor::reshape(std::initializer_list<int64_t> shape) const {
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= s[static_cast<size_t>(i)];
   HACK_CHECK(n == numel(), "reshape of {} to {} elements", describe(), n);
+  check_whole_blocks(dtype_, s, ndim);
   Tensor t = *this;
   t.shape_ = s;
   t.ndim_ = ndim;

@@ -52,6 +52,7 @@ const char* safetensors_dtype_name(DType t) {
     case DType::u8: return "U8";
     case DType::i32: return "I32";
     case DType::i64: return "I64";
+    default: break;  // block types never come from safetensors
   }
   return "?";
 }

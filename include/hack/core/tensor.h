@@ -63,7 +63,8 @@ class Tensor {
   /// New zero-initialised host tensor (or uninitialised pinned/device tensor).
   static Tensor empty(DType dtype, std::initializer_list<int64_t> shape, MemoryKind kind = MemoryKind::host);
   static Tensor empty(DType dtype, const Shape& shape, int ndim, MemoryKind kind = MemoryKind::host);
-  /// View of borrowed memory, kept alive by `keepalive`.
+  /// View of borrowed memory, kept alive by `keepalive`. A block type's last dim must be a
+  /// multiple of its block (dtype_block_elems), as every constructor checks.
   static Tensor view(DType dtype, std::initializer_list<int64_t> shape, const void* data,
                      std::shared_ptr<const void> keepalive);
   static Tensor view(DType dtype, const Shape& shape, int ndim, const void* data,
@@ -75,7 +76,8 @@ class Tensor {
   int64_t dim(int i) const { return shape_[static_cast<size_t>(i)]; }
   const Shape& shape() const { return shape_; }
   int64_t numel() const;
-  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  /// Bytes of the elements; a block type (dtype_is_quantized) holds whole blocks per row.
+  size_t bytes() const { return dtype_bytes(dtype_, static_cast<size_t>(numel())); }
   MemoryKind memory_kind() const { return buffer_ ? buffer_->kind() : MemoryKind::host; }
   /// "[4096, 2048] bf16"
   std::string describe() const;

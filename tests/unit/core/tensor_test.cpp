@@ -45,3 +45,16 @@ TEST_CASE("cpu features: AVX2 present on every supported machine", "[core][cpu]"
   REQUIRE(cpu_supports(CpuIsa::scalar));
   REQUIRE(!cpu_features().describe().empty());
 }
+
+TEST_CASE("tensor of a block type: rows are whole blocks, bytes and row slices by block", "[core][tensor]") {
+  const Tensor t = Tensor::empty(DType::q4_k, {3, 512});
+  CHECK(t.bytes() == 3 * 2 * 144);
+  CHECK(static_cast<const char*>(t.slice_rows(2, 1).raw()) - static_cast<const char*>(t.raw()) == 2 * 2 * 144);
+  CHECK(Tensor::empty(DType::q4_0, {5, 64}).bytes() == 5 * 2 * 18);
+  CHECK(Tensor::empty(DType::q6_k, {1, 256}).bytes() == 210);
+  CHECK_THROWS_AS(Tensor::empty(DType::q8_0, {2, 48}), Error);
+  CHECK_THROWS_AS(t.reshape({3, 2, 256}).reshape({1536, 1}), Error);
+  CHECK(dtype_bytes(DType::q5_k, 1024) == 4 * 176);
+  CHECK(dtype_is_quantized(DType::q4_1));
+  CHECK_FALSE(dtype_is_quantized(DType::bf16));
+}
