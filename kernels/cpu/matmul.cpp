@@ -7,6 +7,7 @@
 
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/ops.h"
+#include "hack/kernels/cpu/quant_dot.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemv_kernels.h"
 
@@ -16,9 +17,42 @@ namespace {
 
 void check_weight(const Tensor& w) {
   HACK_CHECK(w.ndim() == 2, "matmul weight must be 2-D, got {}", w.describe());
-  HACK_CHECK(w.dtype() == DType::f32 || w.dtype() == DType::bf16 || w.dtype() == DType::f16,
-             "matmul weight dtype {} unsupported (f32, f16, bf16)", dtype_name(w.dtype()));
+  HACK_CHECK(w.dtype() == DType::f32 || w.dtype() == DType::bf16 || w.dtype() == DType::f16 ||
+                 dtype_is_quantized(w.dtype()),
+             "matmul weight dtype {} unsupported (f32, f16, bf16, or a GGUF block type)", dtype_name(w.dtype()));
 }
+
+// Rows of x quantized per block for the dots on block weights: BlockQ8x32 rows for q4_0,
+// q4_1, q8_0 weights, BlockQ8K rows for the K-quants, each made once per call when needed.
+struct QuantizedX {
+  const unsigned char* q32 = nullptr;
+  const unsigned char* qk = nullptr;
+  size_t in = 0;
+
+  void prepare(DType w, const float* x, size_t rows, size_t n_in, MatmulWorkspace& ws) {
+    in = n_in;
+    const bool k = uses_q8k(w);
+    if ((k ? qk : q32) != nullptr) return;
+    std::vector<unsigned char>& buf = k ? ws.x_q8k : ws.x_q8x32;
+    const size_t row_bytes = quantized_activation_bytes(w, in);
+    buf.resize(rows * row_bytes);
+    for (size_t t = 0; t < rows; ++t) quantize_activations(w, x + t * in, in, buf.data() + t * row_bytes);
+    (k ? qk : q32) = buf.data();
+  }
+
+  // y[t][o] for o in [o_begin, o_end), t < rows: each weight row read once for every row of x.
+  void run(CpuIsa isa, const Tensor& w, size_t rows, float* y, size_t o_begin, size_t o_end) const {
+    const DType type = w.dtype();
+    const QuantDotFn dot = quant_dot(isa, type);
+    const size_t out = static_cast<size_t>(w.dim(0));
+    const size_t w_row_bytes = dtype_bytes(type, in), x_row_bytes = quantized_activation_bytes(type, in);
+    const size_t blocks = in / dtype_block_elems(type);
+    const unsigned char* xq = uses_q8k(type) ? qk : q32;
+    const auto* base = static_cast<const unsigned char*>(w.raw());
+    for (size_t o = o_begin; o < o_end; ++o)
+      for (size_t t = 0; t < rows; ++t) y[t * out + o] = dot(base + o * w_row_bytes, xq + t * x_row_bytes, blocks);
+  }
+};
 
 void set_blas_threads(int n) {
   // OpenBLAS keeps its own pool; size it to ours once (prefill calls sgemm from one thread).
@@ -48,6 +82,7 @@ struct GemvInput {
   size_t rows;
   CpuIsa isa;
   Kernel kernel = Kernel::plain;
+  QuantizedX quantized;  // the rows of x per block, for the projections on block weights
 
   GemvInput(const float* x_in, size_t n_rows, size_t in, bool bf16_weights, MatmulWorkspace& ws)
       : x(x_in), rows(n_rows), isa(gemv_isa()) {
@@ -66,8 +101,17 @@ struct GemvInput {
     x = ws.x_even_odd.data();
   }
 
+  // x quantized for block weights of type w (before run() on such weights; not thread-safe).
+  void quantize_for(const Tensor& w, const float* x_in, MatmulWorkspace& ws) {
+    if (dtype_is_quantized(w.dtype())) quantized.prepare(w.dtype(), x_in, rows, static_cast<size_t>(w.dim(1)), ws);
+  }
+
   // Output rows [o_begin, o_end) of y = x · wᵀ.
   void run(const Tensor& w, float* y, size_t o_begin, size_t o_end) const {
+    if (dtype_is_quantized(w.dtype())) {
+      quantized.run(isa, w, rows, y, o_begin, o_end);
+      return;
+    }
     const size_t out = static_cast<size_t>(w.dim(0)), in = static_cast<size_t>(w.dim(1));
     switch (kernel) {
       case Kernel::bf16_dot:
@@ -137,6 +181,13 @@ void gemv_rows(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* 
   HACK_CHECK(rows >= 1 && rows <= kGemvMaxRows, "gemv rows {} outside [1, {}]", rows, kGemvMaxRows);
   const size_t in = static_cast<size_t>(w.dim(1));
   const size_t out = static_cast<size_t>(w.dim(0));
+  if (dtype_is_quantized(w.dtype())) {
+    MatmulWorkspace ws;
+    QuantizedX q;
+    q.prepare(w.dtype(), x, rows, in, ws);
+    q.run(isa, w, rows, y, o_begin, o_end);
+    return;
+  }
   switch (isa) {
     case CpuIsa::scalar: detail::gemv_scalar(w.dtype(), w.raw(), in, x, rows, y, out, o_begin, o_end); break;
     case CpuIsa::avx2: detail::gemv_avx2(w.dtype(), w.raw(), in, x, rows, y, out, o_begin, o_end); break;
@@ -168,15 +219,16 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
                 0.0f, y, static_cast<int>(out));
     return;
   }
-  // 16-bit weights: convert a tile of weight rows to fp32, then sgemm into y's columns.
+  // 16-bit or block weights: convert (dequantize) a tile of weight rows to fp32, then sgemm
+  // into y's columns.
   const size_t tile_rows = std::max<size_t>(64, (size_t{1} << 20) / in);
   ws.weight_tile.resize(tile_rows * in);
-  const size_t elem = dtype_size(w.dtype());
+  const size_t row_bytes = dtype_bytes(w.dtype(), in);
   for (size_t o0 = 0; o0 < out; o0 += tile_rows) {
     const size_t n = std::min(tile_rows, out - o0);
-    const char* src = static_cast<const char*>(w.raw()) + o0 * in * elem;
+    const char* src = static_cast<const char*>(w.raw()) + o0 * row_bytes;
     pool.parallel_for(n, [&](size_t r0, size_t r1) {
-      convert_to_f32(w.dtype(), src + r0 * in * elem, ws.weight_tile.data() + r0 * in, (r1 - r0) * in);
+      convert_to_f32(w.dtype(), src + r0 * row_bytes, ws.weight_tile.data() + r0 * in, (r1 - r0) * in);
     });
     pool.park();  // OpenBLAS's threads take the cores now
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<int>(n), k, 1.0f, x, k,
@@ -204,7 +256,8 @@ void matmul_many(const float* x, size_t rows, std::span<const Projection> projec
     first[k + 1] = first[k] + (static_cast<size_t>(projections[k].w->dim(0)) + kGemvBlockRows - 1) / kGemvBlockRows;
   bool all_bf16 = true;
   for (const Projection& p : projections) all_bf16 = all_bf16 && p.w->dtype() == DType::bf16;
-  const GemvInput input(x, rows, in, all_bf16, ws);
+  GemvInput input(x, rows, in, all_bf16, ws);
+  for (const Projection& p : projections) input.quantize_for(*p.w, x, ws);
   pool.parallel_for(first[projections.size()], [&](size_t b0, size_t b1) {
     size_t k = 0;
     for (size_t b = b0; b < b1; ++b) {
@@ -230,8 +283,10 @@ void matmul_swiglu(const float* x, size_t rows, const Tensor& w_gate, const Tens
     pool.parallel_for(rows, [&](size_t r0, size_t r1) { swiglu(gate + r0 * out, up + r0 * out, gate + r0 * out, (r1 - r0) * out); });
     return;
   }
-  const GemvInput input(x, rows, static_cast<size_t>(w_gate.dim(1)),
-                        w_gate.dtype() == DType::bf16 && w_up.dtype() == DType::bf16, ws);
+  GemvInput input(x, rows, static_cast<size_t>(w_gate.dim(1)),
+                  w_gate.dtype() == DType::bf16 && w_up.dtype() == DType::bf16, ws);
+  input.quantize_for(w_gate, x, ws);
+  input.quantize_for(w_up, x, ws);
   pool.parallel_for((out + kGemvBlockRows - 1) / kGemvBlockRows, [&](size_t b0, size_t b1) {
     const size_t o0 = b0 * kGemvBlockRows, o1 = std::min(out, b1 * kGemvBlockRows);
     input.run(w_gate, gate, o0, o1);

@@ -156,7 +156,7 @@ void softmax(float* x, size_t n) {
 void embedding_row(const Tensor& table, int64_t token, float* out) {
   HACK_CHECK(token >= 0 && token < table.dim(0), "token id {} out of range [0, {})", token, table.dim(0));
   const size_t hidden = static_cast<size_t>(table.dim(1));
-  const char* row = static_cast<const char*>(table.raw()) + static_cast<size_t>(token) * hidden * dtype_size(table.dtype());
+  const char* row = static_cast<const char*>(table.raw()) + static_cast<size_t>(token) * dtype_bytes(table.dtype(), hidden);
   convert_to_f32(table.dtype(), row, out, hidden);
 }
 

@@ -1,10 +1,13 @@
 /// @file kernels/cpu/matmul.h
 /// @brief y = x · Wᵀ for the transformer's linear layers on the CPU, W in its checkpoint
-/// dtype (f32, f16, bf16) and HF layout [out_features, in_features].
+/// dtype (f32, f16, bf16, or a GGUF block type: q4_0, q4_1, q8_0, q4_k, q5_k, q6_k) and HF
+/// layout [out_features, in_features].
 ///
 /// Few rows (decode): a weight-streaming GEMV that reads each weight row once for all rows
-/// of x (memory-bound; AVX2 or AVX-512 chosen at run time). Many rows (prefill): OpenBLAS
-/// sgemm, converting 16-bit weights to fp32 tile by tile.
+/// of x (memory-bound; AVX2 or AVX-512 chosen at run time); on block weights x is quantized
+/// to int8 per block and the dots run on the blocks (kernels/cpu/quant_dot.h, llama.cpp's
+/// arithmetic). Many rows (prefill): OpenBLAS sgemm, converting 16-bit weights to fp32 (block
+/// weights: dequantizing) tile by tile.
 #pragma once
 
 #include <cstddef>
@@ -42,10 +45,12 @@ struct MatmulWorkspace {
   std::vector<float> x_bf16_f32;             // bf16 on avx512: the activations' bf16 values in fp32 (GEMM)
   std::vector<std::vector<uint32_t>> packs;  // bf16 on avx512bf16: one packed weight panel per thread
   std::vector<std::vector<float>> packs_f32; // bf16 on avx512: one panel widened to fp32 per thread
+  std::vector<unsigned char> x_q8x32;        // GEMV on q4_0/q4_1/q8_0 weights: x as BlockQ8x32 rows
+  std::vector<unsigned char> x_q8k;          // GEMV on K-quant weights: x as BlockQ8K rows
 };
 
 /// y[t][o] = Σ_i x[t][i] · w[o][i] for t < rows; x: [rows][in], y: [rows][out] (row-major,
-/// contiguous). `w` is [out][in] f32/f16/bf16.
+/// contiguous). `w` is [out][in] f32/f16/bf16 or a block type.
 void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool, MatmulWorkspace& ws);
 
 /// One output of matmul_many: y = x · wᵀ ([rows][w.dim(0)]).

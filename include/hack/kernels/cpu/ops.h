@@ -38,7 +38,8 @@ void axpy(float a, const float* x, float* y, size_t n);
 /// In-place softmax of n floats; returns nothing. Stable (subtracts the max).
 void softmax(float* x, size_t n);
 
-/// Row `token` of an embedding table (any float dtype) into out (hidden floats).
+/// Row `token` of an embedding table (any float dtype, or a block type: the row dequantized)
+/// into out (hidden floats).
 void embedding_row(const Tensor& table, int64_t token, float* out);
 
 }  // namespace hack::cpu
