@@ -13,6 +13,8 @@
 
 #include "hack/core/error.h"
 #include "hack/core/huge_pages.h"
+#include "hack/model/gguf_model.h"
+#include "hack/model/gguf_weights.h"
 #include "hack/model/safetensors.h"
 
 namespace hack {
@@ -73,7 +75,14 @@ class WeightReader {
 
 }  // namespace
 
-Model Model::load(const std::filesystem::path& directory) {
+WeightFormat parse_weight_format(std::string_view name) {
+  if (name == "native") return WeightFormat::native;
+  if (name == "dequant") return WeightFormat::dequant;
+  fail("--weights must be native or dequant, got '{}'", name);
+}
+
+Model Model::load(const std::filesystem::path& directory, WeightFormat format) {
+  if (is_gguf_file(directory)) return load_gguf_model(GgufFile::open(directory), format);
   Model m;
   m.directory = directory;
   m.config = load_model_config(directory / "config.json");

@@ -16,8 +16,16 @@ namespace hack {
 
 struct FdcRuntime;  // model/fdc.h
 
-/// Matrices keep the checkpoint's dtype (f32, f16 or bf16) and HF's [out_features, in_features]
-/// row-major layout. Vectors (norms, biases) are always f32.
+/// How a GGUF file's block-quantized matrices are held (the --weights flag): native keeps the
+/// blocks (views of the mapping; the matmul kernels read them); dequant converts them to f32
+/// at load (exact: every block value is an fp32 product), for the equality tests against
+/// references on dequantized weights.
+enum class WeightFormat { native, dequant };
+/// Parses "native" | "dequant".
+WeightFormat parse_weight_format(std::string_view name);
+
+/// Matrices keep the checkpoint's dtype (f32, f16, bf16, or a GGUF block type) and HF's
+/// [out_features, in_features] row-major layout. Vectors (norms, biases) are always f32.
 struct LayerWeights {
   Tensor attn_norm;       // [hidden] f32
   Tensor wq;              // [n_heads * head_dim, hidden]
@@ -43,7 +51,7 @@ struct ModelWeights {
 struct Model {
   ModelConfig config;
   ModelWeights weights;
-  std::filesystem::path directory;  ///< empty for synthetic models
+  std::filesystem::path directory;  ///< the HF directory or GGUF file loaded; empty for synthetic models
   /// FDC applied (model/fdc.h apply_fdc): per-head ranks and the post-RoPE Q/K projection
   /// the backend runs; null for a plain model.
   std::shared_ptr<const FdcRuntime> fdc;
@@ -51,7 +59,10 @@ struct Model {
   /// Loads config.json and model.safetensors (or the sharded index) from a Hugging Face
   /// model directory. Errors name the file and tensor (missing, mis-shaped, truncated,
   /// unsupported dtype).
-  static Model load(const std::filesystem::path& directory);
+  ///
+  /// Or a GGUF file (model/gguf_weights.h): llama and qwen2 architectures, F32/F16/BF16 and
+  /// Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K tensors, kept as they lie in the mapped file (`format`).
+  static Model load(const std::filesystem::path& directory, WeightFormat format = WeightFormat::native);
   /// Random weights for `config` (normal, std 0.02 scaled for depth; norms 1), reproducible
   /// from `seed`, matrices in `dtype` (f32, f16 or bf16).
   static Model synthetic(const ModelConfig& config, uint64_t seed, DType dtype = DType::bf16);
