@@ -33,7 +33,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kGgufMagic = "GGUF";
 constexpr const char* kStampFile = "gguf_source.json";
 // What a converted directory must hold to be used (the files gguf_to_hf.py writes).
 constexpr std::array<const char*, 5> kConvertedFiles = {"config.json", "model.safetensors", "tokenizer.json",
@@ -159,14 +158,6 @@ void convert(const fs::path& gguf, const fs::path& dir, const nlohmann::json& st
 }
 
 }  // namespace
-
-bool is_gguf_file(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return false;
-  std::ifstream in(path, std::ios::binary);
-  std::array<char, 4> magic{};
-  return in.read(magic.data(), magic.size()) && std::string_view(magic.data(), magic.size()) == kGgufMagic;
-}
 
 fs::path resolve_model_path(const fs::path& path) {
   std::error_code ec;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/gguf_file.h"
 #include "hack/core/read_file.h"
 
 namespace hack {
@@ -111,6 +112,13 @@ std::string chat_template_from_config(const nlohmann::json& tokenizer_config, bo
 }
 
 std::optional<std::string> find_chat_template(const std::filesystem::path& model_dir, bool has_tools) {
+  if (is_gguf_file(model_dir)) {  // llama.cpp's keys: tokenizer.chat_template[.tool_use]
+    const GgufFile f = GgufFile::open(model_dir);
+    const GgufValue* tool_use = has_tools ? f.find("tokenizer.chat_template.tool_use") : nullptr;
+    const GgufValue* t = tool_use ? tool_use : f.find("tokenizer.chat_template");
+    if (t == nullptr) return std::nullopt;
+    return t->as_string("tokenizer.chat_template");
+  }
   const auto jinja_file = model_dir / "chat_template.jinja";
   if (std::filesystem::exists(jinja_file)) return read_file(jinja_file, "chat template");
   for (const char* name : {"chat_template.json", "tokenizer_config.json"}) {

@@ -5,8 +5,10 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/gguf_file.h"
 #include "hack/core/read_file.h"
 #include "src/tokenizer/json_util.h"
+#include "src/tokenizer/gguf_tokenizer.h"
 #include "src/tokenizer/tokenizer_impl.h"
 #include "src/tokenizer/utf8.h"
 
@@ -159,6 +161,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
+  if (is_gguf_file(dir)) return from_gguf(GgufFile::open(dir));
   const std::filesystem::path tokenizer_path = dir / "tokenizer.json";
   HACK_CHECK(std::filesystem::is_regular_file(tokenizer_path), "tokenizer: {} not found", tokenizer_path.string());
   auto optional_file = [&](const char* name) {
@@ -180,6 +183,11 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
     }
   }
   return t;
+}
+
+Tokenizer Tokenizer::from_gguf(const GgufFile& file) {
+  const tok::GgufTokenizerJson j = tok::gguf_tokenizer_json(file);
+  return build(j.tokenizer_json, j.config_json, "", file.source());
 }
 
 Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view config_json, std::string origin) {

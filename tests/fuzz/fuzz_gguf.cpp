@@ -1,4 +1,4 @@
-// libFuzzer target: a GGUF file from an untrusted source (model/gguf_file.h). Parse the bytes;
+// libFuzzer target: a GGUF file from an untrusted source (core/gguf_file.h). Parse the bytes;
 // when they parse, read every metadata value through its accessors and open every tensor,
 // dequantizing its first row, as Model::load would.
 //
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "hack/core/error.h"
-#include "hack/model/gguf_file.h"
+#include "hack/core/gguf_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto bytes = std::make_shared<std::vector<unsigned char>>(data, data + size);

@@ -14,10 +14,9 @@
 #include <filesystem>
 #include <string>
 
-namespace hack {
+#include "hack/core/gguf_file.h"  // is_gguf_file
 
-/// True when `path` is a regular file whose first four bytes are the GGUF magic.
-bool is_gguf_file(const std::filesystem::path& path);
+namespace hack {
 
 /// The directory `--model PATH` loads: PATH when it is a directory; for a GGUF file, its
 /// converted directory (converting first when that is missing or stale). Throws hack::Error

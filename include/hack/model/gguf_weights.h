@@ -10,7 +10,7 @@
 #pragma once
 
 #include "hack/model/config.h"
-#include "hack/model/gguf_file.h"
+#include "hack/core/gguf_file.h"
 #include "hack/model/weights.h"
 
 namespace hack {

@@ -78,7 +78,8 @@ std::string chat_template_from_config(const nlohmann::json& tokenizer_config, bo
 
 /// The chat template of a model directory, looked up as transformers loads it:
 /// chat_template.jinja, then chat_template.json ({"chat_template": ...}), then
-/// tokenizer_config.json. nullopt when none of them has one.
+/// tokenizer_config.json. nullopt when none of them has one. For a GGUF file: its
+/// tokenizer.chat_template (tokenizer.chat_template.tool_use first when has_tools).
 std::optional<std::string> find_chat_template(const std::filesystem::path& model_dir, bool has_tools);
 
 }  // namespace hack

@@ -13,6 +13,8 @@
 
 namespace hack {
 
+class GgufFile;  // core/gguf_file.h
+
 /// One entry of tokenizer.json "added_tokens".
 struct AddedToken {
   int id = -1;
@@ -59,11 +61,17 @@ class Tokenizer {
   /// `dir`/special_tokens_map.json (special tokens the config lacks) and
   /// `dir`/chat_template.jinja (the "default" template). Throws hack::Error naming the file
   /// and JSON field on a missing file, malformed JSON, or an unsupported model / component.
+  ///
+  /// `dir` may instead be a GGUF file: its tokenizer.ggml.* metadata and
+  /// tokenizer.chat_template (byte-level BPE, tokenizer.ggml.model "gpt2", with the
+  /// pre-tokenizers gpt2, smollm and qwen2), read natively.
   static Tokenizer load(const std::filesystem::path& dir);
   /// Builds a tokenizer from the two files' contents ("" for no tokenizer_config.json).
   /// `origin` names the source in error messages.
   static Tokenizer from_json(std::string_view tokenizer_json, std::string_view config_json,
                              std::string origin = "<memory>");
+  /// Builds a tokenizer from a GGUF file's metadata (see load).
+  static Tokenizer from_gguf(const GgufFile& file);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -9,10 +9,10 @@
 
 #include "hack/core/error.h"
 #include "hack/core/quant_blocks.h"
-#include "hack/model/gguf_file.h"
+#include "hack/core/gguf_file.h"
 #include "hack/model/gguf_weights.h"
 #include "hack/model/weights.h"
-#include "gguf_test_writer.h"
+#include "support/gguf_writer.h"
 #include "model_test_util.h"
 
 using namespace hack;

@@ -1,8 +1,10 @@
 // GGUF parsing: a cursor over the bytes that checks every read against what is left, so a
 // count or length from the file is never trusted before the bytes it promises are there.
-#include "hack/model/gguf_file.h"
+#include "hack/core/gguf_file.h"
 
+#include <array>
 #include <cstring>
+#include <fstream>
 #include <limits>
 
 #include "hack/core/error.h"
@@ -113,6 +115,14 @@ std::optional<uint64_t> mul_checked(uint64_t a, uint64_t b) {
 }
 
 }  // namespace
+
+bool is_gguf_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  std::array<char, 4> magic{};
+  return in.read(magic.data(), magic.size()) && std::string_view(magic.data(), magic.size()) == "GGUF";
+}
 
 std::string_view gguf_type_name(GgufType t) {
   switch (t) {

@@ -14,6 +14,9 @@
 /// Every count, length, offset and size is checked against the bytes present before it is
 /// used; a truncated or malformed file throws hack::Error naming the file, the field and the
 /// offset, never reads out of bounds.
+///
+/// In core (not model) because two layers read it: model (weights, config) and tokenizer
+/// (vocabulary, merges, chat template).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,9 @@
 #include "hack/core/tensor.h"
 
 namespace hack {
+
+/// True when `path` is a regular file whose first four bytes are the GGUF magic.
+bool is_gguf_file(const std::filesystem::path& path);
 
 /// GGUF metadata value types (gguf_type), with their file codes.
 enum class GgufType : uint32_t {

@@ -7,9 +7,8 @@
 
 #include "hack/core/error.h"
 #include "hack/core/quant_blocks.h"
-#include "hack/model/gguf_file.h"
-#include "gguf_test_writer.h"
-#include "model_test_util.h"
+#include "hack/core/gguf_file.h"
+#include "support/gguf_writer.h"
 
 using namespace hack;
 using Catch::Contains;
@@ -31,7 +30,7 @@ GgufWriter small_file() {
   w.kv_strings("tokens", {"a", "b", "ab"});
   std::vector<float> f(8);
   for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i) - 2.5f;
-  w.tensor({"w.f32", {4, 2}, 0, test::bytes_of(f)});
+  w.tensor({"w.f32", {4, 2}, 0, GgufWriter::bytes_of(f)});
   std::vector<unsigned char> q8(34);
   const uint16_t half_two = 0x4000;  // 2.0
   std::memcpy(q8.data(), &half_two, 2);
@@ -43,7 +42,7 @@ GgufWriter small_file() {
 }  // namespace
 
 TEST_CASE("gguf: the fixture written by gguf-py reads back, every value type and nested arrays",
-          "[model][gguf]") {
+          "[core][gguf]") {
   const GgufFile g = GgufFile::open(std::filesystem::path(HACK_SOURCE_DIR) / "tests/fixtures/gguf/blocks.gguf");
   CHECK(g.version() == 3);
   CHECK(g.alignment() == 64);
@@ -82,7 +81,7 @@ TEST_CASE("gguf: the fixture written by gguf-py reads back, every value type and
 // random blocks (scripts/make_gguf_fixtures.py), extreme f16 scales included. Both compute each
 // value as a product of the same fp32 factors; the order of those products may differ, so a
 // value may differ by a few ulps: |a − b| ≤ 4·2^-24·|b| (+ 0 for zeros).
-TEST_CASE("gguf: dequantize_row of every block type equals gguf-py's", "[model][gguf][quant]") {
+TEST_CASE("gguf: dequantize_row of every block type equals gguf-py's", "[core][gguf][quant]") {
   const GgufFile g = GgufFile::open(std::filesystem::path(HACK_SOURCE_DIR) / "tests/fixtures/gguf/blocks.gguf");
   for (const char* name : {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
     INFO(name);
@@ -104,7 +103,7 @@ TEST_CASE("gguf: dequantize_row of every block type equals gguf-py's", "[model][
   }
 }
 
-TEST_CASE("gguf: a file from the test's own writer, v2 and v3", "[model][gguf]") {
+TEST_CASE("gguf: a file from the test's own writer, v2 and v3", "[core][gguf]") {
   for (uint32_t version : {2u, 3u}) {
     GgufWriter w = small_file();
     w.version = version;
@@ -130,7 +129,7 @@ TEST_CASE("gguf: a file from the test's own writer, v2 and v3", "[model][gguf]")
   }
 }
 
-TEST_CASE("gguf: every truncation of a good file is an error, never a crash", "[model][gguf]") {
+TEST_CASE("gguf: every truncation of a good file is an error, never a crash", "[core][gguf]") {
   const std::vector<unsigned char> good = small_file().bytes();
   parse_bytes(good);  // the whole file parses
   for (size_t n = 0; n < good.size(); ++n) {
@@ -140,7 +139,7 @@ TEST_CASE("gguf: every truncation of a good file is an error, never a crash", "[
   }
 }
 
-TEST_CASE("gguf: malformed headers and indexes are refused with a message", "[model][gguf]") {
+TEST_CASE("gguf: malformed headers and indexes are refused with a message", "[core][gguf]") {
   auto error_of = [](const std::vector<unsigned char>& bytes) -> std::string {
     try {
       parse_bytes(bytes);
@@ -243,7 +242,7 @@ TEST_CASE("gguf: malformed headers and indexes are refused with a message", "[mo
   }
 }
 
-TEST_CASE("gguf: tensor types we do not compute on are refused by name", "[model][gguf]") {
+TEST_CASE("gguf: tensor types we do not compute on are refused by name", "[core][gguf]") {
   GgufWriter w;
   w.tensor({"iq", {256, 1}, 16, std::vector<unsigned char>(66)});  // IQ2_XXS
   w.tensor({"q5", {32, 1}, 6, std::vector<unsigned char>(22)});    // Q5_0
@@ -256,7 +255,7 @@ TEST_CASE("gguf: tensor types we do not compute on are refused by name", "[model
 
 // Random byte mutations of a good file: each parses or throws hack::Error (ASan/UBSan builds
 // check the reads). The seed is printed on failure.
-TEST_CASE("gguf: 20,000 mutated files parse or fail cleanly", "[model][gguf]") {
+TEST_CASE("gguf: 20,000 mutated files parse or fail cleanly", "[core][gguf]") {
   const std::vector<unsigned char> good = small_file().bytes();
   const uint64_t seed = std::random_device{}();
   INFO("seed " << seed);

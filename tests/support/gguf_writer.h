@@ -105,6 +105,12 @@ class GgufWriter {
     std::memcpy(b, &v, sizeof(T));
     out.insert(out.end(), b, b + sizeof(T));
   }
+  template <class T>
+  static std::vector<unsigned char> bytes_of(const std::vector<T>& values) {
+    std::vector<unsigned char> out(values.size() * sizeof(T));
+    if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
+    return out;
+  }
   static void put_string(std::vector<unsigned char>& out, const std::string& s) {
     put(out, static_cast<uint64_t>(s.size()));
     out.insert(out.end(), s.begin(), s.end());
