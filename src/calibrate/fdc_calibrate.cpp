@@ -95,7 +95,7 @@ class GramAccumulator {
 Gram weight_gram(const Tensor& wv, size_t h, size_t hd) {
   const size_t H = static_cast<size_t>(wv.dim(1));
   std::vector<float> rows(hd * H);
-  convert_to_f32(wv.dtype(), static_cast<const char*>(wv.raw()) + h * hd * H * dtype_size(wv.dtype()), rows.data(),
+  convert_to_f32(wv.dtype(), static_cast<const char*>(wv.raw()) + dtype_bytes(wv.dtype(), h * hd * H), rows.data(),
                  rows.size());
   const RowsF m(rows.data(), static_cast<Eigen::Index>(hd), static_cast<Eigen::Index>(H),
                 Eigen::OuterStride<>(static_cast<Eigen::Index>(H)));

@@ -24,6 +24,7 @@
 
 #include "hack/core/error.h"
 #include "hack/core/read_file.h"
+#include "hack/model/gguf_weights.h"
 
 namespace hack {
 
@@ -374,6 +375,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
 }
 
 ModelConfig load_model_config(const std::filesystem::path& path) {
+  if (is_gguf_file(path)) return gguf_model_config(GgufFile::open(path));
   const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
   return parse_model_config(read_file(file, "model config"), file.string());
 }

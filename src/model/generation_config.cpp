@@ -6,12 +6,14 @@
 #include <sstream>
 
 #include "hack/core/error.h"
+#include "hack/core/gguf_file.h"
 #include "hack/core/read_file.h"
 
 namespace hack {
 
 GenerationConfig load_generation_config(const std::filesystem::path& dir) {
   GenerationConfig g;
+  if (is_gguf_file(dir)) return g;  // a GGUF has none: its eos id is in the model config
   const auto path = dir / "generation_config.json";
   if (!std::filesystem::exists(path)) return g;
   const std::string text = read_file(path, "generation config");

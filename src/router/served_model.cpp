@@ -15,7 +15,7 @@ namespace hack::server::router {
 ServedModel::ServedModel(const RouterConfig& config) : tokenizer(Tokenizer::load(config.model)) {
   HACK_CHECK(!config.model.empty(), "--model DIR is required (tokenizer, chat template, config.json)");
   const std::filesystem::path dir(config.model);
-  const ModelConfig mc = load_model_config(dir / "config.json");
+  const ModelConfig mc = load_model_config(dir);  // config.json, or a GGUF's metadata
   name = !config.served_name.empty() ? config.served_name : dir.lexically_normal().filename().string();
   if (name.empty()) name = dir.lexically_normal().parent_path().filename().string();
   HACK_CHECK(config.max_model_len >= 0, "--max-model-len must not be negative");

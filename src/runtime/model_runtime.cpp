@@ -18,7 +18,11 @@ namespace hack {
 void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   flags.add_string("model", &c.model,
                    "Hugging Face model directory (config.json, safetensors, tokenizer.json), or a llama/qwen2 GGUF "
-                   "file, converted once into FILE.gguf.hf/ beside it");
+                   "file, read natively (its F32/F16/BF16/Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K tensors mapped, see --weights)");
+  flags.add_string("weights", &c.weights,
+                   "a GGUF's block-quantized matrices: native (kept as blocks and multiplied as llama.cpp does, int8 "
+                   "activations per block) or dequant (converted to f32 at load: exact values, 4-8x the memory; for "
+                   "equality tests)");
   flags.add_string("synthetic", &c.synthetic, "instead of --model: random weights of a named shape (benchmarks)");
   flags.add_string("device", &c.device,
                    "cpu or cuda (cuda: bf16 weights and a pre-allocated paged KV pool on GPU 0, pages of --hack-block "
@@ -43,7 +47,8 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   flags.add_int("prefill-chunk", &c.prefill_chunk, "prefill long prompts in chunks of this many tokens");
   flags.add_string("fdc", &c.fdc,
                    "FDC artifact from hack-calibrate --fdc (post-RoPE Q/K and low-rank V compression; every prefill "
-                   "and decode node of a cluster must use the same); 'auto' = <model>/fdc.safetensors; '' = off");
+                   "and decode node of a cluster must use the same); 'auto' = <model>/fdc.safetensors (FILE.gguf.fdc.safetensors "
+                   "beside a GGUF); '' = off");
   flags.add_float("fdc-rate", &c.fdc_rate,
                   "with --fdc: choose the ranks at this singular-value removal rate instead of the artifact's; < 0 = "
                   "as stored");
@@ -71,8 +76,8 @@ namespace {
 
 void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (c.synthetic.empty()) {
-    rt.model = Model::load(c.model);
-    if (std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) {
+    rt.model = Model::load(c.model, parse_weight_format(c.weights));
+    if (is_gguf_file(c.model) || std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) {
       rt.tokenizer = Tokenizer::load(c.model);
       rt.constraints = std::make_shared<const grammar::GrammarConstraintFactory>(
           std::make_shared<const grammar::TokenVocabulary>(grammar::TokenVocabulary::from_tokenizer(*rt.tokenizer)));
@@ -86,7 +91,7 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (!c.fdc.empty()) {
     HACK_CHECK(c.synthetic.empty() || c.fdc != "auto", "--fdc auto needs --model (the artifact lies beside it)");
     const std::filesystem::path path =
-        c.fdc == "auto" ? std::filesystem::path(c.model) / "fdc.safetensors" : std::filesystem::path(c.fdc);
+        c.fdc == "auto" ? model_artifact_path(c.model, "fdc.safetensors") : std::filesystem::path(c.fdc);
     const FdcArtifact artifact = load_fdc_artifact(path);
     rt.model = apply_fdc(rt.model, artifact, c.fdc_rate >= 0 ? fdc_ranks_for_rate(artifact, c.fdc_rate)
                                                              : std::vector<FdcRanks>{});
@@ -99,8 +104,8 @@ void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (rt.name.empty()) rt.name = std::filesystem::path(c.model).lexically_normal().parent_path().filename().string();
 }
 
-// --model FILE.gguf loads the directory it is converted into (model/gguf_model.h), served under
-// the file's name; a missing --model path is named here rather than as a missing config.json.
+// --model FILE.gguf is served under the file's name (model/gguf_model.h); a missing --model path
+// is named here rather than as a missing config.json.
 ModelRuntimeConfig with_model_resolved(ModelRuntimeConfig c) {
   resolve_model_flags(c.model, c.served_name);
   return c;

@@ -138,7 +138,8 @@ int run_hack(const CalibrateConfig& c) {
   allocation.layers = r.layers;
   allocation.recent_tokens = options.recent_tokens;
   allocation.calibration_json = cal.dump();
-  const std::string out = c.output.empty() ? c.model + "/" + hack::kHackAllocationFile : c.output;
+  const std::string out =
+      c.output.empty() ? hack::model_artifact_path(c.model, hack::kHackAllocationFile).string() : c.output;
   hack::save_hack_allocation(out, allocation);
   const bool met = c.max_kl <= 0 || r.final_score.mean_kl <= c.max_kl;
   std::printf("%s: %d of %d layers raised to %s, %.1f %% of bf16 bytes, decode-path KL %.5f, top-1 %.4f, ppl %+.2f %%%s\n",
@@ -237,7 +238,7 @@ int run_fdc(const CalibrateConfig& c, const hack::FlagSet& flags) {
   cal["calibration_seconds"] = calib_s;
   cal["seconds"] = seconds_since(t0);
   artifact.calibration_json = cal.dump();
-  const std::string out = c.output.empty() ? c.model + "/fdc.safetensors" : c.output;
+  const std::string out = c.output.empty() ? hack::model_artifact_path(c.model, "fdc.safetensors").string() : c.output;
   hack::save_fdc_artifact(artifact, out);
 
   int dims = 0;
@@ -271,8 +272,8 @@ int run(int argc, char** argv) {
                       "fdc.safetensors beside the model. --fdc scores FDC alone over an fp32 cache unless --kv is "
                       "given (--kv hack: FDC + HACK).",
                       "HACK_CALIBRATE");
-  flags.add_string("model", &c.model, "Hugging Face model directory, or a llama/qwen2 GGUF file (converted once into "
-                   "FILE.gguf.hf/ beside it, where the outputs then go)");
+  flags.add_string("model", &c.model, "Hugging Face model directory, or a llama/qwen2 GGUF file (read natively; "
+                   "the outputs then go beside it as FILE.gguf.hack_kv.json, FILE.gguf.fdc.safetensors)");
   flags.add_bool("hack", &c.hack, "calibrate HACK bit widths per layer");
   flags.add_bool("fdc", &c.fdc, "calibrate FDC (dimensionality compression) ranks per KV head");
   flags.add_string("text", &c.text, "calibration text (keep it apart from any text you test on); the decode-path "
@@ -302,7 +303,7 @@ int run(int argc, char** argv) {
   hack::setup_logging("warn");
   HACK_CHECK(c.hack != c.fdc, "give one of --hack and --fdc");
   HACK_CHECK(!c.model.empty(), "--model is required");
-  c.model = hack::resolve_model_path(c.model).string();  // FILE.gguf: its converted directory
+  c.model = hack::resolve_model_path(c.model).string();  // a directory or a GGUF file
   HACK_CHECK(c.windows > 0 && c.prefill_tokens > 0 && c.decode_tokens > 0, "--windows, --prefill-tokens and "
              "--decode-tokens must be positive");
   HACK_CHECK(c.max_kl >= 0, "--max-kl must not be negative");

@@ -95,7 +95,7 @@ std::string render_chat(const RunConfig& c, const hack::Tokenizer& tokenizer) {
     hack::fail("{}: malformed JSON: {}", c.chat_file, e.what());
   }
   HACK_CHECK(messages.is_array() && !messages.empty(), "{}: expected a non-empty JSON list of messages", c.chat_file);
-  const std::string model_dir = hack::resolve_model_path(c.runtime.model).string();  // FILE.gguf: converted
+  const std::string model_dir = hack::resolve_model_path(c.runtime.model).string();  // a directory or a GGUF file
   const std::optional<std::string> source = !c.chat_template.empty()
                                                 ? hack::read_file(c.chat_template, "chat template")
                                                 : hack::find_chat_template(model_dir, /*has_tools=*/false);

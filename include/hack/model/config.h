@@ -57,7 +57,8 @@ struct ModelConfig {
 /// Parses config.json text; `source` names the file in errors. Validates every field
 /// (positive sizes, heads divisible by kv heads, supported architecture and rope scaling).
 ModelConfig parse_model_config(std::string_view json_text, const std::string& source);
-/// Reads and parses `path` (a config.json).
+/// Reads and parses `path` (a config.json, or a directory holding one); a GGUF file gives the
+/// config its metadata stands for (gguf_model_config).
 ModelConfig load_model_config(const std::filesystem::path& path);
 
 /// Shape of a named synthetic model: "llama-1b" (Llama 3.2 1B), "llama-3b", "llama-8b"

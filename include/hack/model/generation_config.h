@@ -17,7 +17,7 @@ struct GenerationConfig {
   std::optional<float> repetition_penalty;
 };
 
-/// Reads `dir`/generation_config.json; an absent file gives an empty config. Malformed JSON
+/// Reads `dir`/generation_config.json; an absent file (or a GGUF file for `dir`) gives an empty config. Malformed JSON
 /// or a wrongly typed field throws hack::Error naming the file and field.
 GenerationConfig load_generation_config(const std::filesystem::path& dir);
 

@@ -23,13 +23,14 @@
 namespace hack {
 
 struct ModelRuntimeConfig {
-  std::string model;               ///< Hugging Face model directory
+  std::string model;               ///< Hugging Face model directory or GGUF file
   std::string synthetic;           ///< instead of model: random weights of a named shape
   std::string served_name;         ///< name reported to clients; default: the directory's name (nodes)
   std::string device = "cpu";      ///< cpu | cuda
   std::string cuda_attention = "kernels";  ///< --device cuda: kernels | plan (CudaBackendOptions::plan_attention)
   int threads = 0;                 ///< 0 = all cores
   std::string weights_memory = "huge-pages";  ///< huge-pages | mmap (Model::place_in_huge_pages)
+  std::string weights = "native";             ///< native | dequant (a GGUF's blocks kept, or f32; WeightFormat)
   std::string matmul_precision = "fp32";      ///< fp32 | bf16 (cpu::MatmulPrecision)
   KvFlags kv;                      ///< --kv, --hack-*, --kv-dtype (kv/kv_flags.h)
   int64_t kv_capacity_mb = 0;      ///< KV byte budget in MiB; 0 = unbounded
