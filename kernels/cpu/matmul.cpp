@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "hack/core/error.h"
+#include "hack/core/quant_blocks.h"
 #include "hack/kernels/cpu/ops.h"
 #include "hack/kernels/cpu/quant_dot.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -129,9 +130,10 @@ struct GemvInput {
 };
 
 // y = x · wᵀ with x rounded to bf16 (MatmulPrecision::bf16, isa avx512 or avx512bf16): each
-// thread packs and multiplies its own panels of w's rows.
-void gemm_bf16(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& pool,
-               MatmulWorkspace& ws) {
+// thread packs and multiplies its own panels of w's rows. y's rows are ldc apart (w may be a tile
+// of a larger matrix's rows); convert_x = false reuses the x ws holds from the previous call.
+void gemm_bf16(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* y, size_t ldc, ThreadPool& pool,
+               MatmulWorkspace& ws, bool convert_x = true) {
   const size_t out = static_cast<size_t>(w.dim(0)), in = static_cast<size_t>(w.dim(1));
   const size_t ld = (in + 1) / 2 * 2;
   const bool dot = isa == CpuIsa::avx512bf16;
@@ -140,7 +142,7 @@ void gemm_bf16(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* 
   } else {
     ws.x_bf16_f32.resize(rows * ld);
   }
-  pool.parallel_for(rows, [&](size_t r0, size_t r1) {
+  if (convert_x) pool.parallel_for(rows, [&](size_t r0, size_t r1) {
     if (dot) {
       detail::f32_to_bf16_pairs_avx512bf16(x + r0 * in, r1 - r0, in, ws.x_bf16.data() + r0 * ld);
     } else {
@@ -159,11 +161,11 @@ void gemm_bf16(CpuIsa isa, const float* x, size_t rows, const Tensor& w, float* 
     if (dot) {
       std::vector<uint32_t>& pack = ws.packs[static_cast<size_t>(thread)];
       pack.resize(detail::gemm_bf16_pack_words(in));
-      detail::gemm_bf16_avx512bf16(ws.x_bf16.data(), rows, in, w.data<uint16_t>(), n0, n1, y, out, pack.data());
+      detail::gemm_bf16_avx512bf16(ws.x_bf16.data(), rows, in, w.data<uint16_t>(), n0, n1, y, ldc, pack.data());
     } else {
       std::vector<float>& pack = ws.packs_f32[static_cast<size_t>(thread)];
       pack.resize(detail::gemm_bf16_fma_pack_floats(in));
-      detail::gemm_bf16_fma_avx512(ws.x_bf16_f32.data(), rows, in, w.data<uint16_t>(), n0, n1, y, out, pack.data());
+      detail::gemm_bf16_fma_avx512(ws.x_bf16_f32.data(), rows, in, w.data<uint16_t>(), n0, n1, y, ldc, pack.data());
     }
   });
 }
@@ -206,10 +208,31 @@ void matmul(const float* x, size_t rows, const Tensor& w, float* y, ThreadPool& 
     matmul_many(x, rows, std::span<const Projection>(&p, 1), pool, ws);
     return;
   }
-  if (const CpuIsa isa = gemv_isa();
-      ws.precision == MatmulPrecision::bf16 && w.dtype() == DType::bf16 && isa >= CpuIsa::avx512) {
-    gemm_bf16(isa, x, rows, w, y, pool, ws);
-    return;
+  if (const CpuIsa isa = gemv_isa(); ws.precision == MatmulPrecision::bf16 && isa >= CpuIsa::avx512) {
+    if (w.dtype() == DType::bf16) {
+      gemm_bf16(isa, x, rows, w, y, out, pool, ws);
+      return;
+    }
+    if (dtype_is_quantized(w.dtype())) {  // block weights: dequantized tile by tile into bf16 panels
+      const size_t panel = detail::kGemmBf16PanelCols;
+      const size_t tile_rows = std::max<size_t>(64, (size_t{1} << 20) / in) / panel * panel;
+      const size_t row_bytes = dtype_bytes(w.dtype(), in);
+      ws.weight_tile.resize(tile_rows * in);
+      ws.weight_tile_bf16.resize(tile_rows * in);
+      for (size_t o0 = 0; o0 < out; o0 += tile_rows) {
+        const size_t n = std::min(tile_rows, out - o0);
+        const char* src = static_cast<const char*>(w.raw()) + o0 * row_bytes;
+        pool.parallel_for(n, [&](size_t r0, size_t r1) {
+          float* f = ws.weight_tile.data() + r0 * in;
+          dequantize_row(w.dtype(), src + r0 * row_bytes, f, (r1 - r0) * in);
+          for (size_t i = 0; i < (r1 - r0) * in; ++i) ws.weight_tile_bf16[r0 * in + i] = f32_to_bf16(f[i]);
+        });
+        const Tensor tile = Tensor::view(DType::bf16, {static_cast<int64_t>(n), static_cast<int64_t>(in)},
+                                         ws.weight_tile_bf16.data(), nullptr);
+        gemm_bf16(isa, x, rows, tile, y + o0, out, pool, ws, /*convert_x=*/o0 == 0);
+      }
+      return;
+    }
   }
   set_blas_threads(pool.size());
   const int m = static_cast<int>(rows), k = static_cast<int>(in);

@@ -45,11 +45,12 @@ inline float hsum(__m256 v) {
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
-// A q4 block's 16 bytes as 32 codes: low nibbles (elements 0..15), then high (16..31).
+// A q4 block's 16 bytes as 32 codes: low nibbles (elements 0..15), then high (16..31). The
+// bytes are broadcast to both halves by the load itself and the high half shifted by 4 per
+// 32-bit lane (no cross-lane shuffle: port 5 is the dots' bottleneck).
 inline __m256i unpack_q4(const uint8_t* qs) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  return _mm256_setr_m128i(_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 float simd_dot_q4_0(const void* wv, const void* xv, size_t blocks) {

@@ -29,7 +29,8 @@ inline constexpr size_t kGemvMaxRows = 8;
 /// matches transformers in fp32 to ~1e-5). bf16: the activations rounded to bf16, fp32
 /// accumulation — llama.cpp's arithmetic for bf16 weights: with VDPBF16PS on
 /// CpuIsa::avx512bf16 (twice the multiply rate), by fp32 FMA in the same order on
-/// CpuIsa::avx512 (the same bits); on avx2 and scalar it runs as f32.
+/// CpuIsa::avx512 (the same bits); on avx2 and scalar it runs as f32. Block weights (GGUF) in
+/// the many-row path are dequantized tile by tile and rounded to bf16 for the same GEMM.
 /// GEMVs of 1–3 rows (memory-bound) stay fp32 in both.
 enum class MatmulPrecision { f32, bf16 };
 
@@ -39,7 +40,8 @@ MatmulPrecision parse_matmul_precision(std::string_view name);
 /// Scratch for matmul(), reused across calls, and the many-row path's arithmetic.
 struct MatmulWorkspace {
   MatmulPrecision precision = MatmulPrecision::f32;
-  std::vector<float> weight_tile;            // f32: fp32 tiles of 16-bit weights for sgemm
+  std::vector<float> weight_tile;            // f32: fp32 tiles of 16-bit or block weights for sgemm
+  std::vector<uint16_t> weight_tile_bf16;    // bf16 on AVX-512: bf16 tiles of block weights for gemm_bf16
   std::vector<float> x_even_odd;             // GEMV: x permuted for the even/odd bf16 kernel
   std::vector<uint16_t> x_bf16;              // bf16 on avx512bf16: the activations (GEMM and GEMV)
   std::vector<float> x_bf16_f32;             // bf16 on avx512: the activations' bf16 values in fp32 (GEMM)
