@@ -18,7 +18,7 @@ seeds_fuzz_chat_template=(tests/fixtures/chat/templates)
 dict_fuzz_chat_template=tests/fixtures/chat/jinja.dict
 seeds_fuzz_node_protocol=(tests/fixtures/fuzz/node_protocol)
 seeds_fuzz_wire=(tests/fixtures/fuzz/wire)
-seeds_fuzz_gguf=(tests/fixtures/gguf)
+seeds_fuzz_gguf=(tests/fixtures/gguf tests/fixtures/fuzz/gguf)
 # Undefined behaviour (a cast out of range, a misaligned load) fails the run like a crash.
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 for t in "${targets[@]}"; do

@@ -92,6 +92,7 @@ uint16_t f32_to_f16(float f) {
 // src may be any address (a received payload has no alignment promise): 16-bit values are
 // read by memcpy, which compiles to plain loads, not through a misaligned uint16_t*.
 void convert_to_f32(DType from, const void* src, float* dst, size_t n) {
+  if (n == 0) return;  // dst / src may then be null (an empty vector's data())
   const auto* bytes = static_cast<const unsigned char*>(src);
   auto u16_at = [bytes](size_t i) {
     uint16_t v;

@@ -278,3 +278,15 @@ TEST_CASE("gguf: 20,000 mutated files parse or fail cleanly", "[core][gguf]") {
     }
   }
 }
+
+// Found by fuzz_gguf (tests/fixtures/fuzz/gguf/zero_length_row.gguf): a row of 0 elements.
+TEST_CASE("gguf: a tensor with a zero dim parses, and converting its empty rows touches nothing", "[core][gguf]") {
+  GgufWriter w;
+  w.tensor({"empty", {0, 3}, 0, {}});
+  const GgufFile g = parse_bytes(w.bytes());
+  const Tensor t = g.tensor("empty");
+  CHECK(t.numel() == 0);
+  CHECK(t.bytes() == 0);
+  std::vector<float> none;
+  convert_to_f32(t.dtype(), t.raw(), none.data(), 0);
+}
