@@ -68,10 +68,29 @@ void quantize_activations(DType w, const float* x, size_t n, void* out) {
   }
 }
 
+namespace {
+const detail::QuantDotTable& table_of(CpuIsa isa) {
+  return isa == CpuIsa::scalar ? detail::quant_dots_scalar()
+         : isa == CpuIsa::avx2 ? detail::quant_dots_avx2()
+                               : detail::quant_dots_avx512();
+}
+}  // namespace
+
+QuantDotRowsFn quant_dot_rows(CpuIsa isa, DType w) {
+  const detail::QuantDotTable& t = table_of(isa);
+  switch (w) {
+    case DType::q4_0: return t.q4_0_rows;
+    case DType::q4_1: return t.q4_1_rows;
+    case DType::q8_0: return t.q8_0_rows;
+    case DType::q4_k: return t.q4_k_rows;
+    case DType::q5_k: return t.q5_k_rows;
+    case DType::q6_k: return t.q6_k_rows;
+    default: fail("no quantized dot for {} weights", dtype_name(w));
+  }
+}
+
 QuantDotFn quant_dot(CpuIsa isa, DType w) {
-  const detail::QuantDotTable& t = isa == CpuIsa::scalar ? detail::quant_dots_scalar()
-                                   : isa == CpuIsa::avx2 ? detail::quant_dots_avx2()
-                                                         : detail::quant_dots_avx512();
+  const detail::QuantDotTable& t = table_of(isa);
   switch (w) {
     case DType::q4_0: return t.q4_0;
     case DType::q4_1: return t.q4_1;

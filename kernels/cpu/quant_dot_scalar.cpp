@@ -123,10 +123,18 @@ float dot_q6_k(const void* wv, const void* xv, size_t blocks) {
   return acc;
 }
 
+// Row by row: the reference has nothing to share between rows.
+template <QuantDotFn Dot>
+void dot_rows(const void* w, const void* x, size_t xs, size_t rows, size_t blocks, float* out, size_t os) {
+  for (size_t r = 0; r < rows; ++r) out[r * os] = Dot(w, static_cast<const unsigned char*>(x) + r * xs, blocks);
+}
+
 }  // namespace
 
 const QuantDotTable& quant_dots_scalar() {
-  static constexpr QuantDotTable table{dot_q4_0, dot_q4_1, dot_q8_0, dot_q4_k, dot_q5_k, dot_q6_k};
+  static constexpr QuantDotTable table{dot_q4_0,           dot_q4_1,           dot_q8_0,           dot_q4_k,
+                                       dot_q5_k,           dot_q6_k,           dot_rows<dot_q4_0>, dot_rows<dot_q4_1>,
+                                       dot_rows<dot_q8_0>, dot_rows<dot_q4_k>, dot_rows<dot_q5_k>, dot_rows<dot_q6_k>};
   return table;
 }
 

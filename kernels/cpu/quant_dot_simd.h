@@ -11,6 +11,8 @@
 
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "hack/core/quant_blocks.h"
 #include "kernels/cpu/quant_dot_kernels.h"
 
@@ -53,137 +55,195 @@ inline __m256i unpack_q4(const uint8_t* qs) {
   return _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
-float simd_dot_q4_0(const void* wv, const void* xv, size_t blocks) {
-  const auto* w = static_cast<const BlockQ4_0*>(wv);
-  const auto* x = static_cast<const BlockQ8x32*>(xv);
-  __m256 acc = _mm256_setzero_ps();
-  float offset = 0.0f;  // Σ d · 8 · Σ x codes
-  for (size_t b = 0; b < blocks; ++b) {
-    const __m256i p = acc_u8s8(_mm256_setzero_si256(), unpack_q4(w[b].qs), load32(x[b].qs));
-    const float d = half(w[b].d) * x[b].d;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
-    offset += d * static_cast<float>(8 * x[b].sum);
-  }
-  return hsum(acc) - offset;
+// Each kernel runs R rows of activations against one weight row: the weight blocks are
+// unpacked once and used R times (the decode GEMV of R sequences reads and decodes every weight
+// once). Row r's activation blocks are at x + r · xs bytes; out[r · os] gets its dot. Per row
+// the arithmetic is that of R = 1, so a row's value does not depend on the others.
+template <class XBlock>
+inline const XBlock& xblock(const void* x, size_t xs, size_t r, size_t b) {
+  return reinterpret_cast<const XBlock*>(static_cast<const unsigned char*>(x) + r * xs)[b];
 }
 
-float simd_dot_q4_1(const void* wv, const void* xv, size_t blocks) {
-  const auto* w = static_cast<const BlockQ4_1*>(wv);
-  const auto* x = static_cast<const BlockQ8x32*>(xv);
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;  // Σ m · d_x · Σ x codes
-  for (size_t b = 0; b < blocks; ++b) {
-    const __m256i p = acc_u8s8(_mm256_setzero_si256(), unpack_q4(w[b].qs), load32(x[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(half(w[b].d) * x[b].d), acc);
-    mins += half(w[b].m) * x[b].d * static_cast<float>(x[b].sum);
+struct KernelQ4_0 {
+  template <size_t R>
+  static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
+    const auto* w = static_cast<const BlockQ4_0*>(wv);
+    __m256 acc[R];
+    float offset[R];  // Σ d · 8 · Σ x codes
+    for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset[r] = 0.0f;
+    for (size_t b = 0; b < blocks; ++b) {
+      const __m256i u = unpack_q4(w[b].qs);
+      const float dw = half(w[b].d);
+      for (size_t r = 0; r < R; ++r) {
+        const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
+        const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, load32(xb.qs));
+        const float d = dw * xb.d;
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc[r]);
+        offset[r] += d * static_cast<float>(8 * xb.sum);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) - offset[r];
   }
-  return hsum(acc) + mins;
-}
+};
 
-float simd_dot_q8_0(const void* wv, const void* xv, size_t blocks) {
-  const auto* w = static_cast<const BlockQ8_0*>(wv);
-  const auto* x = static_cast<const BlockQ8x32*>(xv);
-  __m256 acc = _mm256_setzero_ps();
-  for (size_t b = 0; b < blocks; ++b) {
-    const __m256i q = load32(w[b].qs);
-    const __m256i p = acc_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(load32(x[b].qs), q));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(half(w[b].d) * x[b].d), acc);
+struct KernelQ4_1 {
+  template <size_t R>
+  static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
+    const auto* w = static_cast<const BlockQ4_1*>(wv);
+    __m256 acc[R];
+    float mins[R];  // Σ m · d_x · Σ x codes
+    for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+    for (size_t b = 0; b < blocks; ++b) {
+      const __m256i u = unpack_q4(w[b].qs);
+      const float dw = half(w[b].d), mw = half(w[b].m);
+      for (size_t r = 0; r < R; ++r) {
+        const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
+        const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, load32(xb.qs));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xb.d), acc[r]);
+        mins[r] += mw * xb.d * static_cast<float>(xb.sum);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) + mins[r];
   }
-  return hsum(acc);
-}
+};
 
-// The 8 scales and Σ mins · (code sums) of a Q4_K/Q5_K block.
-inline int32_t k_scales(const uint8_t* scales, const int16_t* bsums, uint8_t* sc) {
+struct KernelQ8_0 {
+  template <size_t R>
+  static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
+    const auto* w = static_cast<const BlockQ8_0*>(wv);
+    __m256 acc[R];
+    for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (size_t b = 0; b < blocks; ++b) {
+      const __m256i q = load32(w[b].qs);
+      const __m256i u = _mm256_sign_epi8(q, q);
+      const float dw = half(w[b].d);
+      for (size_t r = 0; r < R; ++r) {
+        const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
+        const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, _mm256_sign_epi8(load32(xb.qs), q));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xb.d), acc[r]);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]);
+  }
+};
+
+// Σ over the 8 sub-blocks of min_s · (code sum of s) for one row's Q8_K block.
+inline int32_t k_min_sum(const uint8_t* mn, const int16_t* bsums) {
   int32_t m = 0;
-  for (size_t s = 0; s < 8; ++s) {
-    uint8_t mn;
-    k_scale_min(s, scales, &sc[s], &mn);
-    m += mn * (bsums[2 * s] + bsums[2 * s + 1]);
-  }
+  for (size_t s = 0; s < 8; ++s) m += mn[s] * (bsums[2 * s] + bsums[2 * s + 1]);
   return m;
 }
 
-float simd_dot_q4_k(const void* wv, const void* xv, size_t blocks) {
-  const auto* w = static_cast<const BlockQ4K*>(wv);
-  const auto* x = static_cast<const BlockQ8K*>(xv);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;
-  for (size_t b = 0; b < blocks; ++b) {
-    uint8_t sc[8];
-    const int32_t m = k_scales(w[b].scales, x[b].bsums, sc);
-    __m256i sumi = _mm256_setzero_si256();
-    for (size_t j = 0; j < 4; ++j) {
-      const __m256i q = load32(w[b].qs + 32 * j);
-      sumi = acc_u8s8_scaled(sumi, _mm256_and_si256(q, m4), load32(x[b].qs + 64 * j), _mm256_set1_epi16(sc[2 * j]));
-      sumi = acc_u8s8_scaled(sumi, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), load32(x[b].qs + 64 * j + 32),
-                             _mm256_set1_epi16(sc[2 * j + 1]));
-    }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(half(w[b].d) * x[b].d), acc);
-    mins += half(w[b].dmin) * x[b].d * static_cast<float>(m);
-  }
-  return hsum(acc) - mins;
-}
-
-float simd_dot_q5_k(const void* wv, const void* xv, size_t blocks) {
-  const auto* w = static_cast<const BlockQ5K*>(wv);
-  const auto* x = static_cast<const BlockQ8K*>(xv);
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;
-  for (size_t b = 0; b < blocks; ++b) {
-    uint8_t sc[8];
-    const int32_t m = k_scales(w[b].scales, x[b].bsums, sc);
-    const __m256i qh = load32(w[b].qh);
-    __m256i sumi = _mm256_setzero_si256();
-    for (size_t j = 0; j < 4; ++j) {
-      const __m256i q = load32(w[b].qs + 32 * j);
-      // bit 2j (low nibbles) and 2j + 1 (high) of qh, moved to bit 4 of each byte
-      const __m256i h_lo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, static_cast<int>(2 * j)), m1), 4);
-      const __m256i h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, static_cast<int>(2 * j + 1)), m1), 4);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h_hi);
-      sumi = acc_u8s8_scaled(sumi, lo, load32(x[b].qs + 64 * j), _mm256_set1_epi16(sc[2 * j]));
-      sumi = acc_u8s8_scaled(sumi, hi, load32(x[b].qs + 64 * j + 32), _mm256_set1_epi16(sc[2 * j + 1]));
-    }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(half(w[b].d) * x[b].d), acc);
-    mins += half(w[b].dmin) * x[b].d * static_cast<float>(m);
-  }
-  return hsum(acc) - mins;
-}
-
-float simd_dot_q6_k(const void* wv, const void* xv, size_t blocks) {
-  const auto* w = static_cast<const BlockQ6K*>(wv);
-  const auto* x = static_cast<const BlockQ8K*>(xv);
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0.0f;  // Σ d · 32 · Σ_s scale_s · (code sum of s)
-  for (size_t b = 0; b < blocks; ++b) {
-    const int8_t* sc = w[b].scales;
-    int32_t off = 0;
-    for (size_t s = 0; s < 16; ++s) off += sc[s] * x[b].bsums[s];
-    __m256i sumi = _mm256_setzero_si256();
-    for (size_t h = 0; h < 2; ++h) {
-      const __m256i ql0 = load32(w[b].ql + 64 * h), ql1 = load32(w[b].ql + 64 * h + 32);
-      const __m256i qh = load32(w[b].qh + 32 * h);
-      for (size_t k = 0; k < 4; ++k) {  // elements 128h + 32k + l, sub-blocks 8h + 2k and 8h + 2k + 1
-        const __m256i ql = k & 1 ? ql1 : ql0;
-        const __m256i lo = k >> 1 ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
-        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, static_cast<int>(2 * k)), m3), 4);
-        const size_t s = 8 * h + 2 * k;
-        const __m256i scale = _mm256_setr_m128i(_mm_set1_epi16(sc[s]), _mm_set1_epi16(sc[s + 1]));
-        sumi = acc_u8s8_scaled(sumi, _mm256_or_si256(lo, hi), load32(x[b].qs + 128 * h + 32 * k), scale);
+// Q4_K and Q5_K: `Q5` adds the fifth bit from qh.
+template <bool Q5>
+struct KernelQ45K {
+  using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+  template <size_t R>
+  static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
+    const auto* w = static_cast<const Block*>(wv);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
+    __m256 acc[R];
+    float mins[R];
+    for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+    for (size_t b = 0; b < blocks; ++b) {
+      uint8_t sc[8], mn[8];
+      for (size_t s = 0; s < 8; ++s) k_scale_min(s, w[b].scales, &sc[s], &mn[s]);
+      __m256i sumi[R];
+      for (size_t r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (size_t j = 0; j < 4; ++j) {
+        const __m256i q = load32(w[b].qs + 32 * j);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (Q5) {  // bit 2j (low nibbles) and 2j + 1 (high) of qh, moved to bit 4 of each byte
+          const __m256i qh = load32(w[b].qh);
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, static_cast<int>(2 * j)), m1), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, static_cast<int>(2 * j + 1)), m1), 4));
+        }
+        const __m256i sc_lo = _mm256_set1_epi16(sc[2 * j]), sc_hi = _mm256_set1_epi16(sc[2 * j + 1]);
+        for (size_t r = 0; r < R; ++r) {
+          const BlockQ8K& xb = xblock<BlockQ8K>(x, xs, r, b);
+          sumi[r] = acc_u8s8_scaled(sumi[r], lo, load32(xb.qs + 64 * j), sc_lo);
+          sumi[r] = acc_u8s8_scaled(sumi[r], hi, load32(xb.qs + 64 * j + 32), sc_hi);
+        }
+      }
+      const float dw = half(w[b].d), dmin = half(w[b].dmin);
+      for (size_t r = 0; r < R; ++r) {
+        const BlockQ8K& xb = xblock<BlockQ8K>(x, xs, r, b);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(dw * xb.d), acc[r]);
+        mins[r] += dmin * xb.d * static_cast<float>(k_min_sum(mn, xb.bsums));
       }
     }
-    const float d = half(w[b].d) * x[b].d;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
-    offsets += d * static_cast<float>(32 * off);
+    for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) - mins[r];
   }
-  return hsum(acc) - offsets;
+};
+
+struct KernelQ6K {
+  template <size_t R>
+  static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
+    const auto* w = static_cast<const BlockQ6K*>(wv);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    __m256 acc[R];
+    float offsets[R];  // Σ d · 32 · Σ_s scale_s · (code sum of s)
+    for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.0f;
+    for (size_t b = 0; b < blocks; ++b) {
+      const int8_t* sc = w[b].scales;
+      __m256i sumi[R];
+      for (size_t r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (size_t h = 0; h < 2; ++h) {
+        const __m256i ql0 = load32(w[b].ql + 64 * h), ql1 = load32(w[b].ql + 64 * h + 32);
+        const __m256i qh = load32(w[b].qh + 32 * h);
+        for (size_t k = 0; k < 4; ++k) {  // elements 128h + 32k + l, sub-blocks 8h + 2k and 8h + 2k + 1
+          const __m256i ql = k & 1 ? ql1 : ql0;
+          const __m256i lo = k >> 1 ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
+          const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, static_cast<int>(2 * k)), m3), 4);
+          const __m256i u = _mm256_or_si256(lo, hi);
+          const size_t s = 8 * h + 2 * k;
+          const __m256i scale = _mm256_setr_m128i(_mm_set1_epi16(sc[s]), _mm_set1_epi16(sc[s + 1]));
+          for (size_t r = 0; r < R; ++r)
+            sumi[r] = acc_u8s8_scaled(sumi[r], u, load32(xblock<BlockQ8K>(x, xs, r, b).qs + 128 * h + 32 * k), scale);
+        }
+      }
+      const float dw = half(w[b].d);
+      for (size_t r = 0; r < R; ++r) {
+        const BlockQ8K& xb = xblock<BlockQ8K>(x, xs, r, b);
+        int32_t off = 0;
+        for (size_t s = 0; s < 16; ++s) off += sc[s] * xb.bsums[s];
+        const float d = dw * xb.d;
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d), acc[r]);
+        offsets[r] += d * static_cast<float>(32 * off);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) - offsets[r];
+  }
+};
+
+template <class K>
+float simd_dot(const void* w, const void* x, size_t blocks) {
+  float out;
+  K::template run<1>(w, x, 0, blocks, &out, 1);
+  return out;
 }
 
-constexpr QuantDotTable kSimdQuantDots{simd_dot_q4_0, simd_dot_q4_1, simd_dot_q8_0,
-                                       simd_dot_q4_k, simd_dot_q5_k, simd_dot_q6_k};
+template <class K>
+void simd_dot_rows(const void* w, const void* x, size_t xs, size_t rows, size_t blocks, float* out, size_t os) {
+  for (; rows >= 8; rows -= 8, x = static_cast<const unsigned char*>(x) + 8 * xs, out += 8 * os)
+    K::template run<8>(w, x, xs, blocks, out, os);
+  switch (rows) {
+    case 1: K::template run<1>(w, x, xs, blocks, out, os); break;
+    case 2: K::template run<2>(w, x, xs, blocks, out, os); break;
+    case 3: K::template run<3>(w, x, xs, blocks, out, os); break;
+    case 4: K::template run<4>(w, x, xs, blocks, out, os); break;
+    case 5: K::template run<5>(w, x, xs, blocks, out, os); break;
+    case 6: K::template run<6>(w, x, xs, blocks, out, os); break;
+    case 7: K::template run<7>(w, x, xs, blocks, out, os); break;
+    default: break;
+  }
+}
+
+constexpr QuantDotTable kSimdQuantDots{
+    simd_dot<KernelQ4_0>,      simd_dot<KernelQ4_1>,      simd_dot<KernelQ8_0>,
+    simd_dot<KernelQ45K<false>>, simd_dot<KernelQ45K<true>>, simd_dot<KernelQ6K>,
+    simd_dot_rows<KernelQ4_0>, simd_dot_rows<KernelQ4_1>, simd_dot_rows<KernelQ8_0>,
+    simd_dot_rows<KernelQ45K<false>>, simd_dot_rows<KernelQ45K<true>>, simd_dot_rows<KernelQ6K>};
 
 }  // namespace
 }  // namespace hack::cpu::detail

@@ -185,6 +185,36 @@ TEST_CASE("quantized dot: AVX2 and AVX-512 VNNI equal the scalar reference", "[k
   }
 }
 
+// The multi-row kernels share each block's unpacking between rows and nothing else: every row
+// must equal the single-row dot bit for bit, on every ISA, for 1..11 rows (8 at a time, then the rest).
+TEST_CASE("quantized dot: the rows kernels equal the single-row dot bit for bit", "[kernels][quant]") {
+  std::mt19937_64 rng(4849);
+  for (DType t : kBlockTypes) {
+    INFO(dtype_name(t));
+    const size_t in = 2 * 256, blocks = in / dtype_block_elems(t);
+    const Tensor w = random_blocks(t, 1, static_cast<int64_t>(in), rng, true);
+    const size_t xrow = cpu::quantized_activation_bytes(t, in);
+    for (size_t rows = 1; rows <= 11; ++rows) {
+      std::vector<unsigned char> xq(rows * xrow);
+      for (size_t r = 0; r < rows; ++r) {
+        const std::vector<float> x = random_x(in, rng, r % 3 == 0 ? 1e3f : 1.0f);
+        cpu::quantize_activations(t, x.data(), in, xq.data() + r * xrow);
+      }
+      for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
+        if (!cpu_supports(isa)) continue;
+        INFO("isa " << cpu_isa_name(isa) << " rows " << rows);
+        std::vector<float> out(rows * 3, -7.0f);
+        cpu::quant_dot_rows(isa, t)(w.raw(), xq.data(), xrow, rows, blocks, out.data(), 3);
+        for (size_t r = 0; r < rows; ++r) {
+          const float one = cpu::quant_dot(isa, t)(w.raw(), xq.data() + r * xrow, blocks);
+          REQUIRE(std::memcmp(&one, &out[r * 3], 4) == 0);
+          REQUIRE(out[r * 3 + 1] == -7.0f);  // only every out_stride-th value written
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("matmul on block weights equals x · dequantize(W)ᵀ within the int8-activation bound",
           "[kernels][quant][matmul]") {
   const uint64_t seed = std::random_device{}();

@@ -51,4 +51,11 @@ using QuantDotFn = float (*)(const void* w, const void* x, size_t blocks);
 /// The dot of block type w on `isa` (avx512 and avx512bf16: VPDPBUSD; avx2: VPMADDUBSW).
 QuantDotFn quant_dot(CpuIsa isa, DType w);
 
+/// out[r · out_stride] = the QuantDotFn of row r of x (at x + r · x_stride bytes) for r < rows:
+/// bit for bit quant_dot's values, with each weight block read and unpacked once for all rows
+/// (the decode GEMV of several sequences).
+using QuantDotRowsFn = void (*)(const void* w, const void* x, size_t x_stride, size_t rows, size_t blocks, float* out,
+                                size_t out_stride);
+QuantDotRowsFn quant_dot_rows(CpuIsa isa, DType w);
+
 }  // namespace hack::cpu
