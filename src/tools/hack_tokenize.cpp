@@ -65,10 +65,12 @@ int run(int argc, char** argv) {
   TokenizeConfig c;
   hack::FlagSet flags("hack-tokenize",
                       "Encodes text to token ids (default), decodes ids to text (--decode), or renders a chat "
-                      "(--chat-file) with a Hugging Face tokenizer directory.\n"
+                      "(--chat-file) with a Hugging Face tokenizer directory or a GGUF file.\n"
                       "Exit status: 0 ok, 1 error, 2 bad usage.",
                       "HACK_TOKENIZE");
-  flags.add_string("tokenizer", &c.tokenizer, "directory with tokenizer.json and tokenizer_config.json (required)");
+  flags.add_string("tokenizer", &c.tokenizer,
+                   "directory with tokenizer.json and tokenizer_config.json, or a GGUF file (its tokenizer.ggml.* "
+                   "metadata and chat template) (required)");
   flags.add_string("text", &c.text, "input: text to encode, or ids to decode with --decode");
   flags.add_string("text-file", &c.text_file, "input read from this file instead of --text");
   flags.add_bool("json", &c.json, "print ids as a JSON array instead of space-separated");
