@@ -19,6 +19,9 @@
 // "fdc-qk=R" compresses Q/K at rate R and keeps V whole.
 // "matmul=bf16" runs the prefill GEMMs in bf16 (--matmul-precision bf16; with "fp32" or "bf16"
 // as the KV part: "fp32 matmul=bf16" measures the arithmetic alone).
+// "weights=native|dequant" runs a GGUF --model with its blocks kept (int8 activations, llama.cpp's
+// arithmetic) or dequantized to f32; the reference holds --weights (default dequant), so
+// "fp32 weights=native" measures what the quantized matmuls cost against the exact weights.
 // "keep=γ" (with keep-tokens=, keep-recent=, keep-window=, keep-scope=) runs MPCache's static
 // eviction in every prefill (EngineOptions::keep); with --passkey-question-decode the question
 // goes through decode, so the eviction cannot see it.
@@ -56,6 +59,7 @@
 #include "hack/kv/static_eviction.h"
 #include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
+#include "hack/model/gguf_model.h"
 #include "hack/model/weights.h"
 #include "hack/prefill/prefix_cache.h"
 #include "hack/runtime/prefix_fingerprint.h"
@@ -84,6 +88,7 @@ struct Config {
   hack::KeepOptions keep;               // "keep=γ": static eviction in prefill (kv/static_eviction.h)
   hack::cpu::MatmulPrecision matmul = hack::cpu::MatmulPrecision::f32;  // "matmul=bf16": prefill GEMMs in bf16
   std::optional<hack::BlockCodec> vault;  // "vault=int8-head|exact": decode path as a prefix hit (below)
+  std::optional<hack::WeightFormat> weights;  // "weights=native|dequant": a GGUF's blocks kept or dequantized
 };
 
 // One configuration of --configs: "k2v2 block=64 recent=64 kg=64 vg=32 sinks=4 deq qprefill",
@@ -161,6 +166,7 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
     double fdc_rate = -1;
     bool fdc_uniform = false, fdc_qk_only = false;
     std::optional<hack::BlockCodec> vault;
+    std::optional<hack::WeightFormat> weights;
     hack::KvCacheOptions o = base;
     std::istringstream words(spec);
     for (std::string w; words >> w;) {
@@ -169,6 +175,7 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
       else if (w.rfind("fdc-qk=", 0) == 0) fdc_rate = std::stod(w.substr(7)), fdc_qk_only = true;
       else if (w == "fp32") o = reference_options();
       else if (w.rfind("vault=", 0) == 0) vault = hack::parse_block_codec(w.substr(6));
+      else if (w.rfind("weights=", 0) == 0) weights = hack::parse_weight_format(w.substr(8));
       else rest += w + " ";
     }
     hack::KeepOptions keep;
@@ -176,11 +183,13 @@ std::vector<Config> parse_configs(const std::string& specs, const hack::KvCacheO
     o = parse_config(rest, o, keep, matmul);
     keep.sinks = o.sinks;
     hack::validate(keep);
+    HACK_CHECK(!weights || fdc_rate < 0, "--configs '{}': weights= and fdc= together are not supported", spec);
     if (!ablation) {
-      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only, nullptr, keep, matmul, vault});
+      out.push_back({spec, o, fdc_rate, fdc_uniform, fdc_qk_only, nullptr, keep, matmul, vault, weights});
       continue;
     }
     HACK_CHECK(!vault, "--ablation: vault= is not supported");
+    HACK_CHECK(!weights, "--ablation: weights= is not supported");
     Config codes{spec + " | codes only", o, fdc_rate, fdc_uniform, fdc_qk_only},
         int8{spec + " | +int8 Q/P", o, fdc_rate, fdc_uniform, fdc_qk_only},
         qprefill{spec + " | +qprefill", o, fdc_rate, fdc_uniform, fdc_qk_only};
@@ -790,13 +799,15 @@ void run_greedy(const Bench& b, const Output& out, const std::vector<Config>& co
 
 int main(int argc, char** argv) {
   std::string model_dir, text_path, configs_spec = "k2v2;k4v2", sections = "decode,prefill,copy,passkey,greedy";
+  std::string weights_flag = "dequant";
   std::string passkey_lengths = "1024,2048,4096,7168", passkey_depths = "0.1,0.5,0.9";
   int windows = 4, prefill_tokens = 1024, decode_tokens = 256, prefill_chunk = 512, threads = 0, sinks = 4;
   int copy_span = 64, copy_probes_n = 4, copy_gap = 1024, passkey_keys = 2, chats = 8, chat_tokens = 64;
   bool json = false, ablation = false, measure_sharing = false, question_decode = false;
   std::string fdc_path;
   hack::FlagSet flags("fidelity", "KV compression vs the fp32 cache on the real decode and prefill paths.", "HACK_FIDELITY");
-  flags.add_string("model", &model_dir, "model directory (Hugging Face layout)");
+  flags.add_string("model", &model_dir, "model directory (Hugging Face layout) or GGUF file");
+  flags.add_string("weights", &weights_flag, "the reference's GGUF weights: dequant (f32) or native (blocks)");
   flags.add_string("text", &text_path, "held-out text file");
   flags.add_string("configs", &configs_spec, "';'-separated KV configurations, e.g. \"k2v2;k4v2 recent=64;k2v2 deq;k2v2 qprefill\"");
   flags.add_string("sections", &sections, "decode,prefill,copy,passkey,greedy");
@@ -834,13 +845,21 @@ int main(int argc, char** argv) {
       HACK_CHECK(std::find(std::begin(kSections), std::end(kSections), w) != std::end(kSections),
                  "--sections: unknown section '{}' (decode, prefill, copy, passkey, greedy)", w);
 
-    const hack::Model model = hack::Model::load(model_dir);
+    const hack::WeightFormat reference_weights = hack::parse_weight_format(weights_flag);
+    const hack::Model model = hack::Model::load(model_dir, reference_weights);
+    // The other weight format, loaded once if a config names it.
+    std::optional<hack::Model> other_weights;
+    for (Config& c : configs) {
+      if (!c.weights || *c.weights == reference_weights) continue;
+      if (!other_weights) other_weights.emplace(hack::Model::load(model_dir, *c.weights));
+      c.model = &*other_weights;
+    }
     // One FDC model per (removal rate, uniform, Q/K only) the configs name.
     std::map<std::tuple<double, bool, bool>, hack::Model> fdc_models;
     std::optional<hack::FdcArtifact> artifact;
     for (Config& c : configs) {
       if (c.fdc_rate < 0) continue;
-      if (!artifact) artifact = hack::load_fdc_artifact(fdc_path.empty() ? model_dir + "/fdc.safetensors" : fdc_path);
+      if (!artifact) artifact = hack::load_fdc_artifact(fdc_path.empty() ? hack::model_artifact_path(model_dir, "fdc.safetensors").string() : fdc_path);
       const std::tuple key{c.fdc_rate, c.fdc_uniform, c.fdc_qk_only};
       auto it = fdc_models.find(key);
       if (it == fdc_models.end()) {
