@@ -9,7 +9,8 @@
 #   scripts/local-cluster.sh run      start, then stay in the foreground until Ctrl-C, then stop
 #
 # Settings (environment): MODEL (models/smollm2-135m-instruct; models/hack-tiny is the small
-# bundled one), PREFILL (1), DECODE (1), PORT (8000,
+# bundled one; a llama/qwen2 GGUF file, e.g. .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf, is
+# read natively), PREFILL (1), DECODE (1), PORT (8000,
 # router), PREFILL_PORT (8200: prefill node i listens on PREFILL_PORT+i), DECODE_PORT (8300),
 # KV (hack | fp), VAULT (1: start hack-vault on VAULT_PORT (8400, UCX on VAULT_PORT+1) and
 # point the prefill nodes at it; 0: none), VAULT_BYTES (1G), THREADS (1 per
@@ -70,7 +71,8 @@ stop_all() {
 }
 
 start_all() {
-  [ -f "$MODEL/config.json" ] || { echo "local-cluster: no model at $MODEL (run scripts/fetch-models.sh, or set MODEL)" >&2; exit 1; }
+  [ -f "$MODEL/config.json" ] || [ "$(head -c 4 "$MODEL" 2>/dev/null)" = GGUF ] ||
+    { echo "local-cluster: no model at $MODEL (run scripts/fetch-models.sh, or set MODEL)" >&2; exit 1; }
   for b in hack-router hack-prefill hack-decode hack-vault; do
     [ -x "$BIN/$b" ] || { echo "local-cluster: $BIN/$b not built (run scripts/build.sh)" >&2; exit 1; }
   done
