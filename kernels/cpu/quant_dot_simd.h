@@ -46,6 +46,10 @@ inline float hsum(__m256 v) {
 }
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// The block's scale d_w · d_x in every lane: d_x broadcast by the load itself (not port 5),
+// multiplied by the weight's scale broadcast once per block; the product is the scalar one.
+inline __m256 scale(__m256 dw, const float& dx) { return _mm256_mul_ps(dw, _mm256_broadcast_ss(&dx)); }
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
 // A q4 block's 16 bytes as 32 codes: low nibbles (elements 0..15), then high (16..31). The
@@ -74,13 +78,13 @@ struct KernelQ4_0 {
     for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset[r] = 0.0f;
     for (size_t b = 0; b < blocks; ++b) {
       const __m256i u = unpack_q4(w[b].qs);
-      const float dw = half(w[b].d);
+      const __m256 dw = _mm256_set1_ps(half(w[b].d));
       for (size_t r = 0; r < R; ++r) {
         const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
         const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, load32(xb.qs));
-        const float d = dw * xb.d;
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc[r]);
-        offset[r] += d * static_cast<float>(8 * xb.sum);
+        const __m256 d = scale(dw, xb.d);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[r]);
+        offset[r] += _mm256_cvtss_f32(d) * static_cast<float>(8 * xb.sum);
       }
     }
     for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) - offset[r];
@@ -96,11 +100,12 @@ struct KernelQ4_1 {
     for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
     for (size_t b = 0; b < blocks; ++b) {
       const __m256i u = unpack_q4(w[b].qs);
-      const float dw = half(w[b].d), mw = half(w[b].m);
+      const __m256 dw = _mm256_set1_ps(half(w[b].d));
+      const float mw = half(w[b].m);
       for (size_t r = 0; r < R; ++r) {
         const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
         const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, load32(xb.qs));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xb.d), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale(dw, xb.d), acc[r]);
         mins[r] += mw * xb.d * static_cast<float>(xb.sum);
       }
     }
@@ -117,11 +122,11 @@ struct KernelQ8_0 {
     for (size_t b = 0; b < blocks; ++b) {
       const __m256i q = load32(w[b].qs);
       const __m256i u = _mm256_sign_epi8(q, q);
-      const float dw = half(w[b].d);
+      const __m256 dw = _mm256_set1_ps(half(w[b].d));
       for (size_t r = 0; r < R; ++r) {
         const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
         const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, _mm256_sign_epi8(load32(xb.qs), q));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xb.d), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale(dw, xb.d), acc[r]);
       }
     }
     for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]);

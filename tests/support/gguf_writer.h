@@ -88,7 +88,8 @@ class GgufWriter {
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const size_t end = data + at[i] + tensors_[i].data.size();
       if (out.size() < end) out.resize(end, 0);
-      std::memcpy(out.data() + data + at[i], tensors_[i].data.data(), tensors_[i].data.size());
+      if (!tensors_[i].data.empty())
+        std::memcpy(out.data() + data + at[i], tensors_[i].data.data(), tensors_[i].data.size());
     }
     return out;
   }
