@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "hack/core/error.h"
 #include "kernels/cpu/quant_dot_kernels.h"
@@ -18,13 +19,21 @@ struct Scale {
 };
 Scale scale_of(const float* x, size_t n) {
   float amax = 0.0f;
-  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(x[i]));
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    amax = std::max(amax, std::abs(x[i]));
+    finite = finite && std::isfinite(x[i]);
+  }
+  if (!finite) return Scale{std::numeric_limits<float>::quiet_NaN(), 0.0f};
   return amax > 0.0f ? Scale{amax / 127.0f, 127.0f / amax} : Scale{0.0f, 0.0f};
 }
 
 int8_t code(float v, float inv) {
-  // |v·inv| ≤ 127·(1 + 2^-23), which rounds to at most 127.
-  return static_cast<int8_t>(std::nearbyint(v * inv));
+  // |v·inv| ≤ 127·(1 + 2^-23), which rounds to at most 127. A non-finite block (amax inf or
+  // NaN: a diverged activation) gets codes 0 and keeps its non-finite d, so the dot is not
+  // finite either and nothing converts a NaN to an integer.
+  const float q = std::nearbyint(v * inv);
+  return q > -128.0f && q < 128.0f ? static_cast<int8_t>(q) : int8_t{0};
 }
 
 }  // namespace

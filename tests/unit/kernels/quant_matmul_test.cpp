@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -120,6 +121,19 @@ TEST_CASE("quantized activations: |x − d·q| ≤ d/2, block sums, zero blocks"
       REQUIRE(sum == qk[b].bsums[k]);
     }
   CHECK_THROWS(cpu::quantize_q8k(x.data(), 300, qk.data()));
+
+  // A diverged activation (inf, NaN) makes its block's dots non-finite, not undefined.
+  x[5] = std::numeric_limits<float>::infinity();
+  x[40] = std::numeric_limits<float>::quiet_NaN();
+  cpu::quantize_q8x32(x.data(), x.size(), q32.data());
+  CHECK(std::isnan(q32[0].d));
+  CHECK(std::isnan(q32[1].d));
+  CHECK(q32[2].d > 0.0f);
+  CHECK(q32[0].qs[5] == 0);
+  std::mt19937_64 wr(3);
+  const Tensor w = random_blocks(DType::q8_0, 1, 512, wr, false);
+  for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512})
+    if (cpu_supports(isa)) CHECK_FALSE(std::isfinite(cpu::quant_dot(isa, DType::q8_0)(w.raw(), q32.data(), 16)));
 }
 
 // The integer part of every dot is exact on every ISA; the fp32 sums of per-block terms are
