@@ -48,7 +48,7 @@ void quantize_q8x32(const float* x, size_t n, BlockQ8x32* out) {
       out[b].qs[j] = code(x[j], s.inv);
       sum += out[b].qs[j];
     }
-    out[b].sum = sum;
+    out[b].s = s.d * static_cast<float>(sum);
   }
 }
 

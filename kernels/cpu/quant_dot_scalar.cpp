@@ -12,9 +12,12 @@ float dot_q4_0(const void* wv, const void* xv, size_t blocks) {
   const auto* x = static_cast<const BlockQ8x32*>(xv);
   float acc = 0.0f;
   for (size_t b = 0; b < blocks; ++b) {
-    int32_t s = 0;
-    for (size_t j = 0; j < 16; ++j) s += (w[b].qs[j] & 0xF) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
-    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s - 8 * x[b].sum);
+    int32_t s = 0, sum = 0;
+    for (size_t j = 0; j < 16; ++j) {
+      s += (w[b].qs[j] & 0xF) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
+      sum += x[b].qs[j] + x[b].qs[j + 16];
+    }
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s - 8 * sum);
   }
   return acc;
 }
@@ -26,7 +29,7 @@ float dot_q4_1(const void* wv, const void* xv, size_t blocks) {
   for (size_t b = 0; b < blocks; ++b) {
     int32_t s = 0;
     for (size_t j = 0; j < 16; ++j) s += (w[b].qs[j] & 0xF) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
-    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s) + f16_to_f32(w[b].m) * x[b].d * static_cast<float>(x[b].sum);
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s) + f16_to_f32(w[b].m) * x[b].s;
   }
   return acc;
 }

@@ -97,7 +97,7 @@ struct KernelQ4_0 {
         const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, load32(xb.qs));
         const __m256 d = scale(dw, xb.d);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[r]);
-        offset[r] += _mm256_cvtss_f32(d) * static_cast<float>(8 * xb.sum);
+        offset[r] += _mm256_cvtss_f32(dw) * (8.0f * xb.s);
       }
     }
     for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) - offset[r];
@@ -120,7 +120,7 @@ struct KernelQ4_1 {
         const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
         const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, load32(xb.qs));
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale(dw, xb.d), acc[r]);
-        mins[r] += mw * xb.d * static_cast<float>(xb.sum);
+        mins[r] += mw * xb.s;
       }
     }
     for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) + mins[r];

@@ -17,10 +17,11 @@
 
 namespace hack::cpu {
 
-/// x[j] ≈ d·qs[j]; sum = Σ qs (the q4_0 offset and the q4_1 min multiply it).
+/// x[j] ≈ d·qs[j]; s = d · Σ qs (one fp32 rounding), what the q4_0 offset and the q4_1 min
+/// multiply: stored as a float so the dots convert no integer per block.
 struct BlockQ8x32 {
   float d;
-  int32_t sum;
+  float s;
   int8_t qs[32];
 };
 /// x[j] ≈ d·qs[j]; bsums[k] = Σ qs[16k .. 16k + 16).
