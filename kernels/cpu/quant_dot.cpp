@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "hack/core/error.h"
 #include "kernels/cpu/quant_dot_kernels.h"
@@ -75,6 +76,15 @@ void quantize_activations(DType w, const float* x, size_t n, void* out) {
   } else {
     quantize_q8x32(x, n, static_cast<BlockQ8x32*>(out));
   }
+}
+
+const float* detail::f16_to_f32_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = f16_to_f32(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
 }
 
 namespace {

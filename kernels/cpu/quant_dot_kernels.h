@@ -10,6 +10,11 @@ struct QuantDotTable {
   QuantDotRowsFn q4_0_rows, q4_1_rows, q8_0_rows, q4_k_rows, q5_k_rows, q6_k_rows;
 };
 
+/// Every f16 value as f32 (256 KiB, built on first use, shared by the ISAs' kernels): a block's
+/// scale becomes one load, broadcast by the load itself, instead of VMOVD + VCVTPH2PS +
+/// VBROADCASTSS on port 5 (the dots' bottleneck). The values are f16_to_f32's (exact).
+const float* f16_to_f32_table();
+
 const QuantDotTable& quant_dots_scalar();
 const QuantDotTable& quant_dots_avx2();
 const QuantDotTable& quant_dots_avx512();  // AVX-512 VNNI (VPDPBUSD on 256-bit registers)

@@ -13,7 +13,6 @@
 
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include "hack/core/quant_blocks.h"
 #include "kernels/cpu/quant_dot_kernels.h"
@@ -52,18 +51,6 @@ inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<con
 // multiplied by the weight's scale broadcast once per block; the product is the scalar one.
 inline __m256 scale(__m256 dw, const float& dx) { return _mm256_mul_ps(dw, _mm256_broadcast_ss(&dx)); }
 
-// Every f16 value as f32 (256 KiB, built once): a block's scale becomes one load, broadcast by
-// the load itself, instead of VMOVD + VCVTPH2PS + VBROADCASTSS on port 5 (the dots' bottleneck).
-// The values are f16_to_f32's (exact, as VCVTPH2PS).
-inline const float* f16_table() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (uint32_t h = 0; h < 65536; ++h) t[h] = f16_to_f32(static_cast<uint16_t>(h));
-    return t;
-  }();
-  return table.data();
-}
-
 // A q4 block's 16 bytes as 32 codes: low nibbles (elements 0..15), then high (16..31). The
 // bytes are broadcast to both halves by the load itself and the high half shifted by 4 per
 // 32-bit lane (no cross-lane shuffle: port 5 is the dots' bottleneck).
@@ -85,7 +72,7 @@ struct KernelQ4_0 {
   template <size_t R>
   static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
     const auto* w = static_cast<const BlockQ4_0*>(wv);
-    const float* f16 = f16_table();
+    const float* f16 = f16_to_f32_table();
     __m256 acc[R];
     float offset[R];  // Σ d · 8 · Σ x codes
     for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset[r] = 0.0f;
@@ -108,7 +95,7 @@ struct KernelQ4_1 {
   template <size_t R>
   static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
     const auto* w = static_cast<const BlockQ4_1*>(wv);
-    const float* f16 = f16_table();
+    const float* f16 = f16_to_f32_table();
     __m256 acc[R];
     float mins[R];  // Σ m · d_x · Σ x codes
     for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
@@ -131,7 +118,7 @@ struct KernelQ8_0 {
   template <size_t R>
   static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
     const auto* w = static_cast<const BlockQ8_0*>(wv);
-    const float* f16 = f16_table();
+    const float* f16 = f16_to_f32_table();
     __m256 acc[R];
     for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (size_t b = 0; b < blocks; ++b) {
@@ -176,6 +163,7 @@ struct KernelQ45K {
   static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
     const auto* w = static_cast<const Block*>(wv);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
+    const float* f16 = f16_to_f32_table();
     __m256 acc[R];
     float mins[R];
     for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
@@ -200,7 +188,7 @@ struct KernelQ45K {
         }
       }
       for (size_t r = 0; r < R; ++r) sumi[r] = _mm256_add_epi32(sumi[r], sumi_hi[r]);
-      const float dw = f16_table()[w[b].d], dmin = f16_table()[w[b].dmin];
+      const float dw = f16[w[b].d], dmin = f16[w[b].dmin];
       for (size_t r = 0; r < R; ++r) {
         const BlockQ8K& xb = xblock<BlockQ8K>(x, xs, r, b);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(dw * xb.d), acc[r]);
@@ -216,6 +204,7 @@ struct KernelQ6K {
   static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
     const auto* w = static_cast<const BlockQ6K*>(wv);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    const float* f16 = f16_to_f32_table();
     __m256 acc[R];
     float offsets[R];  // Σ d · 32 · Σ_s scale_s · (code sum of s)
     for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.0f;
@@ -237,7 +226,7 @@ struct KernelQ6K {
             sumi[r] = acc_u8s8_scaled(sumi[r], u, load32(xblock<BlockQ8K>(x, xs, r, b).qs + 128 * h + 32 * k), scale);
         }
       }
-      const float dw = f16_table()[w[b].d];
+      const float dw = f16[w[b].d];
       for (size_t r = 0; r < R; ++r) {
         const BlockQ8K& xb = xblock<BlockQ8K>(x, xs, r, b);
         int32_t off = 0;
