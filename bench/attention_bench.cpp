@@ -49,7 +49,8 @@
 #include "hack/core/flags.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/hack_page.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_page_selector.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 
 using namespace hack;
 using Clock = std::chrono::steady_clock;
@@ -190,7 +191,7 @@ struct Result {
 };
 
 // Fills `layers` × `batch` sequences with `context` tokens of random K/V.
-void fill(PagedKvCache& cache, const KvShape& shape, int batch, int context, std::mt19937& rng) {
+void fill(CpuPagedKvCache& cache, const KvShape& shape, int batch, int context, std::mt19937& rng) {
   const int H = shape.num_kv_heads, d = shape.head_dim;
   const size_t token_floats = static_cast<size_t>(H) * static_cast<size_t>(d);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -294,7 +295,7 @@ Result run_one(const Mode& mode, int context, int batch, ThreadPool& pool, const
   for (int s = 0; s < batch; ++s) r.kv_bytes += static_cast<double>(cache->attend_bytes(s, 0));
   AttentionWorkspace ws;
   const float scale = 1.0f / std::sqrt(128.0f);
-  PageSelector selector(mode.options.select);
+  CpuPageSelector selector(mode.options.select);
   AttentionPlan selected;
   auto step = [&](int layer) {
     if (!selector.active()) {

@@ -19,7 +19,7 @@
 #include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/kv/kv_stream.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/weights.h"
 #include "../tests/support/synthetic_model.h"  // test::random_prompt: the prompts the prefill tests use
 

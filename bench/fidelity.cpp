@@ -55,7 +55,7 @@
 #include "hack/core/flags.h"
 #include "hack/core/read_file.h"
 #include "hack/kv/hack_allocation.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/kv/static_eviction.h"
 #include "hack/model/fdc.h"
 #include "hack/model/generation_config.h"
@@ -121,7 +121,7 @@ hack::KvCacheOptions parse_config(const std::string& spec, hack::KvCacheOptions 
       o.layer_bits = a.layers;
       if (a.recent_tokens) o.recent_tokens = *a.recent_tokens;
     }
-    // MPCache page selection (kv/page_selection.h): "select=0.2 bound=quest|mpcache share=2",
+    // MPCache page selection (backend/cpu_page_selector.h): "select=0.2 bound=quest|mpcache share=2",
     // baselines at the same budget "select=0.2 select-baseline=streaming|random|oracle".
     else if (key == "select") o.select.ratio = std::stod(val);
     else if (key == "select-tokens") o.select.tokens = std::stoi(val);
@@ -255,7 +255,7 @@ struct Run {
 
 // Bytes attention reads for the sequence at its final length (sinks, pages, recent window
 // and open block included), per token of context.
-double attend_bytes_per_token(const hack::PagedKvCache& kv, int seq, int layers) {
+double attend_bytes_per_token(const hack::CpuPagedKvCache& kv, int seq, int layers) {
   size_t bytes = 0;
   for (int l = 0; l < layers; ++l) bytes += kv.attend_bytes(seq, l);
   return static_cast<double>(bytes) / kv.length(seq, 0);
@@ -672,7 +672,7 @@ std::vector<std::vector<int>> question_decode_answers(const Bench& b, const std:
     prefilled.engine->add_sequence(0, total);
     std::vector<float> logits;
     prefilled.engine->prefill(0, prefix, logits);
-    hack::PagedKvCache& kv = *prefilled.kv;
+    hack::CpuPagedKvCache& kv = *prefilled.kv;
     for (size_t r = first; r < rows.size(); ++r) {
       if (done[r] || &model_of(b, rows[r]) != &model || prefill_key(rows[r]) != prefill_key(rows[first])) continue;
       kv.set_select_options(rows[r].options.select);

@@ -28,7 +28,7 @@
 #include "hack/core/read_file.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/kv_block.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/weights.h"
 #include "hack/tokenizer/tokenizer.h"
 
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     e.engine->add_sequence(0, n);
     std::vector<float> logits;
     e.engine->prefill(0, tokens, logits);
-    const hack::PagedKvCache& kv = *e.kv;
+    const hack::CpuPagedKvCache& kv = *e.kv;
     const hack::KvShape shape = kv.shape();
     const int L = shape.num_layers, H = shape.num_kv_heads, d = shape.head_dim;
 

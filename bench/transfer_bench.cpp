@@ -36,7 +36,7 @@
 // the time ends at the last layer-done. Nothing is checksummed or copied at the receiver.
 //
 // Pages are built once, before any timing: K/V with per-channel offsets and scales plus
-// noise are appended to a PagedKvCache (hack) or packed as bf16 blocks (fp) for
+// noise are appended to a CpuPagedKvCache (hack) or packed as bf16 blocks (fp) for
 // --source-tokens tokens of every layer; a longer request reuses those pages cyclically
 // (page i of layer l is source page i mod count of layer l). Page sizes do not depend on
 // content and UCX does not compress, so reuse changes no byte count and no time. A layer's
@@ -90,7 +90,7 @@
 #include "hack/core/error.h"
 #include "hack/core/flags.h"
 #include "hack/core/logging.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/config.h"
 #include "hack/net/kv_transfer.h"
 #include "hack/net/ucx_worker.h"
@@ -268,7 +268,7 @@ struct LayerSource {
 struct PageSource {
   KvShape shape;
   KvCacheOptions options;
-  std::unique_ptr<PagedKvCache> cache;  // hack: owns the HACK pages
+  std::unique_ptr<CpuPagedKvCache> cache;  // hack: owns the HACK pages
   std::vector<LayerSource> layers;
 
   /// Bytes of one full page: a bf16 block (fp) or a HACK page (hack).

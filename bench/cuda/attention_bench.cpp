@@ -24,7 +24,7 @@
 #include "hack/core/tensor.h"
 #include "hack/kernels/cuda/hack.h"
 #include "hack/kernels/cuda/ops.h"
-#include "hack/kv/hack_attention_plan.h"
+#include "hack/backend/hack_attention_plan.h"
 #include "hack/kv/hack_page.h"
 
 void bench_fill_bf16(void* out, size_t n, uint32_t seed, int dim, float offset_scale);

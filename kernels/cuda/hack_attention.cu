@@ -1,4 +1,4 @@
-// CUDA twin of the HACK decode attention of PagedKvCache::attend (kernels/cpu/
+// CUDA twin of the HACK decode attention of CpuPagedKvCache::attend (kernels/cpu/
 // hack_attention_scalar.cpp is the reference): one warp per (split, KV head, sequence)
 // walks sinks → its range of HACK pages → open block with an online softmax over the
 // group's query rows, writes a partial state, and a combine kernel merges the splits in

@@ -1,5 +1,5 @@
 // Attention over the paged bf16 device KV pool (kernels/cuda twins of the CPU
-// PagedKvCache::attend / run): decode with split pages (flash-decoding) and
+// CpuPagedKvCache::attend / run): decode with split pages (flash-decoding) and
 // flash-style tiled causal prefill. Both keep an online softmax in fp32:
 //   m' = max(m, max_j s_j),  l' = l·e^(m−m') + Σ_j e^(s_j−m'),  acc' = acc·e^(m−m') + Σ_j e^(s_j−m') v_j
 // and divide by l at the end.

@@ -1,4 +1,4 @@
-// CUDA twin of PagedKvCache::run (src/kv/paged_kv_cache.cpp) over a flattened AttentionPlan
+// CUDA twin of CpuPagedKvCache::run (src/backend/cpu/cpu_paged_kv_cache.cpp) over a flattened AttentionPlan
 // (kernels/device_plan.h): the task kernel is run_task + attend_segments + finish_rows, the
 // combine kernel merge_splits. The per-block math is kernels/cpu/hack_attention_scalar.cpp's
 // (hack_block_scalar, exact_block_scalar), op for op:

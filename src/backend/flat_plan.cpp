@@ -18,7 +18,7 @@ const char* slot_name(SegmentSlot s) {
   return "?";
 }
 
-// Tasks that differ only in their segment range (the splits of one unit); PagedKvCache::run
+// Tasks that differ only in their segment range (the splits of one unit); CpuPagedKvCache::run
 // merges them in plan order by the same rule.
 bool same_unit(const PlanTask& a, const PlanTask& b) {
   return a.item == b.item && a.head_begin == b.head_begin && a.row_begin == b.row_begin;
@@ -113,7 +113,7 @@ void flatten_plan(const AttentionPlan& plan, const DevicePoolLayout& pool, std::
     d.seg_begin = t.seg_begin;
     d.seg_end = t.seg_end;
     d.seg_base = plan.segment_offsets[static_cast<size_t>(t.item)];
-    // As PagedKvCache::run_task: a one-head task reads its head's selection when there is one.
+    // As CpuPagedKvCache::run_task: a one-head task reads its head's selection when there is one.
     d.selection = -1;
     if (t.head_end - t.head_begin == 1 && !plan.selection_of(t.item, t.head_begin).empty())
       d.selection = plan.selection_offsets[static_cast<size_t>(t.item) * static_cast<size_t>(plan.num_kv_heads) +

@@ -89,4 +89,49 @@ HackPageLayout hack_page_layout(const KvShape& shape, const KvCacheOptions& opti
   return HackPageLayout(params);
 }
 
+
+PageScore parse_page_score(std::string_view name) {
+  for (const PageScore s : {PageScore::quest, PageScore::mpcache, PageScore::streaming, PageScore::random, PageScore::oracle})
+    if (name == page_score_name(s)) return s;
+  fail("--kv-select-bound must be quest or mpcache (baselines: streaming, random, oracle), got '{}'", name);
+}
+
+std::string_view page_score_name(PageScore score) {
+  switch (score) {
+    case PageScore::quest: return "quest";
+    case PageScore::mpcache: return "mpcache";
+    case PageScore::streaming: return "streaming";
+    case PageScore::random: return "random";
+    case PageScore::oracle: return "oracle";
+  }
+  return "?";
+}
+
+void validate(const PageSelectOptions& o) {
+  HACK_CHECK(o.ratio >= 0 && o.ratio <= 1, "--kv-select-ratio must be in (0, 1] (0 = off), got {}", o.ratio);
+  HACK_CHECK(o.tokens >= 0, "--kv-select-tokens must be a token count (0 = off), got {}", o.tokens);
+  HACK_CHECK(o.ratio == 0 || o.tokens == 0, "give --kv-select-ratio or --kv-select-tokens, not both");
+  HACK_CHECK(o.alpha >= 0 && o.alpha <= 1, "--kv-select-alpha must be in [0, 1], got {}", o.alpha);
+  HACK_CHECK(o.group_pages >= 1 && o.group_pages <= 1024, "--kv-select-group must be in [1, 1024] pages, got {}",
+             o.group_pages);
+  HACK_CHECK(o.coarse_ratio > 0 && o.coarse_ratio <= 1, "--kv-select-coarse must be in (0, 1], got {}", o.coarse_ratio);
+  HACK_CHECK(o.dense_layers >= 0, "--kv-select-dense must not be negative, got {}", o.dense_layers);
+  HACK_CHECK(o.share_layers >= 1, "--kv-select-share must be at least 1, got {}", o.share_layers);
+  HACK_CHECK(o.min_tokens >= 0, "--kv-select-min-tokens must not be negative, got {}", o.min_tokens);
+  HACK_CHECK(o.min_context >= 0, "--kv-select-min-context must not be negative, got {}", o.min_context);
+}
+
+std::string describe(const PageSelectOptions& o) {
+  if (!o.enabled()) return "";
+  std::string s = o.tokens > 0 ? fmt::format(" select={}tok", o.tokens) : fmt::format(" select={:g}", o.ratio);
+  s += fmt::format(" {}", page_score_name(o.score));
+  if (o.score == PageScore::mpcache) s += fmt::format(" alpha={:g}", o.alpha);
+  if (o.score == PageScore::quest || o.score == PageScore::mpcache)
+    s += fmt::format(" group={} coarse={:g}", o.group_pages, o.coarse_ratio);
+  s += fmt::format(" dense={} share={}", o.dense_layers, o.share_layers);
+  if (o.min_tokens > 0) s += fmt::format(" min-tokens={}", o.min_tokens);
+  if (o.min_context > 0) s += fmt::format(" min-context={}", o.min_context);
+  return s;
+}
+
 }  // namespace hack

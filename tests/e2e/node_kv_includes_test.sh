@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The nodes speak to the paged KV through kv/paged_kv.h only (DESIGN.md §2, "KV is three
 # things"), so that they serve on either device: no object of the decode, prefill, vault,
-# node, net or router libraries may include the CPU cache's header (kv/paged_kv_cache.h),
+# node, net or router libraries may include the CPU cache's header (backend/cpu_paged_kv_cache.h),
 # directly or through another header. Read from ninja's record of every object's headers
 # (the compiler's own -MD output), so the test sees what the compiler saw. The CPU backend
 # must include it, so the probe cannot pass by looking for the wrong name.
 #   node_kv_includes_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
-header=include/hack/kv/paged_kv_cache.h
+header=include/hack/backend/cpu_paged_kv_cache.h
 deps() { ninja -C "$build" -t deps "$1"; }
 control=src/CMakeFiles/hack_backend.dir/backend/cpu/cpu_backend.cpp.o
 # Each listing is read whole into a variable before grep looks at it: `ninja -t deps | grep -q`

@@ -7,11 +7,11 @@ set -euo pipefail
 bin=$1
 probe() {  # probe BINARY -> prints what it finds
   ldd "$1" | grep -oE 'libuc[a-z]+' | sort -u || true
-  nm -C "$1" | grep -oE 'hack::(PagedKvCache|make_cpu_backend|net::UcxWorker)' | sort -u || true
+  nm -C "$1" | grep -oE 'hack::(CpuPagedKvCache|make_cpu_backend|net::UcxWorker)' | sort -u || true
 }
 router=$(probe "$bin/hack-router")
 prefill=$(probe "$bin/hack-prefill")
-for want in libucp 'hack::PagedKvCache' 'hack::make_cpu_backend' 'hack::net::UcxWorker'; do
+for want in libucp 'hack::CpuPagedKvCache' 'hack::make_cpu_backend' 'hack::net::UcxWorker'; do
   grep -qF "$want" <<<"$prefill" || { echo "probe broken: '$want' not found in hack-prefill"; exit 1; }
 done
 if [ -n "$router" ]; then

@@ -17,7 +17,7 @@
 
 namespace hack {
 
-class PagedKvCache;
+class CpuPagedKvCache;
 
 /// The KV cache shape a model needs (without FDC).
 KvShape kv_shape(const ModelConfig& config);
@@ -58,7 +58,7 @@ class Backend {
   virtual const ModelConfig& config() const = 0;
 
   /// The KV cache this backend computes over. Each backend is built over its own cache
-  /// type (the CPU backend a PagedKvCache, the CUDA backend a CudaPagedKvCache); callers
+  /// type (the CPU backend a CpuPagedKvCache, the CUDA backend a CudaPagedKvCache); callers
   /// that only open, close and measure sequences use this interface.
   virtual KvCache& kv() = 0;
 
@@ -86,7 +86,7 @@ class Backend {
 
 /// The CPU reference backend over `kv` (fp or HACK pages). `pool` runs every kernel; the
 /// model, the pool and the cache must outlive the backend.
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv,
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, CpuPagedKvCache& kv,
                                           cpu::MatmulPrecision matmul_precision = cpu::MatmulPrecision::f32);
 
 }  // namespace hack

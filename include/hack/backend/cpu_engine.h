@@ -1,5 +1,5 @@
 /// @file cpu_engine.h
-/// @brief The CPU backend over a PagedKvCache and an engine over both, in one call: what a
+/// @brief The CPU backend over a CpuPagedKvCache and an engine over both, in one call: what a
 /// tool, a bench or a test needs to run a model over one CPU cache configuration (the nodes
 /// get theirs from runtime/model_runtime.h, on either device).
 #pragma once
@@ -9,14 +9,14 @@
 #include "hack/backend/backend.h"
 #include "hack/backend/engine.h"
 #include "hack/core/thread_pool.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 
 namespace hack {
 
 /// A paged KV cache, the CPU backend over it and an engine over both. Destroyed engine
 /// first, then backend, then cache.
 struct CpuEngine {
-  std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<CpuPagedKvCache> kv;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
 };

@@ -8,7 +8,7 @@
 /// page page_table[row / Π], row % Π. add_sequence reserves all pages the sequence may need
 /// (max_tokens), so appends never allocate and never fail for lack of memory.
 ///
-/// --kv hack keeps the CPU cache's semantics (kv/paged_kv_cache.h) with exact prefill: the
+/// --kv hack keeps the CPU cache's semantics (backend/cpu_paged_kv_cache.h) with exact prefill: the
 /// first S tokens are sinks (bf16, page 0 of the table); block b of Π tokens after them fills
 /// bf16 page 1 + b and, once closed, is quantized into HACK page b of the sequence's HACK
 /// table, byte for byte what the CPU cache writes (cuda::hack_quantize_blocks). A block

@@ -1,6 +1,6 @@
 /// @file cuda_plan_runner.h
 /// @brief The CUDA runner of the device-neutral AttentionPlan (kv/attention_plan.h): the
-/// device twin of PagedKvCache::run, over a CudaPagedKvCache (DESIGN.md §2: one plan, a
+/// device twin of CpuPagedKvCache::run, over a CudaPagedKvCache (DESIGN.md §2: one plan, a
 /// storage + attention runner per device). Plan on the host once per step
 /// (PagedKv::plan: the block manager builds the same plan for either storage), upload() it, then run() it in
 /// every layer. Only compiled with HACK_HAVE_CUDA.
@@ -52,7 +52,7 @@ class CudaPlanRunner {
   /// does not hold, a segment that does not resolve) or has FDC per-head dims.
   void upload(const AttentionPlan& plan, const CudaPagedKvCache& cache, cudaStream_t stream = nullptr);
 
-  /// Runs the uploaded plan in `layer`, as PagedKvCache::run: for every item, out rows =
+  /// Runs the uploaded plan in `layer`, as CpuPagedKvCache::run: for every item, out rows =
   /// causal attention of its q rows over its segments (or selection). q, out: device
   /// [rows][num_kv_heads · group · head_dim] f32 with row strides q_stride / out_stride
   /// floats; q is multiplied by `scale` here. Asynchronous on `stream`. Throws hack::Error

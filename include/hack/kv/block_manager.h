@@ -5,7 +5,7 @@
 /// sequence reserved against the byte budget — and from all of that, the step's
 /// AttentionPlan. No attention arithmetic, no page memory, no device calls.
 ///
-/// A device storage (PagedKvCache on the host, CudaPagedKvCache on a GPU) owns one manager
+/// A device storage (CpuPagedKvCache on the host, CudaPagedKvCache on a GPU) owns one manager
 /// and the pages behind it: it asks the manager before it changes anything (check_append,
 /// closable_blocks, admission) and records what it did (record_append, record_closed,
 /// set_length). Both storages therefore close the same blocks at the same appends and build

@@ -31,9 +31,12 @@
 #include <span>
 #include <vector>
 
-#include "hack/kernels/cpu/hack_attention.h"
 
 namespace hack {
+
+namespace cpu {
+struct HackHeadView;  // kernels/cpu/hack_attention.h (hack_head_view's callers include it)
+}  // namespace cpu
 
 inline constexpr uint32_t kHackPageMagic = 0x47504B48;  // "HKPG"
 inline constexpr uint16_t kHackPageVersion = 2;

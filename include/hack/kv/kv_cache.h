@@ -1,7 +1,7 @@
 /// @file kv_cache.h
 /// @brief What every KV cache offers the engine and the servers: sequences, their lengths,
 /// appends and byte accounting. Attention is not here: each backend owns its cache type
-/// (the CPU backend a PagedKvCache, the CUDA backend a CudaPagedKvCache) and runs attention
+/// (the CPU backend a CpuPagedKvCache, the CUDA backend a CudaPagedKvCache) and runs attention
 /// through that type's plan (kv/attention_plan.h), so no backend casts a KvCache.
 #pragma once
 

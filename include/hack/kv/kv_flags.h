@@ -27,7 +27,7 @@ struct KvFlags {
   std::string hack_rounding = "nearest";
   std::string kv_dtype = "bf16";    ///< element type of --kv fp pages
   std::string hack_allocation = "auto";  ///< auto (the model's hack_kv.json if present) | none | FILE
-  // MPCache page selection in decode (kv/page_selection.h); off unless a budget is given.
+  // MPCache page selection in decode (backend/cpu_page_selector.h); off unless a budget is given.
   float kv_select_ratio = 0;        ///< budget as a fraction of the context, (0, 1]
   int kv_select_tokens = 0;         ///< budget in tokens
   std::string kv_select_bound = "quest";  ///< quest | mpcache

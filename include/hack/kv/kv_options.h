@@ -2,7 +2,7 @@
 /// @brief What `--kv`, `--hack-*` and `--kv-select-*` choose for a paged KV cache, on any
 /// device: the mode, the HACK widths (per layer under an allocation), Π, sinks, the recent
 /// window, rounding, the budget; and the byte sizes those options give, computed without
-/// building a cache. Device-neutral: the CPU cache (kv/paged_kv_cache.h) and the device cache
+/// building a cache. Device-neutral: the CPU cache (backend/cpu_paged_kv_cache.h) and the device cache
 /// (backend/cuda_paged_kv_cache.h) read the same struct, and the nodes see only this header
 /// and kv/paged_kv.h.
 #pragma once
@@ -18,9 +18,55 @@
 #include "hack/core/dtype.h"
 #include "hack/kv/hack_page.h"
 #include "hack/kv/kv_cache.h"
-#include "hack/kv/page_selection.h"
 
 namespace hack {
+
+// ---- MPCache page selection in decode (DESIGN.md §3.4; the CPU selector is
+// backend/cpu_page_selector.h): what --kv-select-* chooses, and what a run selected ----
+
+/// How pages are ranked. quest / mpcache are the product; streaming (the most recent pages),
+/// random and oracle (true attention mass of the dequantized pages) are baselines at the same
+/// budget, for the fidelity bench.
+enum class PageScore : uint8_t { quest, mpcache, streaming, random, oracle };
+
+PageScore parse_page_score(std::string_view name);  ///< throws hack::Error naming the choices
+std::string_view page_score_name(PageScore score);
+
+/// `--kv-select-*`. Off unless ratio or tokens is set.
+struct PageSelectOptions {
+  double ratio = 0;           ///< --kv-select-ratio: budget as a fraction of the context, (0, 1]
+  int tokens = 0;             ///< --kv-select-tokens: budget in tokens (instead of a ratio)
+  PageScore score = PageScore::quest;  ///< --kv-select-bound
+  float alpha = 0.6f;         ///< --kv-select-alpha: MPCache's α
+  int group_pages = 2;        ///< --kv-select-group: pages per coarse group; 1 = one level
+  double coarse_ratio = 0.5;  ///< --kv-select-coarse: fraction of groups kept by the coarse level
+  int dense_layers = 2;       ///< --kv-select-dense: leading layers that attend to everything
+  int share_layers = 2;       ///< --kv-select-share: layers that share one selection
+  uint64_t seed = 0;          ///< the random baseline's stream
+  /// The floor (issue 33: a 20 % budget of a 1K prompt is three pages, too few to find a
+  /// passkey): the budget is never below `min_tokens`, and a context shorter than
+  /// `min_context` attends to every page. Defaults measured, see kv_flags.cpp.
+  int min_tokens = 0;         ///< --kv-select-min-tokens
+  int min_context = 0;        ///< --kv-select-min-context
+  bool enabled() const { return ratio > 0 || tokens > 0; }
+  bool operator==(const PageSelectOptions&) const = default;
+};
+
+/// Throws hack::Error naming the flag of the first bad value.
+void validate(const PageSelectOptions& options);
+/// " select=0.2 quest group=2 coarse=0.5 dense=2 share=2" (empty when off).
+std::string describe(const PageSelectOptions& options);
+
+/// What the selections of a run attended to (summed over decode items, KV heads and the
+/// layers that selected).
+struct PageSelectStats {
+  double context_tokens = 0;   ///< tokens the queries could see
+  double selected_tokens = 0;  ///< tokens they attended to
+  /// With measure_sharing: for each layer that reused a selection, how many of the pages its
+  /// own selection would have chosen the shared one holds (MPCache's commonality score).
+  double shared_hits = 0, shared_pages = 0;
+  int selections = 0;          ///< (layer, item, head) selections made
+};
 
 enum class KvMode { fp, hack };
 

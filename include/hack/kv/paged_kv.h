@@ -11,7 +11,7 @@
 /// storage holds the pages and runs the plan. What only reads that state is answered here
 /// from the manager, once for every device.
 ///
-/// Implementations: PagedKvCache (kv/paged_kv_cache.h: host page pools and the CPU attention
+/// Implementations: CpuPagedKvCache (backend/cpu_paged_kv_cache.h: host page pools and the CPU attention
 /// runner) and CudaPagedKvCache (backend/cuda_paged_kv_cache.h: device page pools and the CUDA
 /// kernels). Each backend computes over its own concrete type; nothing above a backend names
 /// either. Page bytes are device-independent (kv/hack_page.h; the CPU and CUDA quantizers agree

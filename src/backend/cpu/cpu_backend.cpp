@@ -1,7 +1,7 @@
 // The CPU reference backend: the Llama-family transformer in fp32 activations over
 // checkpoint-dtype weights. One forward() runs a batch of sequence chunks (prefill chunks
 // and decode tokens mixed) through every layer; attention is planned once per forward by
-// the backend's PagedKvCache and run in every layer.
+// the backend's CpuPagedKvCache and run in every layer.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +9,7 @@
 #include "hack/model/rope.h"
 #include "hack/backend/backend.h"
 #include "hack/backend/cpu_engine.h"
+#include "hack/backend/cpu_page_selector.h"
 #include "hack/core/error.h"
 #include "hack/kernels/cpu/ops.h"
 #include "hack/kernels/cpu/matmul.h"
@@ -23,7 +24,7 @@ constexpr size_t kParallelRowsMin = 32;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Model& model, ThreadPool& pool, PagedKvCache& kv, cpu::MatmulPrecision matmul_precision)
+  CpuBackend(const Model& model, ThreadPool& pool, CpuPagedKvCache& kv, cpu::MatmulPrecision matmul_precision)
       : model_(model),
         cfg_(model.config),
         pool_(pool),
@@ -112,7 +113,7 @@ class CpuBackend final : public Backend {
         kv_.append(l, c.seq_id, c.start_pos, static_cast<int>(c.tokens.size()), &k_[t0 * kvd], &v_[t0 * kvd]);
         t0 += c.tokens.size();
       }
-      // MPCache (kv/page_selection.h): past the dense layers, decode tokens attend to the
+      // MPCache (backend/cpu_page_selector.h): past the dense layers, decode tokens attend to the
       // pages their q selects, chosen here every share_layers layers and reused in between;
       // plan_ stays unselected (dense layers, the next step).
       const AttentionPlan* run_plan = &plan_;
@@ -203,7 +204,7 @@ class CpuBackend final : public Backend {
   const Model& model_;
   const ModelConfig& cfg_;
   ThreadPool& pool_;
-  PagedKvCache& kv_;
+  CpuPagedKvCache& kv_;
   std::vector<float> inv_freq_;  // [head_dim / 2] RoPE frequencies
   cpu::MatmulWorkspace mm_ws_;
   // Activations, grown to the largest batch seen (T = token rows of the forward), f32:
@@ -217,7 +218,7 @@ class CpuBackend final : public Backend {
   std::vector<PlanItem> plan_items_;  // [chunks] the forward's chunks as the plan sees them
   AttentionPlan plan_;                // this forward's attention plan, run by every layer
   AttentionPlan selected_plan_;       // plan_ with the decode items' page selection (MPCache)
-  PageSelector selector_;
+  CpuPageSelector selector_;
   bool measure_sharing_ = false;
   AttentionWorkspace attention_ws_;
   ActivationObserverFn observer_;
@@ -226,7 +227,7 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, PagedKvCache& kv,
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, CpuPagedKvCache& kv,
                                           cpu::MatmulPrecision matmul_precision) {
   return std::make_unique<CpuBackend>(model, pool, kv, matmul_precision);
 }

@@ -31,7 +31,7 @@
 #include "hack/kernels/cuda/hack.h"
 #include "hack/kernels/cuda/ops.h"
 #include "hack/kv/attention_plan.h"
-#include "hack/kv/hack_attention_plan.h"
+#include "hack/backend/hack_attention_plan.h"
 
 namespace hack {
 

@@ -9,7 +9,7 @@
 #include "hack/core/dtype.h"
 #include "hack/core/error.h"
 #include "hack/kernels/cuda/hack.h"
-#include "hack/kv/hack_attention_plan.h"
+#include "hack/backend/hack_attention_plan.h"
 
 namespace hack {
 

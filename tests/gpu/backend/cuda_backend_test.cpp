@@ -34,7 +34,7 @@
 #include "hack/backend/cuda_backend.h"
 #include "hack/backend/engine.h"
 #include "hack/core/error.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/weights.h"
 #include "support/test_support.h"
 
@@ -108,7 +108,7 @@ struct CpuRef {
   }
   Model model;
   ThreadPool pool;
-  std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<CpuPagedKvCache> kv;
   std::unique_ptr<Backend> backend;
   Engine engine;
 };

@@ -146,7 +146,7 @@ struct TwinCaches {
   Model model;
   KvShape shape;
   std::unique_ptr<CudaPagedKvCache> dev;
-  std::unique_ptr<PagedKvCache> cpu;
+  std::unique_ptr<CpuPagedKvCache> cpu;
   size_t token_floats;
 };
 

@@ -1,5 +1,5 @@
-// One plan, two runners: an AttentionPlan made by the CPU cache (PagedKvCache::plan) runs on
-// the CPU (PagedKvCache::run) and on the device (CudaPlanRunner over a CudaPagedKvCache that
+// One plan, two runners: an AttentionPlan made by the CPU cache (CpuPagedKvCache::plan) runs on
+// the CPU (CpuPagedKvCache::run) and on the device (CudaPlanRunner over a CudaPagedKvCache that
 // holds the same tokens), and the outputs agree — decode batches with split-K units, prefill
 // chunks over closed, pending and open blocks, selections — for --kv hack (2/4/8-bit pages,
 // with and without sinks, a per-layer bit allocation) and --kv fp.
@@ -27,7 +27,7 @@
 #include "hack/backend/cuda_plan_runner.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kernels/cuda/ops.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "unit/kv/kv_test_util.h"
 
 using namespace hack;
@@ -59,7 +59,7 @@ std::vector<Config> configs() {
 // The same tokens in a CPU cache and a device cache of the same shape and options.
 struct Pair {
   KvShape shape;
-  std::unique_ptr<PagedKvCache> cpu;
+  std::unique_ptr<CpuPagedKvCache> cpu;
   std::unique_ptr<CudaPagedKvCache> gpu;
   uint32_t seed;
   bool hack;
@@ -83,7 +83,7 @@ struct Pair {
       o.fp_dtype = DType::bf16;
     }
     o.block_tokens = c.page;
-    cpu = std::make_unique<PagedKvCache>(shape, o);
+    cpu = std::make_unique<CpuPagedKvCache>(shape, o);
     CudaKvOptions g;
     g.page_tokens = c.page;
     g.num_pages = 512;
@@ -249,7 +249,7 @@ TEST_CASE("the CUDA plan runner refuses FDC per-head dims by name", "[gpu][plan]
   KvCacheOptions o;
   o.mode = KvMode::fp;
   o.block_tokens = 16;
-  PagedKvCache cpu(shape, o);
+  CpuPagedKvCache cpu(shape, o);
   CudaKvOptions g;
   g.page_tokens = 16;
   g.num_pages = 8;

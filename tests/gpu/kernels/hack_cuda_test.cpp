@@ -1,8 +1,8 @@
 // HACK on CUDA against its CPU twins (CUDA vs CPU, DESIGN.md §2):
 //   - hack_quantize_blocks writes the same page bytes as quantize_k_block/quantize_v_block
 //     (nearest and stochastic; both evaluate hack_quant_math.h), from bf16 and f32 sources;
-//   - hack_decode_attention over the pages a PagedKvCache made equals
-//       (a) PagedKvCache::attend when the plan has one split (the same single pass), and
+//   - hack_decode_attention over the pages a CpuPagedKvCache made equals
+//       (a) CpuPagedKvCache::attend when the plan has one split (the same single pass), and
 //       (b) the CPU kernels run over the same split ranges and merged in the same order
 //           when the plan splits the pages (flash-decoding changes the running max a page
 //           sees, so P's u8 codes may differ from an unsplit pass; the twin has the same ones).
@@ -26,8 +26,8 @@
 #include "hack/core/dtype.h"
 #include "hack/core/tensor.h"
 #include "hack/kernels/cpu/hack_attention.h"
-#include "hack/kv/hack_attention_plan.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/hack_attention_plan.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "gpu/require_close.h"
 #include "unit/kv/kv_test_util.h"
 
@@ -111,7 +111,7 @@ TEST_CASE("device quantizer writes the CPU page bytes", "[gpu][hack]") {
             const KvStream s(blocks * block, heads, 1, dim, seed + static_cast<uint32_t>(bits * 1000 + dim + block));
             const std::vector<uint16_t> k16 = to_bf16(s.k.data(), s.k.size()), v16 = to_bf16(s.v.data(), s.v.size());
 
-            // CPU pages, as PagedKvCache::quantize_pending makes them.
+            // CPU pages, as CpuPagedKvCache::quantize_pending makes them.
             std::vector<uint8_t> cpu(static_cast<size_t>(blocks) * layout.page_bytes(), 0);
             std::vector<int64_t> first(static_cast<size_t>(blocks));
             for (int b = 0; b < blocks; ++b) {
@@ -195,7 +195,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
   opt.sinks = S;
   opt.k_group = dim == 128 ? 32 : 64;  // 4 K partitions at 128, 1 at 64
   opt.v_group = dim == 128 ? 32 : 64;
-  PagedKvCache cache(shape, opt);
+  CpuPagedKvCache cache(shape, opt);
   const HackPageLayout& layout = cache.hack_layout();
   const HackPageGeometry g = page_geometry(layout);
 
@@ -288,7 +288,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
     return download<float>(out_dev, q.size());
   };
 
-  // (a) One split: the same single pass as PagedKvCache::attend.
+  // (a) One split: the same single pass as CpuPagedKvCache::attend.
   std::vector<float> cpu_single(q.size());
   {
     std::vector<float> scratch;
@@ -305,7 +305,7 @@ void run_decode_case(int bits, int dim, int group, int sm_count, uint32_t seed) 
   HackDecodePlan single;
   single.splits = 1;
   single.pages_per_split = std::max(1, max_pages);
-  test::require_close(run_gpu(single), cpu_single, "one split vs PagedKvCache::attend");
+  test::require_close(run_gpu(single), cpu_single, "one split vs CpuPagedKvCache::attend");
 
   // (b) The planned split, and (c) one page per split (sequences with fewer pages leave
   //     empty splits, which the combine skips): the CPU kernels over the same ranges,

@@ -1,8 +1,8 @@
 // The host side of a device attention runner (backend/flat_plan.h), without a GPU: segments
-// of real plans (PagedKvCache::plan) resolve to the page and row every one of their tokens
+// of real plans (CpuPagedKvCache::plan) resolve to the page and row every one of their tokens
 // occupies in the device pool layout, worked out token by token here (row of token p, then
 // page table entry row / Π) rather than segment by segment as resolve_plan_segment does;
-// tasks carry their items' fields, selections and split units as PagedKvCache::run reads them.
+// tasks carry their items' fields, selections and split units as CpuPagedKvCache::run reads them.
 #include <catch2/catch.hpp>
 
 #include <numeric>
@@ -10,7 +10,7 @@
 
 #include "hack/backend/flat_plan.h"
 #include "hack/core/error.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 
 using namespace hack;
 
@@ -35,7 +35,7 @@ int row_of(int p, int sinks) {
 struct Fixture {
   KvShape shape;
   KvCacheOptions options;
-  std::unique_ptr<PagedKvCache> cache;
+  std::unique_ptr<CpuPagedKvCache> cache;
   Fixture(KvMode mode, int sinks) {
     shape.num_layers = 2;
     shape.num_kv_heads = kHeads;
@@ -45,7 +45,7 @@ struct Fixture {
     options.block_tokens = kPage;
     options.sinks = sinks;
     options.k_group = options.v_group = kDim;
-    cache = std::make_unique<PagedKvCache>(shape, options);
+    cache = std::make_unique<CpuPagedKvCache>(shape, options);
   }
   void add(int seq, int tokens, int max_tokens) {
     cache->add_sequence(seq, max_tokens);

@@ -18,7 +18,7 @@
 #include "hack/backend/backend.h"
 #include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/safetensors.h"
 #include "hack/model/weights.h"
 #include "support/test_support.h"

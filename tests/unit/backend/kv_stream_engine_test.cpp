@@ -15,7 +15,7 @@
 #include "hack/core/error.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/kv_stream.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/config.h"
 #include "hack/model/weights.h"
 #include "support/synthetic_model.h"
@@ -36,7 +36,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Every layer of two sequences holds the same bytes: pages, pending blocks, exact tokens.
-void require_same_kv(const PagedKvCache& a, const PagedKvCache& b, int seq) {
+void require_same_kv(const CpuPagedKvCache& a, const CpuPagedKvCache& b, int seq) {
   const KvShape& s = a.shape();
   const KvCacheOptions& o = a.options();
   for (int l = 0; l < s.num_layers; ++l) {
@@ -119,7 +119,7 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
       const int max_tokens = length + kDecodeSteps;
 
       // hack-run: one engine, one cache.
-      PagedKvCache ref_kv(shape, o);
+      CpuPagedKvCache ref_kv(shape, o);
       const std::unique_ptr<Backend> ref_backend = make_cpu_backend(model, pool, ref_kv);
       Engine ref(*ref_backend, EngineOptions{kChunk});
       ref.add_sequence(1, max_tokens);
@@ -135,7 +135,7 @@ TEST_CASE("prefill on one cache + decode on another equals one engine, bit for b
       }
 
       // Prefill node: export each layer as it finishes; decode node imports as it arrives.
-      PagedKvCache prefill_kv(shape, o), decode_kv(shape, o);
+      CpuPagedKvCache prefill_kv(shape, o), decode_kv(shape, o);
       const std::unique_ptr<Backend> prefill_backend = make_cpu_backend(model, pool, prefill_kv);
       Engine prefill(*prefill_backend, EngineOptions{kChunk});
       prefill.add_sequence(1, length);
@@ -186,7 +186,7 @@ TEST_CASE("engine: the layer callback runs once per layer per chunk, after the l
   ThreadPool pool(1);
   KvCacheOptions o;
   o.mode = KvMode::fp;
-  PagedKvCache kv(kv_shape(cfg), o);
+  CpuPagedKvCache kv(kv_shape(cfg), o);
   const std::unique_ptr<Backend> engine_backend = make_cpu_backend(model, pool, kv);
   Engine engine(*engine_backend, EngineOptions{40});
   engine.add_sequence(3, 100);
@@ -205,7 +205,7 @@ TEST_CASE("engine: the layer callback runs once per layer per chunk, after the l
     for (int l = 0; l < cfg.num_layers; ++l) expected.emplace_back(l, chunk == 2);
   CHECK(calls == expected);
   // The callback changes nothing: same logits as without it.
-  PagedKvCache kv2(kv.shape(), o);
+  CpuPagedKvCache kv2(kv.shape(), o);
   const std::unique_ptr<Backend> engine2_backend = make_cpu_backend(model, pool, kv2);
   Engine engine2(*engine2_backend, EngineOptions{40});
   engine2.add_sequence(3, 100);

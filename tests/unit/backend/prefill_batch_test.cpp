@@ -16,7 +16,7 @@
 #include "hack/backend/cpu_engine.h"
 #include "hack/backend/engine.h"
 #include "hack/core/thread_pool.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/weights.h"
 #include "support/synthetic_model.h"
 #include "support/test_support.h"

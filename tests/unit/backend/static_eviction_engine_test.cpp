@@ -14,7 +14,7 @@
 #include "hack/backend/engine.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/kv_stream.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/weights.h"
 #include "support/synthetic_model.h"
 
@@ -36,7 +36,7 @@ int argmax(const std::vector<float>& logits, size_t vocab) {
 KvCacheOptions cache_options(KvMode mode) { return test::synthetic_kv_options(mode, 16); }
 
 struct Run {
-  std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<CpuPagedKvCache> kv;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
   std::vector<std::vector<float>> logits;  // prefill's last row, then each decode step
@@ -46,7 +46,7 @@ struct Run {
 Run run(const Model& model, ThreadPool& pool, const KvCacheOptions& o, const KeepOptions& keep,
         const std::vector<int>& prompt, bool decode = true) {
   Run r;
-  r.kv = std::make_unique<PagedKvCache>(kv_shape(model.config), o);
+  r.kv = std::make_unique<CpuPagedKvCache>(kv_shape(model.config), o);
   r.backend = make_cpu_backend(model, pool, *r.kv);
   r.engine = std::make_unique<Engine>(*r.backend, EngineOptions{kChunk, keep}, &pool);
   r.engine->add_sequence(1, static_cast<int>(prompt.size()) + kSteps);
@@ -62,7 +62,7 @@ Run run(const Model& model, ThreadPool& pool, const KvCacheOptions& o, const Kee
   return r;
 }
 
-std::vector<float> rows(const PagedKvCache& kv, int layer, int first, int n, bool keys) {
+std::vector<float> rows(const CpuPagedKvCache& kv, int layer, int first, int n, bool keys) {
   const KvShape& s = kv.shape();
   std::vector<float> k(static_cast<size_t>(n) * s.num_kv_heads * s.head_dim), v(k.size());
   kv.read_exact_tokens(1, layer, first, n, k.data(), v.data());
@@ -163,7 +163,7 @@ TEST_CASE("static eviction: prefill node → decode node equals one engine bit f
       const std::vector<int> prompt = test::random_prompt(n, cfg.vocab_size, static_cast<uint32_t>(n));
       const Run ref = run(model, pool, o, keep, prompt);
 
-      PagedKvCache prefill_kv(kv_shape(cfg), o), decode_kv(kv_shape(cfg), o);
+      CpuPagedKvCache prefill_kv(kv_shape(cfg), o), decode_kv(kv_shape(cfg), o);
       const auto prefill_backend = make_cpu_backend(model, pool, prefill_kv);
       Engine prefill(*prefill_backend, EngineOptions{kChunk, keep}, &pool);
       REQUIRE(prefill.evicts(n));
@@ -206,7 +206,7 @@ TEST_CASE("static eviction is refused where it cannot run", "[backend][engine][e
   const ModelConfig cfg = test::small_synthetic_config();
   const Model model = Model::synthetic(cfg, 34);
   ThreadPool pool(1);
-  PagedKvCache kv(kv_shape(cfg), cache_options(KvMode::hack));
+  CpuPagedKvCache kv(kv_shape(cfg), cache_options(KvMode::hack));
   const auto backend = make_cpu_backend(model, pool, kv);
   KeepOptions keep;
   keep.ratio = 2;

@@ -13,7 +13,7 @@
 #include "hack/backend/backend.h"
 #include "hack/backend/engine.h"
 #include "hack/kv/kv_stream.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/model/weights.h"
 #include "hack/decode/decode_scheduler.h"
 #include "support/test_support.h"
@@ -43,7 +43,7 @@ struct Node {
         backend(make_cpu_backend(tiny_model(), pool, *kv)),
         engine(*backend) {}
   ThreadPool pool;
-  std::unique_ptr<PagedKvCache> kv;
+  std::unique_ptr<CpuPagedKvCache> kv;
   std::unique_ptr<Backend> backend;
   Engine engine;
 };

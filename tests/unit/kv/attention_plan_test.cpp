@@ -1,4 +1,4 @@
-// The attention plan of a step (kv/attention_plan.h) and PagedKvCache::plan / run: the plan
+// The attention plan of a step (kv/attention_plan.h) and CpuPagedKvCache::plan / run: the plan
 // predicts what every layer holds after the step's appends, run equals the per-head
 // reference attend for prefill chunks and decode tokens mixed in one batch, its results do
 // not depend on the thread count or on the rest of the batch, a selection attends to
@@ -12,7 +12,7 @@
 #include "hack/core/error.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kv/attention_plan.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "kv_test_util.h"
 #include "support/alloc_counter.h"
 
@@ -59,7 +59,7 @@ struct Step {
 
   // Opens every sequence and stores what precedes the step (in two appends, so HACK
   // blocks close as in serving).
-  void fill(PagedKvCache& cache) const {
+  void fill(CpuPagedKvCache& cache) const {
     for (size_t i = 0; i < chunks.size(); ++i) {
       const int seq = static_cast<int>(i), before = chunks[i].before;
       cache.add_sequence(seq, before + chunks[i].n);
@@ -70,7 +70,7 @@ struct Step {
       }
     }
   }
-  void append_layer(PagedKvCache& cache, int layer) const {
+  void append_layer(CpuPagedKvCache& cache, int layer) const {
     for (size_t i = 0; i < chunks.size(); ++i)
       cache.append(layer, static_cast<int>(i), chunks[i].before, chunks[i].n, streams[i].k_at(chunks[i].before),
                    streams[i].v_at(chunks[i].before));
@@ -88,7 +88,7 @@ struct Step {
 
 // Output of every layer, [layer][rows][H·G·d], by plan + run.
 std::vector<float> run_planned(const Step& step, const KvCacheOptions& o, int threads, AttentionPlan* plan_out = nullptr) {
-  PagedKvCache cache(step.shape, o);
+  CpuPagedKvCache cache(step.shape, o);
   step.fill(cache);
   ThreadPool pool(threads);
   AttentionPlan plan;
@@ -108,7 +108,7 @@ std::vector<float> run_planned(const Step& step, const KvCacheOptions& o, int th
 
 // The same by the per-head reference attend.
 std::vector<float> run_reference(const Step& step, const KvCacheOptions& o) {
-  PagedKvCache cache(step.shape, o);
+  CpuPagedKvCache cache(step.shape, o);
   step.fill(cache);
   const std::vector<float> q = step.q();
   const size_t row = step.row_floats(), layer_floats = static_cast<size_t>(step.rows) * row;
@@ -183,7 +183,7 @@ TEST_CASE("the plan lists each item's segments as every layer holds them after t
   const KvShape shape{3, 1, 16, 1};
   KvCacheOptions o = options_for(KvMode::hack, 16);
   o.sinks = 4;
-  PagedKvCache cache(shape, o);
+  CpuPagedKvCache cache(shape, o);
   const KvStream data(200, 1, 1, 16, 3);
   cache.add_sequence(0, 200);
   for (int l = 0; l < 3; ++l) cache.append(l, 0, 0, 4 + 16 * 3, data.k_at(0), data.v_at(0));  // 3 blocks pending
@@ -216,7 +216,7 @@ TEST_CASE("a selection attends to exactly the selected segments", "[kv][plan]") 
   const KvShape shape{1, 2, 32, 2};
   const KvCacheOptions o = options_for(KvMode::fp, 16);
   const Step step(shape, {{100, 1}, {20, 3}});
-  PagedKvCache cache(shape, o);
+  CpuPagedKvCache cache(shape, o);
   step.fill(cache);
   AttentionPlan plan;
   cache.plan(step.items, PlanPolicy{}, plan);
@@ -262,7 +262,7 @@ TEST_CASE("a selection attends to exactly the selected segments", "[kv][plan]") 
 
 TEST_CASE("plan and run report misuse", "[kv][plan]") {
   const KvShape shape{2, 1, 16, 1};
-  PagedKvCache cache(shape, options_for(KvMode::hack, 16));
+  CpuPagedKvCache cache(shape, options_for(KvMode::hack, 16));
   const KvStream data(60, 1, 1, 16, 4);
   cache.add_sequence(0, 40);
   cache.append(0, 0, 0, 10, data.k_at(0), data.v_at(0));
@@ -285,7 +285,7 @@ TEST_CASE("plan and run report misuse", "[kv][plan]") {
   REQUIRE_THROWS_AS(cache.run(plan, 2, q.data(), 16, out.data(), 16, 1.0f, pool, ws), Error);
   cache.append(0, 0, 10, 1, data.k_at(10), data.v_at(10));
   cache.run(plan, 0, q.data(), 16, out.data(), 16, 1.0f, pool, ws);
-  PagedKvCache other(KvShape{2, 2, 16, 1}, options_for(KvMode::hack, 16));
+  CpuPagedKvCache other(KvShape{2, 2, 16, 1}, options_for(KvMode::hack, 16));
   REQUIRE_THROWS_AS(other.run(plan, 0, q.data(), 16, out.data(), 16, 1.0f, pool, ws), Error);
   PlanPolicy bad;
   bad.split_segments = 0;
@@ -295,7 +295,7 @@ TEST_CASE("plan and run report misuse", "[kv][plan]") {
 TEST_CASE("a decode step allocates nothing, in any thread", "[kv][plan]") {
   const int dim = 128, group = 4, block = 16, H = 2;
   const KvShape shape{2, H, dim, group};
-  PagedKvCache cache(shape, options_for(KvMode::hack, block));
+  CpuPagedKvCache cache(shape, options_for(KvMode::hack, block));
   const KvStream a(800, H, group, dim, 8), b(800, H, group, dim, 9);
   cache.add_sequence(0, 800);
   cache.add_sequence(1, 800);

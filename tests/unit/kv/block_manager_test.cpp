@@ -11,7 +11,7 @@
 #include "hack/core/error.h"
 #include "hack/kv/attention_plan.h"
 #include "hack/kv/block_manager.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 
 using namespace hack;
 
@@ -127,7 +127,7 @@ TEST_CASE("block manager: a bare manager told what a storage did plans what the 
   const KvShape shape{.num_layers = 2, .num_kv_heads = 2, .head_dim = 32, .group_size = 2};
   for (const int recent : {0, 24}) {
     KvCacheOptions o = hack_options(16, 4, recent);
-    PagedKvCache cache(shape, o);
+    CpuPagedKvCache cache(shape, o);
     // A storage that follows the manager's rules: close what closable_blocks allows at every
     // append outside the prefill, and at end_prefill.
     KvBlockManager bare(shape.num_layers, o, [&](int t) { return cache.sequence_bytes(t); });

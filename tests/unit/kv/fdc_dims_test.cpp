@@ -1,4 +1,4 @@
-// Per-head dims (FDC, model/fdc.h) in PagedKvCache: a head stores and attends to the first
+// Per-head dims (FDC, model/fdc.h) in CpuPagedKvCache: a head stores and attends to the first
 // k_dim / v_dim entries of its head_dim slot, in fp pages and HACK pages alike; whatever
 // lies beyond them is ignored, outputs beyond v_dim are 0, and pages, exports and forks
 // carry only the stored dims. The reference is attention in double on the truncated rows.
@@ -12,7 +12,7 @@
 #include "hack/core/thread_pool.h"
 #include "hack/kv/hack_page.h"
 #include "hack/kv/kv_stream.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "kv_test_util.h"
 
 using namespace hack;
@@ -55,7 +55,7 @@ KvStream stream_with_garbage(const KvShape& shape, int layer, int tokens, uint32
 }
 
 // Runs a step's plan in one layer for one sequence of `n` new tokens at `pos`; out: [n][row].
-std::vector<float> run_step(PagedKvCache& kv, int layer, const KvStream& s, int pos, int n, ThreadPool& pool) {
+std::vector<float> run_step(CpuPagedKvCache& kv, int layer, const KvStream& s, int pos, int n, ThreadPool& pool) {
   AttentionPlan plan;
   const std::vector<PlanItem> items{PlanItem{1, pos, n, 0}};
   kv.plan(items, PlanPolicy{}, plan);
@@ -227,7 +227,7 @@ TEST_CASE("per-head dims: exported messages rebuild the same cache, and forks sh
   src->fork_sequence(1, 2, 50, 64);
   std::vector<float> outs[3];
   int i = 0;
-  for (PagedKvCache* kv : {src.get(), dst.get(), src.get()}) {
+  for (CpuPagedKvCache* kv : {src.get(), dst.get(), src.get()}) {
     const int seq = i == 2 ? 2 : 1;
     AttentionPlan plan;
     kv->plan(std::vector<PlanItem>{PlanItem{seq, 50, 1, 0}}, PlanPolicy{}, plan);

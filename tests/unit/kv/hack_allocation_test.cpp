@@ -10,7 +10,7 @@
 #include "hack/core/error.h"
 #include "hack/kv/hack_allocation.h"
 #include "hack/kv/kv_flags.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "kv_test_util.h"
 
 using namespace hack;

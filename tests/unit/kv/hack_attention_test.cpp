@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "hack/core/cpu_features.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "kv_test_util.h"
 
 using namespace hack;
@@ -26,7 +26,7 @@ struct Shape {
   int recent = 0;  ///< bf16 recent window
 };
 
-std::unique_ptr<PagedKvCache> make_cache(const Shape& s, int heads, int layers, CpuIsa isa,
+std::unique_ptr<CpuPagedKvCache> make_cache(const Shape& s, int heads, int layers, CpuIsa isa,
                                           Rounding rounding = Rounding::nearest, uint64_t seed = 0) {
   KvCacheOptions o;
   o.mode = KvMode::hack;
@@ -44,7 +44,7 @@ std::unique_ptr<PagedKvCache> make_cache(const Shape& s, int heads, int layers, 
 // Appends `data` in chunks of the given sizes (cycled) and after each chunk attends every
 // (layer, head) over the chunk; calls check(layer, head, pos, q_row, out_row) per row.
 template <class Check>
-void run_stream(PagedKvCache& cache, const KvStream& data, int layers, std::vector<int> chunks, float scale,
+void run_stream(CpuPagedKvCache& cache, const KvStream& data, int layers, std::vector<int> chunks, float scale,
                 Check&& check) {
   const int H = data.heads, G = data.group, d = data.dim;
   cache.add_sequence(0, data.tokens);

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "hack/core/cpu_features.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "kv_test_util.h"
 
 using namespace hack;

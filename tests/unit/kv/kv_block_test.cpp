@@ -33,7 +33,7 @@ KvCacheOptions cache_options(KvMode mode, DType fp_dtype, int block) {
 
 // Appends tokens [0, data.tokens) in every layer (layer l gets the stream shifted by l tokens'
 // worth of seed, so layers differ).
-void fill(PagedKvCache& cache, int seq, const std::vector<KvStream>& layers, int n_tokens) {
+void fill(CpuPagedKvCache& cache, int seq, const std::vector<KvStream>& layers, int n_tokens) {
   for (size_t l = 0; l < layers.size(); ++l)
     cache.append(static_cast<int>(l), seq, 0, n_tokens, layers[l].k.data(), layers[l].v.data());
 }
@@ -45,7 +45,7 @@ std::vector<KvStream> layer_streams(int layers, int tokens, int heads, int dim, 
 }
 
 // A whole block value of tokens [first, first + tokens) of every layer of `cache`.
-std::vector<std::byte> encode_block(const PagedKvCache& cache, int seq, int first, int tokens, BlockCodec codec) {
+std::vector<std::byte> encode_block(const CpuPagedKvCache& cache, int seq, int first, int tokens, BlockCodec codec) {
   std::vector<std::vector<std::byte>> slices(static_cast<size_t>(cache.shape().num_layers));
   for (size_t l = 0; l < slices.size(); ++l)
     encode_kv_block_layer(cache, seq, static_cast<int>(l), first, tokens, codec, slices[l]);
@@ -57,14 +57,14 @@ std::span<const std::byte> slice_of(const KvBlockHeader& h, std::span<const std:
   return value.subspan(e.offset, e.bytes);
 }
 
-void restore_block(PagedKvCache& cache, int seq, std::span<const std::byte> value) {
+void restore_block(CpuPagedKvCache& cache, int seq, std::span<const std::byte> value) {
   const KvBlockHeader h = decode_kv_block_header(value);
   std::vector<float> scratch;
   for (int l = 0; l < h.num_layers; ++l) restore_kv_block_layer(cache, seq, l, h, slice_of(h, value, l), scratch);
 }
 
 // K then V of tokens [first, first + n) as stored (exact_dtype bits).
-std::vector<std::byte> exact_bytes(const PagedKvCache& cache, int seq, int layer, int first, int n) {
+std::vector<std::byte> exact_bytes(const CpuPagedKvCache& cache, int seq, int layer, int first, int n) {
   const KvShape& s = cache.shape();
   const size_t bytes = static_cast<size_t>(n) * s.num_kv_heads * s.head_dim * dtype_size(cache.exact_dtype());
   std::vector<std::byte> out(2 * bytes);
@@ -288,7 +288,7 @@ TEST_CASE("kv block: exact blocks restore bit for bit", "[kv][block]") {
         const KvCacheOptions o = cache_options(c.mode, c.dtype, block);
         const int total = 2 * block + 5;  // two full blocks and an open one
         const auto data = layer_streams(layers, total, d.heads, d.dim, static_cast<uint32_t>(block * 131 + d.dim));
-        PagedKvCache source(shape, o), restored(shape, o);
+        CpuPagedKvCache source(shape, o), restored(shape, o);
         source.add_sequence(1, total);
         restored.add_sequence(9, 2 * block);
         if (c.mode == KvMode::hack) {  // nothing is quantized until end_prefill
@@ -420,8 +420,8 @@ TEST_CASE("kv block: int8-head restores through a cache", "[kv][block]") {
   const KvShape shape{2, 3, 64, 3};
   const int block = 64;
   const auto data = layer_streams(2, block, 3, 64, 7);
-  PagedKvCache source(shape, cache_options(KvMode::fp, DType::f32, block));
-  PagedKvCache restored(shape, cache_options(KvMode::fp, DType::f32, block));
+  CpuPagedKvCache source(shape, cache_options(KvMode::fp, DType::f32, block));
+  CpuPagedKvCache restored(shape, cache_options(KvMode::fp, DType::f32, block));
   source.add_sequence(1, block);
   restored.add_sequence(2, block);
   fill(source, 1, data, block);
@@ -444,14 +444,14 @@ TEST_CASE("kv block: a failed restore leaves the cache unchanged", "[kv][block]"
   const KvShape shape{layers, 2, 32, 1};
   const KvCacheOptions o = cache_options(KvMode::fp, DType::bf16, block);
   const auto data = layer_streams(layers, 3 * block, 2, 32, 11);
-  PagedKvCache source(shape, o);
+  CpuPagedKvCache source(shape, o);
   source.add_sequence(1, 3 * block);
   fill(source, 1, data, 3 * block);
   const auto block0 = encode_block(source, 1, 0, block, BlockCodec::exact);
   const auto block1 = encode_block(source, 1, block, block, BlockCodec::exact);
   const auto int8_block1 = encode_block(source, 1, block, block, BlockCodec::int8_head);
 
-  PagedKvCache target(shape, o);
+  CpuPagedKvCache target(shape, o);
   target.add_sequence(5, 2 * block);
   restore_block(target, 5, block0);
   const auto before0 = exact_bytes(target, 5, 0, 0, block), before1 = exact_bytes(target, 5, 1, 0, block);
@@ -461,7 +461,7 @@ TEST_CASE("kv block: a failed restore leaves the cache unchanged", "[kv][block]"
     REQUIRE(exact_bytes(target, 5, 1, 0, block) == before1);
   };
   std::vector<float> scratch;
-  const auto restore = [&](PagedKvCache& cache, int seq, int layer, std::span<const std::byte> value) {
+  const auto restore = [&](CpuPagedKvCache& cache, int seq, int layer, std::span<const std::byte> value) {
     const KvBlockHeader h = decode_kv_block_header(value);
     restore_kv_block_layer(cache, seq, layer, h, slice_of(h, value, layer), scratch);
   };
@@ -504,17 +504,17 @@ TEST_CASE("kv block: a failed restore leaves the cache unchanged", "[kv][block]"
   }
   // Wrong dims, layers, dtype.
   {
-    PagedKvCache other(KvShape{layers, 1, 32, 1}, o);
+    CpuPagedKvCache other(KvShape{layers, 1, 32, 1}, o);
     other.add_sequence(5, 2 * block);
     CHECK_THROWS_WITH(restore(other, 5, 0, block0), Contains("2 KV heads of dim 32, the cache 1 of dim 32"));
     CHECK(other.length(5, 0) == 0);
-    PagedKvCache dim64(KvShape{layers, 2, 64, 1}, o);
+    CpuPagedKvCache dim64(KvShape{layers, 2, 64, 1}, o);
     dim64.add_sequence(5, 2 * block);
     CHECK_THROWS_WITH(restore(dim64, 5, 0, block0), Contains("the cache 2 of dim 64"));
-    PagedKvCache deeper(KvShape{layers + 1, 2, 32, 1}, o);
+    CpuPagedKvCache deeper(KvShape{layers + 1, 2, 32, 1}, o);
     deeper.add_sequence(5, 2 * block);
     CHECK_THROWS_WITH(restore(deeper, 5, 0, block0), Contains("the block has 2 layers, the cache 3"));
-    PagedKvCache f32(shape, cache_options(KvMode::fp, DType::f32, block));
+    CpuPagedKvCache f32(shape, cache_options(KvMode::fp, DType::f32, block));
     f32.add_sequence(5, 2 * block);
     CHECK_THROWS_WITH(restore(f32, 5, 0, block0), Contains("exact block of bf16"));
     CHECK(f32.length(5, 0) == 0);
@@ -529,7 +529,7 @@ TEST_CASE("kv block: a failed restore leaves the cache unchanged", "[kv][block]"
   }
   CHECK_THROWS_WITH(restore(target, 6, 0, block1), Contains("unknown sequence 6"));
   {
-    PagedKvCache small(shape, o);
+    CpuPagedKvCache small(shape, o);
     small.add_sequence(5, block - 1);
     CHECK_THROWS_WITH(restore(small, 5, 0, block0), Contains("capacity"));
     CHECK(small.length(5, 0) == 0);
@@ -545,7 +545,7 @@ TEST_CASE("kv block: encoding needs exactly stored tokens", "[kv][block]") {
   const int block = 16;
   const KvShape shape{1, 2, 32, 1};
   const auto data = layer_streams(1, 3 * block, 2, 32, 3);
-  PagedKvCache cache(shape, cache_options(KvMode::hack, DType::bf16, block));
+  CpuPagedKvCache cache(shape, cache_options(KvMode::hack, DType::bf16, block));
   cache.add_sequence(1, 3 * block);
   cache.append(0, 1, 0, 2 * block, data[0].k.data(), data[0].v.data());
   cache.append(0, 1, 2 * block, 1, data[0].k_at(2 * block), data[0].v_at(2 * block));  // quantizes [4, 20)

@@ -37,7 +37,7 @@ struct Message {
 
 // Appends `data` to `cache` in chunks; after each layer of each chunk exports it (when
 // `messages` is given), like the prefill callback does.
-void fill(PagedKvCache& cache, int seq, const KvStream& data, int chunk, std::vector<Message>* messages,
+void fill(CpuPagedKvCache& cache, int seq, const KvStream& data, int chunk, std::vector<Message>* messages,
           KvExportCursor* cursor) {
   for (int pos = 0; pos < data.tokens;) {
     const int n = std::min(chunk, data.tokens - pos);
@@ -54,7 +54,7 @@ void fill(PagedKvCache& cache, int seq, const KvStream& data, int chunk, std::ve
 }
 
 // Exact tokens of a layer that are not quantized, as raw bytes (K then V).
-std::vector<std::byte> exact_bytes(const PagedKvCache& cache, int seq, int layer, int first, int n) {
+std::vector<std::byte> exact_bytes(const CpuPagedKvCache& cache, int seq, int layer, int first, int n) {
   const size_t bytes = static_cast<size_t>(n) * kHeads * kDim * dtype_size(cache.exact_dtype());
   std::vector<std::byte> out(2 * bytes);
   cache.copy_exact_tokens(seq, layer, first, n, out.data(), out.data() + bytes);
@@ -63,7 +63,7 @@ std::vector<std::byte> exact_bytes(const PagedKvCache& cache, int seq, int layer
 
 // Same layer state in both caches: lengths, page bytes, exact tokens, pending blocks only
 // inside the recent window (none without one).
-void require_same_state(const PagedKvCache& a, int seq_a, const PagedKvCache& b, int seq_b) {
+void require_same_state(const CpuPagedKvCache& a, int seq_a, const CpuPagedKvCache& b, int seq_b) {
   const KvCacheOptions& o = a.options();
   for (int l = 0; l < kLayers; ++l) {
     INFO("layer " << l);
@@ -123,7 +123,7 @@ TEST_CASE("kv stream: an exported layer imports to the same state", "[kv][stream
       for (int chunk : {7, 24, 1000}) {
         INFO(config.name << ", " << length << " tokens in chunks of " << chunk);
         const KvStream data(length + 1, kHeads, kGroup, kDim, static_cast<uint32_t>(length * 31 + chunk));
-        PagedKvCache reference(shape, config.options), prefill(shape, config.options), decode(shape, config.options);
+        CpuPagedKvCache reference(shape, config.options), prefill(shape, config.options), decode(shape, config.options);
         reference.add_sequence(1, length + 1);
         prefill.add_sequence(2, length + 1);
         decode.add_sequence(3, length + 1);
@@ -143,7 +143,7 @@ TEST_CASE("kv stream: an exported layer imports to the same state", "[kv][stream
         if (config.options.mode == KvMode::hack) {
           // An exact prefill (nothing quantized until it ends) with the prompt length known
           // streams the same pages, each as soon as its block fills, to the same state.
-          PagedKvCache held(shape, config.options), decode2(shape, config.options);
+          CpuPagedKvCache held(shape, config.options), decode2(shape, config.options);
           held.add_sequence(4, length + 1);
           decode2.add_sequence(5, length + 1);
           held.begin_prefill(4);
@@ -193,7 +193,7 @@ TEST_CASE("kv stream: an exported layer imports to the same state", "[kv][stream
 TEST_CASE("kv stream: message order and sizes", "[kv][stream]") {
   const KvShape shape{kLayers, kHeads, kDim, kGroup};
   // hack: 4 sinks + 3 blocks + 5 open tokens, one chunk: sinks, then (at final) 3 pages, open.
-  PagedKvCache cache(shape, make_options(KvMode::hack, 2, DType::bf16));
+  CpuPagedKvCache cache(shape, make_options(KvMode::hack, 2, DType::bf16));
   const int length = 4 + 3 * kBlock + 5;
   const KvStream data(length, kHeads, kGroup, kDim, 5);
   cache.add_sequence(1, length);
@@ -226,7 +226,7 @@ TEST_CASE("kv stream: message order and sizes", "[kv][stream]") {
   CHECK(cursor.bytes == bytes);
 
   // fp f32: page-sized exact messages, full pages as they fill, the tail at the end.
-  PagedKvCache fp(shape, make_options(KvMode::fp, 2, DType::f32));
+  CpuPagedKvCache fp(shape, make_options(KvMode::fp, 2, DType::f32));
   fp.add_sequence(1, 40);
   const KvStream fp_data(40, kHeads, kGroup, kDim, 6);
   std::vector<Message> fp_messages;
@@ -247,7 +247,7 @@ TEST_CASE("kv stream: bad messages are rejected and leave the cache as it was", 
   const KvCacheOptions o = make_options(KvMode::hack, 2, DType::bf16);
   const int length = 4 + 2 * kBlock + 3;
   const KvStream data(length, kHeads, kGroup, kDim, 9);
-  PagedKvCache prefill(shape, o), decode(shape, o);
+  CpuPagedKvCache prefill(shape, o), decode(shape, o);
   prefill.add_sequence(1, length);
   std::vector<Message> messages;
   KvExportCursor cursor;
@@ -293,7 +293,7 @@ TEST_CASE("kv stream: bad messages are rejected and leave the cache as it was", 
   reject(KvMessageKind::exact, open, "start at 36");           // the open block before the sinks
   reject(KvMessageKind::hack_page, page0, "holds 0 tokens");   // a page before the sinks
   {
-    PagedKvCache fp(shape, make_options(KvMode::fp, 2, DType::f32));
+    CpuPagedKvCache fp(shape, make_options(KvMode::fp, 2, DType::f32));
     fp.add_sequence(1, length);
     REQUIRE_THROWS_WITH(import_message(fp, 1, 0, KvMessageKind::exact, sinks), Catch::Contains("bf16 but this cache keeps f32"));
     REQUIRE_THROWS_WITH(import_message(fp, 1, 0, KvMessageKind::hack_page, page0), Catch::Contains("--kv fp"));
@@ -313,12 +313,12 @@ TEST_CASE("kv stream: bad messages are rejected and leave the cache as it was", 
   {
     // A whole block as exact tokens (full blocks must travel as HACK pages): taken from a
     // cache whose third block is still pending, so still exact.
-    PagedKvCache big(shape, o);
+    CpuPagedKvCache big(shape, o);
     big.add_sequence(1, 4 + 3 * kBlock);
     const KvStream d(4 + 3 * kBlock, kHeads, kGroup, kDim, 3);
     big.append(0, 1, 0, 4 + 3 * kBlock, d.k_at(0), d.v_at(0));
     const auto filled = encode_exact_tokens(big, 1, 0, 4 + 2 * kBlock, kBlock);
-    PagedKvCache roomy(shape, o);
+    CpuPagedKvCache roomy(shape, o);
     roomy.add_sequence(1, 100);
     import_message(roomy, 1, 0, KvMessageKind::exact, sinks);
     import_message(roomy, 1, 0, KvMessageKind::hack_page, page0);
@@ -328,13 +328,13 @@ TEST_CASE("kv stream: bad messages are rejected and leave the cache as it was", 
     REQUIRE(roomy.length(1, 0) == 36);
   }
   {
-    PagedKvCache small(shape, o);
+    CpuPagedKvCache small(shape, o);
     small.add_sequence(1, 40);
     const KvStream d(40, kHeads, kGroup, kDim, 4);
     small.append(0, 1, 0, 40, d.k_at(0), d.v_at(0));
     small.close_pending_blocks(1, 0);
     auto too_many = encode_exact_tokens(small, 1, 0, 36, 4);
-    PagedKvCache tight(shape, o);
+    CpuPagedKvCache tight(shape, o);
     tight.add_sequence(1, 38);
     import_message(tight, 1, 0, KvMessageKind::exact, sinks);
     import_message(tight, 1, 0, KvMessageKind::hack_page, page0);
@@ -359,7 +359,7 @@ TEST_CASE("kv stream: bad messages are rejected and leave the cache as it was", 
 
 TEST_CASE("kv stream: exact tokens are read back only where they are exact", "[kv][stream]") {
   const KvShape shape{kLayers, kHeads, kDim, kGroup};
-  PagedKvCache cache(shape, make_options(KvMode::hack, 2, DType::bf16));
+  CpuPagedKvCache cache(shape, make_options(KvMode::hack, 2, DType::bf16));
   const int length = 4 + 2 * kBlock + 5;
   const KvStream data(length, kHeads, kGroup, kDim, 12);
   cache.add_sequence(1, length);

@@ -10,7 +10,7 @@
 
 #include "hack/core/dtype.h"
 #include "hack/kv/hack_page.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 
 namespace hack::test {
 
@@ -90,7 +90,7 @@ void reference_attention(const float* q, float scale, int pos, int dim, KFn k, V
 ///  - every P code whose rounding sits within 0.01 of a tie (where fp32 scores may round
 ///    it the other way) may be off by one step: + step·v' for that token.
 struct HackReference {
-  const PagedKvCache& cache;
+  const CpuPagedKvCache& cache;
   const KvStream& data;
   int seq = 0;
 

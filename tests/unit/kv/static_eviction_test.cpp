@@ -1,6 +1,6 @@
 // MPCache static eviction (kv/static_eviction.h): the kept set (sinks, recent window, the
 // best-scored tokens within the budget), the attention scores against a double-precision
-// reference and with a planted key, and PagedKvCache::keep_tokens (keeping everything
+// reference and with a planted key, and CpuPagedKvCache::keep_tokens (keeping everything
 // changes no bit; a subset is gathered in order and quantized afterwards like any prefill).
 #include <catch2/catch.hpp>
 
@@ -13,7 +13,7 @@
 
 #include "hack/core/error.h"
 #include "hack/core/thread_pool.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/kv/static_eviction.h"
 
 using namespace hack;
@@ -165,7 +165,7 @@ TEST_CASE("a planted key the later queries attend to is kept", "[kv][evict]") {
   CHECK(std::find(kept.begin(), kept.end(), at) != kept.end());
 }
 
-TEST_CASE("PagedKvCache::keep_tokens gathers the kept tokens in order, inside the prefill", "[kv][evict]") {
+TEST_CASE("CpuPagedKvCache::keep_tokens gathers the kept tokens in order, inside the prefill", "[kv][evict]") {
   const KvShape shape{3, 2, 32, 2, {}, {}};
   const size_t token_floats = 2 * 32;
   for (const KvMode mode : {KvMode::hack, KvMode::fp}) {
@@ -179,8 +179,8 @@ TEST_CASE("PagedKvCache::keep_tokens gathers the kept tokens in order, inside th
     INFO(kv_mode_name(mode) << ", seed " << seed);
     const std::vector<float> k = random_floats(static_cast<size_t>(n) * token_floats, seed),
                              v = random_floats(k.size(), seed + 1);
-    PagedKvCache plain(shape, o), all(shape, o), some(shape, o);
-    for (PagedKvCache* c : {&plain, &all, &some}) {
+    CpuPagedKvCache plain(shape, o), all(shape, o), some(shape, o);
+    for (CpuPagedKvCache* c : {&plain, &all, &some}) {
       c->add_sequence(1, n + 10);
       c->begin_prefill(1);
       for (int l = 0; l < shape.num_layers; ++l) c->append(l, 1, 0, n, k.data(), v.data());
@@ -211,7 +211,7 @@ TEST_CASE("PagedKvCache::keep_tokens gathers the kept tokens in order, inside th
     }
     REQUIRE_THROWS_WITH(some.keep_tokens(1, 0, {3, 2}), Catch::Contains("out of order"));
     REQUIRE_THROWS_WITH(some.keep_tokens(1, 0, {0, n}), Catch::Contains("not among"));
-    for (PagedKvCache* c : {&plain, &all, &some}) c->end_prefill(1);
+    for (CpuPagedKvCache* c : {&plain, &all, &some}) c->end_prefill(1);
     if (mode == KvMode::hack) {  // keeping everything quantizes to the very same pages
       for (int l = 0; l < shape.num_layers; ++l) {
         REQUIRE(all.hack_page_count(1, l) == plain.hack_page_count(1, l));

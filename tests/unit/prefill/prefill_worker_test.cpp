@@ -1,6 +1,6 @@
 // The prefill worker end to end over real UCX on loopback (TCP): the worker prefills and
 // streams each layer; a KvReceiver queues what arrives, and the test thread (the decode
-// node) imports it into its own PagedKvCache and decodes greedily from the first token in
+// node) imports it into its own CpuPagedKvCache and decodes greedily from the first token in
 // request_done's payload. Output must equal generate() on one engine (hack-run) for fp
 // and hack, prompts of mixed lengths; cancel and a lost receiver end jobs with errors and
 // give every KV byte back.
@@ -199,7 +199,7 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
     PrefillWorker worker(make_cpu_engine_parts(f.model, f.prefill_pool, wo.kv, wo.engine), tx_worker, wo);
 
     // The decode node: its cache, one sequence per request, opened before the KV arrives.
-    PagedKvCache decode_kv(f.shape, o);
+    CpuPagedKvCache decode_kv(f.shape, o);
     const std::vector<int> lengths = {1, 5, 37, 64, 200, 700};
     std::map<uint64_t, std::vector<int>> prompts;
     for (size_t i = 0; i < lengths.size(); ++i) {
@@ -264,7 +264,7 @@ TEST_CASE("prefill worker: prefill here + decode there equals one engine", "[ser
       CHECK(r.kv_bytes > 0);
 
       // hack-run: generate() on one engine and one cache.
-      PagedKvCache ref_kv(f.shape, o);
+      CpuPagedKvCache ref_kv(f.shape, o);
       const std::unique_ptr<Backend> ref_backend = make_cpu_backend(f.model, f.decode_pool, ref_kv);
       Engine ref(*ref_backend);
       ref.add_sequence(1, static_cast<int>(prompt.size()) + new_tokens);
@@ -983,7 +983,7 @@ TEST_CASE("prefill worker: short prompts queued together share one batched step,
     // Job 1 is long (computed alone); the short ones queue behind it. Jobs 2–5 fit one chunk of
     // 64 together (56 tokens) and share a step; job 6 would pass it and waits for the next.
     const std::map<uint64_t, int> lengths = {{1, 700}, {2, 10}, {3, 15}, {4, 1}, {5, 30}, {6, 20}};
-    PagedKvCache decode_kv(f.shape, wo.kv);
+    CpuPagedKvCache decode_kv(f.shape, wo.kv);
     for (const auto& [id, n] : lengths) {
       decode_kv.add_sequence(static_cast<int>(id), n + kNew);
       REQUIRE(worker.submit(greedy_job(id, n, f.cfg.vocab_size, port, outcomes)).is_ok());
@@ -1019,7 +1019,7 @@ TEST_CASE("prefill worker: short prompts queued together share one batched step,
     Engine decode(*decode_backend);
     for (const auto& [id, n] : lengths) {
       INFO("request " << id << ", " << n << " prompt tokens");
-      PagedKvCache ref_kv(f.shape, wo.kv);
+      CpuPagedKvCache ref_kv(f.shape, wo.kv);
       const std::unique_ptr<Backend> ref_backend = make_cpu_backend(f.model, f.decode_pool, ref_kv);
       Engine ref(*ref_backend);
       ref.add_sequence(1, n + kNew);

@@ -11,7 +11,7 @@
 ///     combine kernel over the splits. Every float operation follows the CPU scalar
 ///     reference in order, so a split covering the same tokens as a CPU pass gives the
 ///     same bits (see tests/gpu/kernels/hack_cuda_test.cpp).
-/// Plans (geometry, split count) are made on the host: kv/hack_attention_plan.h.
+/// Plans (geometry, split count) are made on the host: backend/hack_attention_plan.h.
 /// Everything is asynchronous on `stream`; nothing allocates. Launch errors throw
 /// hack::Error. Device limits: head_dim ≤ 128, Π ≤ 256, group size ≤ 16, sinks ≤ Π, K
 /// partitions a power of two channels.
@@ -49,7 +49,7 @@ struct HackQuantizeBlocks {
 void hack_quantize_blocks(const HackPageGeometry& geometry, const HackQuantizeBlocks& blocks, cudaStream_t stream);
 
 /// One decode step: query of sequence b attends to its sink tokens, its quantized pages
-/// (in order) and its open-block tokens, as PagedKvCache::attend does on the CPU.
+/// (in order) and its open-block tokens, as CpuPagedKvCache::attend does on the CPU.
 struct HackDecodeBatch {
   int batch = 0;             ///< sequences
   int group_size = 1;        ///< query heads per KV head (GQA), ≤ 16

@@ -1,6 +1,6 @@
 /// @file kernels/cuda/plan_attention.h
 /// @brief The CUDA runner's kernels of the device-neutral AttentionPlan (kv/attention_plan.h),
-/// the twin of PagedKvCache::run on the CPU: for each task of the plan (kernels/device_plan.h,
+/// the twin of CpuPagedKvCache::run on the CPU: for each task of the plan (kernels/device_plan.h,
 /// flattened by backend/flat_plan.h), causal attention of its query rows over its segments
 /// with an online softmax — exact bf16 segments (sinks, pending and open blocks, fp pages)
 /// and HACK pages (homomorphic: Q'·K' and P'·V' on the codes with __dp4a, as

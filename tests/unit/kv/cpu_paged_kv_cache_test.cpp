@@ -1,4 +1,4 @@
-// The paged pool and PagedKvCache: paged equals contiguous (fp mode against FpKvCache),
+// The paged pool and CpuPagedKvCache: paged equals contiguous (fp mode against FpKvCache),
 // shared prefixes and reference counts, byte accounting, page transfer and concurrent use.
 // The step's attention plan is tested in attention_plan_test.cpp.
 #include <catch2/catch.hpp>
@@ -18,7 +18,7 @@
 #include "hack/core/thread_pool.h"
 #include "hack/kv/fp_kv_cache.h"
 #include "hack/kv/page_pool.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "kv_test_util.h"
 
 using namespace hack;
@@ -140,7 +140,7 @@ TEST_CASE("a prefill attends to the whole prompt exactly in any number of chunks
   hack->add_sequence(7, data.tokens);
   hack->begin_prefill(7);
   hack->remove_sequence(7);
-  auto prefill_hack = [&](PagedKvCache& c) {
+  auto prefill_hack = [&](CpuPagedKvCache& c) {
     c.add_sequence(7, data.tokens);
     c.begin_prefill(7);
   };
@@ -165,7 +165,7 @@ TEST_CASE("a prefill attends to the whole prompt exactly in any number of chunks
     pos += n;
   }
   hack->end_prefill(7);
-  PagedKvCache& paged = *hack;
+  CpuPagedKvCache& paged = *hack;
   REQUIRE(paged.hack_page_count(7, 0) == 6);
   REQUIRE(paged.pending_block_count(7, 0) == 0);
   auto stepwise = make_paged_kv_cache(KvShape{1, H, dim, group}, hack_options(2, block));
@@ -552,7 +552,7 @@ TEST_CASE("concurrent appends and attends of different sequences", "[kv][paged]"
     parallel->add_sequence(s, L);
   }
   const size_t row = static_cast<size_t>(H) * group * dim;
-  auto run = [&](PagedKvCache& cache, int s, std::vector<float>& out) {
+  auto run = [&](CpuPagedKvCache& cache, int s, std::vector<float>& out) {
     std::vector<float> scratch(cache.attend_scratch_floats(1, L));
     for (int t = 0; t < L; ++t)
       for (int l = 0; l < 2; ++l) {

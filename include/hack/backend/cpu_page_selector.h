@@ -1,5 +1,5 @@
-/// @file page_selection.h
-/// @brief MPCache dynamic (query-aware) page selection in decode (DESIGN.md §3.4): each
+/// @file cpu_page_selector.h
+/// @brief The CPU's MPCache dynamic (query-aware) page selection in decode (DESIGN.md §3.4): each
 /// decode query attends to the sinks, the exact blocks (pending and open), the newest
 /// closed page and the closed pages that score best against the query for its budget.
 ///
@@ -11,72 +11,28 @@
 /// the budget's best pages among them are kept. The first `dense_layers` layers attend to
 /// everything; after them a selection is made every `share_layers` layers from that layer's
 /// q and pages and reused by the layers up to the next. Prefill chunks never select.
+/// What --kv-select-* chooses (PageSelectOptions) is device-neutral: kv/kv_options.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <string_view>
 #include <vector>
 
 #include "hack/kv/attention_plan.h"
+#include "hack/kv/kv_options.h"
 
 namespace hack {
 
-class PagedKvCache;
+class CpuPagedKvCache;
 class ThreadPool;
-
-/// How pages are ranked. quest / mpcache are the product; streaming (the most recent pages),
-/// random and oracle (true attention mass of the dequantized pages) are baselines at the same
-/// budget, for the fidelity bench.
-enum class PageScore : uint8_t { quest, mpcache, streaming, random, oracle };
-
-PageScore parse_page_score(std::string_view name);  ///< throws hack::Error naming the choices
-std::string_view page_score_name(PageScore score);
-
-/// `--kv-select-*`. Off unless ratio or tokens is set.
-struct PageSelectOptions {
-  double ratio = 0;           ///< --kv-select-ratio: budget as a fraction of the context, (0, 1]
-  int tokens = 0;             ///< --kv-select-tokens: budget in tokens (instead of a ratio)
-  PageScore score = PageScore::quest;  ///< --kv-select-bound
-  float alpha = 0.6f;         ///< --kv-select-alpha: MPCache's α
-  int group_pages = 2;        ///< --kv-select-group: pages per coarse group; 1 = one level
-  double coarse_ratio = 0.5;  ///< --kv-select-coarse: fraction of groups kept by the coarse level
-  int dense_layers = 2;       ///< --kv-select-dense: leading layers that attend to everything
-  int share_layers = 2;       ///< --kv-select-share: layers that share one selection
-  uint64_t seed = 0;          ///< the random baseline's stream
-  /// The floor (issue 33: a 20 % budget of a 1K prompt is three pages, too few to find a
-  /// passkey): the budget is never below `min_tokens`, and a context shorter than
-  /// `min_context` attends to every page. Defaults measured, see kv_flags.cpp.
-  int min_tokens = 0;         ///< --kv-select-min-tokens
-  int min_context = 0;        ///< --kv-select-min-context
-  bool enabled() const { return ratio > 0 || tokens > 0; }
-  bool operator==(const PageSelectOptions&) const = default;
-};
-
-/// Throws hack::Error naming the flag of the first bad value.
-void validate(const PageSelectOptions& options);
-/// " select=0.2 quest group=2 coarse=0.5 dense=2 share=2" (empty when off).
-std::string describe(const PageSelectOptions& options);
-
-/// What the selections of a run attended to (summed over decode items, KV heads and the
-/// layers that selected).
-struct PageSelectStats {
-  double context_tokens = 0;   ///< tokens the queries could see
-  double selected_tokens = 0;  ///< tokens they attended to
-  /// With measure_sharing: for each layer that reused a selection, how many of the pages its
-  /// own selection would have chosen the shared one holds (MPCache's commonality score).
-  double shared_hits = 0, shared_pages = 0;
-  int selections = 0;          ///< (layer, item, head) selections made
-};
 
 /// Makes the selections of one backend (its scratch is reused, so a decode step allocates
 /// nothing once warm). Called from the engine thread only; select spreads its (item, KV head)
 /// selections over a pool, each worker with its own scratch, and its result does not depend
 /// on the pool's size.
-class PageSelector {
+class CpuPageSelector {
  public:
-  explicit PageSelector(const PageSelectOptions& options);
+  explicit CpuPageSelector(const PageSelectOptions& options);
 
   bool active() const { return options_.enabled(); }
   /// Whether layer l attends to everything (l < dense_layers).
@@ -91,12 +47,12 @@ class PageSelector {
   /// h · group · head_dim, the first k_dim entries of each head_dim slot) and pages, leaving
   /// multi-token items unselected, and rebuilds the tasks with `policy`. The (item, head)
   /// selections run in parallel on `pool`; the plan and stats are the same for any pool size.
-  void select(const PagedKvCache& kv, AttentionPlan& plan, const PlanPolicy& policy, int layer, const float* q,
+  void select(const CpuPagedKvCache& kv, AttentionPlan& plan, const PlanPolicy& policy, int layer, const float* q,
               size_t q_stride, ThreadPool& pool);
 
   /// Measures (into stats) how much of what layer `layer` would select by itself the plan's
   /// current (shared) selection holds. Leaves the plan as it is. Slow; for the bench.
-  void measure_sharing(const PagedKvCache& kv, const AttentionPlan& plan, int layer, const float* q, size_t q_stride);
+  void measure_sharing(const CpuPagedKvCache& kv, const AttentionPlan& plan, int layer, const float* q, size_t q_stride);
 
   const PageSelectStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -121,9 +77,9 @@ class PageSelector {
 
   // Chooses the closed-page segments of (item, head) into s.chosen (segment indices,
   // ascending, with the always-kept ones); returns the tokens attended. Touches only s.
-  int choose(const PagedKvCache& kv, const AttentionPlan& plan, int item, int head, int layer, const float* q,
+  int choose(const CpuPagedKvCache& kv, const AttentionPlan& plan, int item, int head, int layer, const float* q,
              size_t q_stride, Scratch& s) const;
-  void score_oracle(const PagedKvCache& kv, int layer, int head, int n, Scratch& s) const;
+  void score_oracle(const CpuPagedKvCache& kv, int layer, int head, int n, Scratch& s) const;
   void score_random(int seq_id, int pos, int layer, int head, int n, Scratch& s) const;
 
   PageSelectOptions options_;

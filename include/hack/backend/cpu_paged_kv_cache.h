@@ -1,4 +1,4 @@
-/// @file paged_kv_cache.h
+/// @file cpu_paged_kv_cache.h
 /// @brief The host storage of the paged KV behind `--kv fp|hack`: host page pools under the
 /// device-neutral KvBlockManager (lengths, closed blocks, the closed pages' ids with their
 /// reference counts, reservations, the prefill bracket, the plan), and the CPU runner
@@ -37,11 +37,10 @@
 #include "hack/kv/kv_options.h"
 #include "hack/kv/page_pool.h"
 #include "hack/kv/paged_kv.h"
-#include "hack/kv/page_selection.h"
 
 namespace hack {
 
-/// The exact pages of one (sequence, layer) of a PagedKvCache (host pages). Its closed pages
+/// The exact pages of one (sequence, layer) of a CpuPagedKvCache (host pages). Its closed pages
 /// (hack: HACK pages; fp: every fp page, the last maybe partial) are in the block manager's
 /// page table (KvBlockManager::pages), their memory in the layer's pool.
 struct CpuLayerPages {
@@ -58,7 +57,7 @@ struct CpuLayerView {
   const uint32_t* pages = nullptr;
 };
 
-/// Caller-owned scratch of PagedKvCache::run, grown on first use and reused after (so a
+/// Caller-owned scratch of CpuPagedKvCache::run, grown on first use and reused after (so a
 /// decode step allocates nothing once the batch shape has been seen).
 struct AttentionWorkspace {
   std::vector<float> floats;         ///< the plan's softmax states, then per thread: scaled q, kernel work
@@ -66,10 +65,10 @@ struct AttentionWorkspace {
 };
 
 /// The CPU's PagedKv: host page pools (huge-page slabs) and the CPU attention runner.
-class PagedKvCache final : public PagedKv {
+class CpuPagedKvCache final : public PagedKv {
  public:
-  PagedKvCache(const KvShape& shape, const KvCacheOptions& options);
-  ~PagedKvCache() override;
+  CpuPagedKvCache(const KvShape& shape, const KvCacheOptions& options);
+  ~CpuPagedKvCache() override;
 
   const KvShape& shape() const override { return shape_; }
   /// "hack-2bit", "hack-k4v2", "hack-per-layer" (an allocation), "bf16-paged", "fp32-paged".
@@ -274,6 +273,6 @@ class PagedKvCache final : public PagedKv {
 };
 
 /// The paged cache for `--kv fp|hack`.
-std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options);
+std::unique_ptr<CpuPagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options);
 
 }  // namespace hack

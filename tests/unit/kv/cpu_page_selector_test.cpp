@@ -1,4 +1,4 @@
-// MPCache page selection (kv/page_selection.h, kernels/cpu/page_bound.h): the Quest score is
+// MPCache page selection (backend/cpu_page_selector.h, kernels/cpu/page_bound.h): the Quest score is
 // a true upper bound of q·k over a page (exact and quantized K), every ISA scores with the same
 // bits, ratio 1 attends exactly as no selection, a planted key's page is selected, a shared
 // selection equals the per-layer one when adjacent layers agree, the budget is kept, bad
@@ -16,8 +16,8 @@
 #include "hack/core/thread_pool.h"
 #include "hack/kernels/cpu/page_bound.h"
 #include "hack/kv/kv_flags.h"
-#include "hack/kv/page_selection.h"
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_page_selector.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "kv_test_util.h"
 #include "support/alloc_counter.h"
 
@@ -47,7 +47,7 @@ ThreadPool& serial() {
 }
 
 // Runs layer `layer` of one decode step whose plan is `plan` and returns the output.
-std::vector<float> run_layer(const PagedKvCache& cache, const AttentionPlan& plan, int layer, const std::vector<float>& q) {
+std::vector<float> run_layer(const CpuPagedKvCache& cache, const AttentionPlan& plan, int layer, const std::vector<float>& q) {
   ThreadPool pool(2);
   AttentionWorkspace ws;
   std::vector<float> out(q.size());
@@ -189,7 +189,7 @@ namespace {
 // then one decode token appended; returns the plan of that step.
 struct DecodeFixture {
   KvShape shape;
-  PagedKvCache cache;
+  CpuPagedKvCache cache;
   AttentionPlan plan;
   std::vector<float> q;
   int tokens;
@@ -218,7 +218,7 @@ TEST_CASE("selection with ratio 1 attends exactly as no selection", "[kv][select
     so.dense_layers = 0;
     DecodeFixture f(shape, hack_options(16, so), 1100, {&data});
     AttentionPlan selected = f.plan;
-    PageSelector selector(so);
+    CpuPageSelector selector(so);
     selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size(), serial());
     REQUIRE(!selected.selection_of(0, 0).empty());  // the selection path really ran
     REQUIRE(selected.selection_of(0, 1).size() == f.plan.segments_of(0).size());
@@ -254,7 +254,7 @@ TEST_CASE("a planted key page is selected, sinks, exact blocks and the newest pa
       so.group_pages = group;
       so.dense_layers = 0;
       DecodeFixture f(shape, hack_options(T, so), tokens, {&data});
-      PageSelector selector(so);
+      CpuPageSelector selector(so);
       AttentionPlan selected = f.plan;
       selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size(), serial());
       const std::span<const PlanSegment> segs = selected.segments_of(0);
@@ -309,7 +309,7 @@ TEST_CASE("the selection floor: a budget of at least min_tokens, everything belo
     so.min_context = c.min_context;
     INFO("min_tokens " << c.min_tokens << " min_context " << c.min_context);
     DecodeFixture f(shape, hack_options(T, so), tokens, {&data});
-    PageSelector selector(so);
+    CpuPageSelector selector(so);
     AttentionPlan selected = f.plan;
     selector.select(f.cache, selected, PlanPolicy{}, 0, f.q.data(), f.q.size(), serial());
     const std::span<const PlanSegment> segs = selected.segments_of(0);
@@ -334,7 +334,7 @@ TEST_CASE("a shared selection equals the per-layer one when adjacent layers agre
   PageSelectOptions own = shared;
   own.share_layers = 1;
   DecodeFixture f(shape, hack_options(16, shared), 850, {&a, &b, &b, &b});
-  PageSelector s_shared(shared), s_own(own);
+  CpuPageSelector s_shared(shared), s_own(own);
   REQUIRE((!s_shared.selects_in(1) && s_shared.selects_in(2) && !s_shared.selects_in(3) && s_shared.selects_in(4)));
   REQUIRE((s_own.selects_in(2) && s_own.selects_in(3)));
   AttentionPlan p_shared = f.plan, p_own = f.plan;
@@ -348,7 +348,7 @@ TEST_CASE("a shared selection equals the per-layer one when adjacent layers agre
   s_shared.measure_sharing(f.cache, p_shared, 3, f.q.data(), f.q.size());
   REQUIRE(s_shared.stats().shared_pages > 0);
   REQUIRE(s_shared.stats().shared_hits == s_shared.stats().shared_pages);
-  PageSelector other(shared);
+  CpuPageSelector other(shared);
   other.measure_sharing(f.cache, p_shared, 0, f.q.data(), f.q.size());
   REQUIRE(other.stats().shared_hits < other.stats().shared_pages);
 }
@@ -393,7 +393,7 @@ TEST_CASE("a decode step with page selection allocates nothing", "[kv][select]")
   so.ratio = 0.2;
   so.dense_layers = 1;
   so.share_layers = 1;
-  PagedKvCache cache(shape, hack_options(block, so));
+  CpuPagedKvCache cache(shape, hack_options(block, so));
   const KvStream a(900, H, group, dim, 8), b(900, H, group, dim, 9);
   cache.add_sequence(0, 900);
   cache.add_sequence(1, 900);
@@ -404,7 +404,7 @@ TEST_CASE("a decode step with page selection allocates nothing", "[kv][select]")
   ThreadPool pool(2);
   AttentionPlan plan, selected;
   AttentionWorkspace ws;
-  PageSelector selector(so);
+  CpuPageSelector selector(so);
   std::vector<PlanItem> items(2);
   std::vector<float> q(2 * static_cast<size_t>(H * group * dim)), out(q.size());
   auto step = [&](int t) {
@@ -451,7 +451,7 @@ TEST_CASE("selections and their stats do not depend on the pool's thread count",
       so.dense_layers = 0;
       so.share_layers = 1;
       so.seed = 7;
-      PagedKvCache cache(shape, hack_options(block, so));
+      CpuPagedKvCache cache(shape, hack_options(block, so));
       // Two decode items and a prefill chunk (never selected) between them.
       cache.add_sequence(0, 1300);
       cache.add_sequence(1, 1300);
@@ -478,7 +478,7 @@ TEST_CASE("selections and their stats do not depend on the pool's thread count",
       std::vector<PageSelectStats> stats;
       for (const int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
-        PageSelector selector(so);
+        CpuPageSelector selector(so);
         for (int l = 0; l < layers; ++l) {
           AttentionPlan selected;
           copy_plan(plan, selected);

@@ -1,61 +1,17 @@
-#include "hack/kv/page_selection.h"
+#include "hack/backend/cpu_page_selector.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 
+#include "hack/backend/cpu_paged_kv_cache.h"
 #include "hack/core/error.h"
 #include "hack/core/thread_pool.h"
 #include "hack/kernels/cpu/page_bound.h"
-#include "hack/kv/paged_kv_cache.h"
 
 namespace hack {
 
-PageScore parse_page_score(std::string_view name) {
-  for (const PageScore s : {PageScore::quest, PageScore::mpcache, PageScore::streaming, PageScore::random, PageScore::oracle})
-    if (name == page_score_name(s)) return s;
-  fail("--kv-select-bound must be quest or mpcache (baselines: streaming, random, oracle), got '{}'", name);
-}
-
-std::string_view page_score_name(PageScore score) {
-  switch (score) {
-    case PageScore::quest: return "quest";
-    case PageScore::mpcache: return "mpcache";
-    case PageScore::streaming: return "streaming";
-    case PageScore::random: return "random";
-    case PageScore::oracle: return "oracle";
-  }
-  return "?";
-}
-
-void validate(const PageSelectOptions& o) {
-  HACK_CHECK(o.ratio >= 0 && o.ratio <= 1, "--kv-select-ratio must be in (0, 1] (0 = off), got {}", o.ratio);
-  HACK_CHECK(o.tokens >= 0, "--kv-select-tokens must be a token count (0 = off), got {}", o.tokens);
-  HACK_CHECK(o.ratio == 0 || o.tokens == 0, "give --kv-select-ratio or --kv-select-tokens, not both");
-  HACK_CHECK(o.alpha >= 0 && o.alpha <= 1, "--kv-select-alpha must be in [0, 1], got {}", o.alpha);
-  HACK_CHECK(o.group_pages >= 1 && o.group_pages <= 1024, "--kv-select-group must be in [1, 1024] pages, got {}",
-             o.group_pages);
-  HACK_CHECK(o.coarse_ratio > 0 && o.coarse_ratio <= 1, "--kv-select-coarse must be in (0, 1], got {}", o.coarse_ratio);
-  HACK_CHECK(o.dense_layers >= 0, "--kv-select-dense must not be negative, got {}", o.dense_layers);
-  HACK_CHECK(o.share_layers >= 1, "--kv-select-share must be at least 1, got {}", o.share_layers);
-  HACK_CHECK(o.min_tokens >= 0, "--kv-select-min-tokens must not be negative, got {}", o.min_tokens);
-  HACK_CHECK(o.min_context >= 0, "--kv-select-min-context must not be negative, got {}", o.min_context);
-}
-
-std::string describe(const PageSelectOptions& o) {
-  if (!o.enabled()) return "";
-  std::string s = o.tokens > 0 ? fmt::format(" select={}tok", o.tokens) : fmt::format(" select={:g}", o.ratio);
-  s += fmt::format(" {}", page_score_name(o.score));
-  if (o.score == PageScore::mpcache) s += fmt::format(" alpha={:g}", o.alpha);
-  if (o.score == PageScore::quest || o.score == PageScore::mpcache)
-    s += fmt::format(" group={} coarse={:g}", o.group_pages, o.coarse_ratio);
-  s += fmt::format(" dense={} share={}", o.dense_layers, o.share_layers);
-  if (o.min_tokens > 0) s += fmt::format(" min-tokens={}", o.min_tokens);
-  if (o.min_context > 0) s += fmt::format(" min-context={}", o.min_context);
-  return s;
-}
-
-PageSelector::PageSelector(const PageSelectOptions& options) : options_(options) { validate(options_); }
+CpuPageSelector::CpuPageSelector(const PageSelectOptions& options) : options_(options) { validate(options_); }
 
 namespace {
 
@@ -76,13 +32,13 @@ void best_first(std::vector<int>& idx, const float* score, int k) {
 
 }  // namespace
 
-void PageSelector::score_random(int seq_id, int pos, int layer, int head, int n, Scratch& s) const {
+void CpuPageSelector::score_random(int seq_id, int pos, int layer, int head, int n, Scratch& s) const {
   const uint64_t base = mix64(options_.seed ^ mix64(static_cast<uint64_t>(seq_id) << 32 ^ static_cast<uint64_t>(pos)) ^
                               mix64(static_cast<uint64_t>(layer) << 16 ^ static_cast<uint64_t>(head)));
   for (int p = 0; p < n; ++p) s.scores[static_cast<size_t>(p)] = static_cast<float>(mix64(base + static_cast<uint64_t>(p)) >> 40);
 }
 
-void PageSelector::score_oracle(const PagedKvCache& kv, int layer, int head, int n, Scratch& sc) const {
+void CpuPageSelector::score_oracle(const CpuPagedKvCache& kv, int layer, int head, int n, Scratch& sc) const {
   // Attention mass of each page for each query row (softmax over the candidate pages,
   // dequantized K as attention sees it), summed over the rows.
   const HackPageLayout& layout = kv.hack_layout(layer);
@@ -113,7 +69,7 @@ void PageSelector::score_oracle(const PagedKvCache& kv, int layer, int head, int
   }
 }
 
-int PageSelector::choose(const PagedKvCache& kv, const AttentionPlan& plan, int item, int head, int layer,
+int CpuPageSelector::choose(const CpuPagedKvCache& kv, const AttentionPlan& plan, int item, int head, int layer,
                          const float* q, size_t q_stride, Scratch& sc) const {
   const PlanItem& it = plan.items[static_cast<size_t>(item)];
   const std::span<const PlanSegment> segs = plan.segments_of(item);
@@ -231,7 +187,7 @@ int PageSelector::choose(const PagedKvCache& kv, const AttentionPlan& plan, int 
   return tokens;
 }
 
-void PageSelector::Scratch::reserve(size_t pages_n, size_t q_floats, size_t head_dim) {
+void CpuPageSelector::Scratch::reserve(size_t pages_n, size_t q_floats, size_t head_dim) {
   if (keep.capacity() < pages_n) {
     for (auto* v : {&order, &groups, &chosen}) v->reserve(pages_n);
     for (auto* v : {&scores, &group_scores}) v->reserve(pages_n);
@@ -243,7 +199,7 @@ void PageSelector::Scratch::reserve(size_t pages_n, size_t q_floats, size_t head
     if (v->capacity() < head_dim) v->reserve(head_dim);
 }
 
-void PageSelector::select(const PagedKvCache& kv, AttentionPlan& plan, const PlanPolicy& policy, int layer,
+void CpuPageSelector::select(const CpuPagedKvCache& kv, AttentionPlan& plan, const PlanPolicy& policy, int layer,
                           const float* q, size_t q_stride, ThreadPool& pool) {
   const int H = plan.num_kv_heads;
   const size_t items = plan.items.size(), cells = items * static_cast<size_t>(H);
@@ -303,7 +259,7 @@ void PageSelector::select(const PagedKvCache& kv, AttentionPlan& plan, const Pla
   build_plan_tasks(plan, policy);
 }
 
-void PageSelector::measure_sharing(const PagedKvCache& kv, const AttentionPlan& plan, int layer, const float* q,
+void CpuPageSelector::measure_sharing(const CpuPagedKvCache& kv, const AttentionPlan& plan, int layer, const float* q,
                                    size_t q_stride) {
   if (scratch_.empty()) scratch_.resize(1);
   Scratch& sc = scratch_.front();

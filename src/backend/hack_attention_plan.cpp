@@ -1,4 +1,4 @@
-#include "hack/kv/hack_attention_plan.h"
+#include "hack/backend/hack_attention_plan.h"
 
 #include <algorithm>
 #include <cstddef>

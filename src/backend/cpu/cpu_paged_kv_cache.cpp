@@ -1,4 +1,4 @@
-#include "hack/kv/paged_kv_cache.h"
+#include "hack/backend/cpu_paged_kv_cache.h"
 
 #include <immintrin.h>
 
@@ -28,7 +28,7 @@ void check_select(const PageSelectOptions& select, KvMode mode) {
 
 }  // namespace
 
-PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
+CpuPagedKvCache::CpuPagedKvCache(const KvShape& shape, const KvCacheOptions& options)
     : shape_(shape),
       options_(options),
       kernels_(&cpu::hack_attention_kernels(options.isa.value_or(cpu_isa()))),
@@ -111,11 +111,11 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options)
   if (options.sinks > 0) sink_pool_ = std::make_unique<PagePool>(static_cast<size_t>(options.sinks) * widest_token * 2);
 }
 
-PagedKvCache::~PagedKvCache() {
+CpuPagedKvCache::~CpuPagedKvCache() {
   for (auto& [id, s] : sequences_) release_pages(*s);
 }
 
-std::string PagedKvCache::name() const {
+std::string CpuPagedKvCache::name() const {
   if (options_.mode == KvMode::hack && !options_.layer_bits.empty()) return "hack-per-layer";
   if (options_.mode == KvMode::hack)
     return options_.k_bits == options_.v_bits ? fmt::format("hack-{}bit", options_.k_bits)
@@ -123,19 +123,19 @@ std::string PagedKvCache::name() const {
   return options_.fp_dtype == DType::f32 ? "fp32-paged" : "bf16-paged";
 }
 
-PagedKvCache::Sequence& PagedKvCache::get(int seq_id) {
+CpuPagedKvCache::Sequence& CpuPagedKvCache::get(int seq_id) {
   auto it = sequences_.find(seq_id);
   HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
   return *it->second;
 }
 
-const PagedKvCache::Sequence& PagedKvCache::get(int seq_id) const {
+const CpuPagedKvCache::Sequence& CpuPagedKvCache::get(int seq_id) const {
   auto it = sequences_.find(seq_id);
   HACK_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id);
   return *it->second;
 }
 
-size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
+size_t CpuPagedKvCache::reserve_bytes_for(int max_tokens) const {
   const int T = options_.block_tokens;
   size_t per_layer;
   size_t total = 0;
@@ -156,12 +156,12 @@ size_t PagedKvCache::reserve_bytes_for(int max_tokens) const {
   return total;
 }
 
-void PagedKvCache::add_sequence(int seq_id, int max_tokens) {
+void CpuPagedKvCache::add_sequence(int seq_id, int max_tokens) {
   blocks_.add_sequence(seq_id, max_tokens);  // checks the id, the count and the budget
   add_pages(seq_id);
 }
 
-void PagedKvCache::add_pages(int seq_id) {
+void CpuPagedKvCache::add_pages(int seq_id) {
   auto s = std::make_unique<Sequence>();
   s->layers.resize(static_cast<size_t>(shape_.num_layers));
   for (size_t l = 0; l < s->layers.size(); ++l) {  // no reallocation on the decode path
@@ -172,11 +172,11 @@ void PagedKvCache::add_pages(int seq_id) {
   sequences_.emplace(seq_id, std::move(s));
 }
 
-bool PagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
+bool CpuPagedKvCache::try_extend_sequence(int seq_id, int max_tokens) {
   return blocks_.try_extend_sequence(seq_id, max_tokens);
 }
 
-void PagedKvCache::release_pages(Sequence& s) {
+void CpuPagedKvCache::release_pages(Sequence& s) {
   for (auto& lp : s.layers) {  // the closed pages are the block manager's
     for (PageRef p : lp.pending) open_pool_->release(p);
     lp.pending.clear();
@@ -186,7 +186,7 @@ void PagedKvCache::release_pages(Sequence& s) {
   }
 }
 
-void PagedKvCache::remove_sequence(int seq_id) {
+void CpuPagedKvCache::remove_sequence(int seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return;
   release_pages(*it->second);
@@ -194,7 +194,7 @@ void PagedKvCache::remove_sequence(int seq_id) {
   sequences_.erase(it);
 }
 
-void PagedKvCache::write_exact(int layer, std::byte* page, int capacity, int slot, const float* k, const float* v) const {
+void CpuPagedKvCache::write_exact(int layer, std::byte* page, int capacity, int slot, const float* k, const float* v) const {
   const ExactLayout& e = exact_[static_cast<size_t>(layer)];
   const size_t cap = static_cast<size_t>(capacity), at = static_cast<size_t>(slot);
   auto put = [&](size_t offset, const float* src, int n) {
@@ -212,7 +212,7 @@ void PagedKvCache::write_exact(int layer, std::byte* page, int capacity, int slo
   }
 }
 
-void PagedKvCache::copy_exact_page(int layer, const std::byte* from, std::byte* to, int capacity, int count) const {
+void CpuPagedKvCache::copy_exact_page(int layer, const std::byte* from, std::byte* to, int capacity, int count) const {
   const ExactLayout& e = exact_[static_cast<size_t>(layer)];
   const size_t cap = static_cast<size_t>(capacity), n = static_cast<size_t>(count);
   for (int h = 0; h < shape_.num_kv_heads; ++h) {
@@ -222,7 +222,7 @@ void PagedKvCache::copy_exact_page(int layer, const std::byte* from, std::byte* 
   }
 }
 
-void PagedKvCache::quantize_pending(int seq_id, int layer, const KnownPages* known) {
+void CpuPagedKvCache::quantize_pending(int seq_id, int layer, const KnownPages* known) {
   const int T = options_.block_tokens;
   LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   // The blocks that have left the recent window (the block manager's rule, the same on
@@ -288,7 +288,7 @@ void PagedKvCache::quantize_pending(int seq_id, int layer, const KnownPages* kno
   lp.pending.erase(lp.pending.begin(), lp.pending.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
-void PagedKvCache::quantize_block(int layer, const std::byte* block, int64_t first, std::byte* page) const {
+void CpuPagedKvCache::quantize_block(int layer, const std::byte* block, int64_t first, std::byte* page) const {
   const size_t T = static_cast<size_t>(options_.block_tokens);
   const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
   const ExactLayout& e = exact_[static_cast<size_t>(layer)];
@@ -302,7 +302,7 @@ void PagedKvCache::quantize_block(int layer, const std::byte* block, int64_t fir
   }
 }
 
-void PagedKvCache::peek_block_page(int seq_id, int layer, int block, std::byte* page) const {
+void CpuPagedKvCache::peek_block_page(int seq_id, int layer, int block, std::byte* page) const {
   HACK_CHECK(options_.mode == KvMode::hack, "peek_block_page: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   const LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
@@ -318,13 +318,13 @@ void PagedKvCache::peek_block_page(int seq_id, int layer, int block, std::byte* 
                  options_.sinks + static_cast<int64_t>(block) * options_.block_tokens, page);
 }
 
-void PagedKvCache::begin_prefill(int seq_id) { blocks_.begin_prefill(seq_id); }
+void CpuPagedKvCache::begin_prefill(int seq_id) { blocks_.begin_prefill(seq_id); }
 
-void PagedKvCache::end_prefill(int seq_id) {
+void CpuPagedKvCache::end_prefill(int seq_id) {
   if (blocks_.end_prefill(seq_id)) close_pending_blocks(seq_id);
 }
 
-void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
+void CpuPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, const float* k, const float* v) {
   blocks_.check_append(seq_id, layer, start_pos, n_tokens);
   LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   const int T = options_.block_tokens;
@@ -358,7 +358,7 @@ void PagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens, co
   blocks_.record_append(seq_id, layer, n_tokens);
 }
 
-PagedKvCache::Segment PagedKvCache::resolve(const CpuLayerView& view, const PlanSegment& s) const {
+CpuPagedKvCache::Segment CpuPagedKvCache::resolve(const CpuLayerView& view, const PlanSegment& s) const {
   const int T = options_.block_tokens;
   const LayerPages& lp = *view.exact;
   switch (s.slot) {
@@ -375,7 +375,7 @@ PagedKvCache::Segment PagedKvCache::resolve(const CpuLayerView& view, const Plan
   return {s.first_token, s.tokens, false, lp.open.data, T};
 }
 
-cpu::ExactHeadView PagedKvCache::exact_view(int layer, const Segment& seg, int kv_head) const {
+cpu::ExactHeadView CpuPagedKvCache::exact_view(int layer, const Segment& seg, int kv_head) const {
   const ExactLayout& e = exact_[static_cast<size_t>(layer)];
   const size_t cap = static_cast<size_t>(seg.capacity);
   cpu::ExactHeadView view;
@@ -390,16 +390,16 @@ cpu::ExactHeadView PagedKvCache::exact_view(int layer, const Segment& seg, int k
   return view;
 }
 
-HackLayerBits PagedKvCache::layer_bits(int layer) const {
+HackLayerBits CpuPagedKvCache::layer_bits(int layer) const {
   const HackPageLayout& l = layouts_.at(static_cast<size_t>(layer));
   return {l.k_bits(), l.v_bits()};
 }
 
-cpu::HackHeadView PagedKvCache::hack_view(int layer, const std::byte* page, int kv_head) const {
+cpu::HackHeadView CpuPagedKvCache::hack_view(int layer, const std::byte* page, int kv_head) const {
   return hack_head_view(layouts_[static_cast<size_t>(layer)], page, kv_head);
 }
 
-size_t PagedKvCache::work_floats() const {
+size_t CpuPagedKvCache::work_floats() const {
   size_t w = cpu::exact_block_work_floats(std::max(options_.block_tokens, options_.sinks));
   for (const HackPageLayout& layout : layouts_)
     for (int h = 0; h < layout.num_heads(); ++h) {
@@ -409,13 +409,13 @@ size_t PagedKvCache::work_floats() const {
   return align16(w);
 }
 
-size_t PagedKvCache::attend_scratch_floats(int n_tokens, int) const {
+size_t CpuPagedKvCache::attend_scratch_floats(int n_tokens, int) const {
   const size_t rows = static_cast<size_t>(std::max(1, n_tokens)) * static_cast<size_t>(shape_.group_size);
   const size_t d = static_cast<size_t>(shape_.head_dim);
   return align16(rows * d) * 2 + align16(rows) * 3 + work_floats() + 16;
 }
 
-void PagedKvCache::attend_segments(const CpuLayerView& lv, std::span<const PlanSegment> segments, const int* selection,
+void CpuPagedKvCache::attend_segments(const CpuLayerView& lv, std::span<const PlanSegment> segments, const int* selection,
                                    int seg_begin, int seg_end, int head_begin, int head_end, int start_pos,
                                    int n_tokens, const cpu::AttentionRows* rows, float* work) const {
   const int G = shape_.group_size;
@@ -470,7 +470,7 @@ void PagedKvCache::attend_segments(const CpuLayerView& lv, std::span<const PlanS
   }
 }
 
-void PagedKvCache::attend_dequantized(int layer, const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
+void CpuPagedKvCache::attend_dequantized(int layer, const std::byte* page, int kv_head, const cpu::AttentionRows& rows,
                                       float* work) const {
   const HackPageLayout& layout = layouts_[static_cast<size_t>(layer)];
   const HackHeadLayout& hl = layout.head(kv_head);
@@ -493,7 +493,7 @@ void PagedKvCache::attend_dequantized(int layer, const std::byte* page, int kv_h
   kernels_->exact_block(view, rows, work);
 }
 
-void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q,
+void CpuPagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int n_tokens, const float* q,
                           size_t q_row_stride, float* out, size_t out_row_stride, float scale, float* scratch) const {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers && kv_head >= 0 && kv_head < shape_.num_kv_heads,
              "attend: layer {} / KV head {} out of range", layer, kv_head);
@@ -537,7 +537,7 @@ void PagedKvCache::attend(int layer, int seq_id, int kv_head, int start_pos, int
 }
 
 // What the tasks of one run() share.
-struct PagedKvCache::RunContext {
+struct CpuPagedKvCache::RunContext {
   const AttentionPlan& plan;
   const AttentionWorkspace& ws;
   const float* q;
@@ -550,7 +550,7 @@ struct PagedKvCache::RunContext {
   int layer;
 };
 
-cpu::AttentionRows PagedKvCache::task_rows(const RunContext& c, const PlanTask& t, int head, const float* qs) const {
+cpu::AttentionRows CpuPagedKvCache::task_rows(const RunContext& c, const PlanTask& t, int head, const float* qs) const {
   const int n = t.n_rows * shape_.group_size;
   const size_t un = static_cast<size_t>(n);
   float* st = c.states + t.state + static_cast<size_t>(head - t.head_begin) * plan_head_state_floats(n, c.v_dim);
@@ -558,7 +558,7 @@ cpu::AttentionRows PagedKvCache::task_rows(const RunContext& c, const PlanTask& 
                             reinterpret_cast<int*>(st + 2 * un), st, st + un, st + align16(3 * un)};
 }
 
-void PagedKvCache::finish_rows(const RunContext& c, const PlanTask& t, const cpu::AttentionRows& rows, int head) const {
+void CpuPagedKvCache::finish_rows(const RunContext& c, const PlanTask& t, const cpu::AttentionRows& rows, int head) const {
   const PlanItem& it = c.plan.items[static_cast<size_t>(t.item)];
   const size_t G = static_cast<size_t>(shape_.group_size), d = static_cast<size_t>(shape_.head_dim);
   for (int r = 0; r < t.n_rows; ++r) {
@@ -585,7 +585,7 @@ bool same_unit(const PlanTask& a, const PlanTask& b) {
 
 }  // namespace
 
-void PagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float* work) const {
+void CpuPagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float* work) const {
   const AttentionPlan& p = c.plan;
   const PlanTask& t = p.tasks[index];
   const PlanItem& it = p.items[static_cast<size_t>(t.item)];
@@ -620,7 +620,7 @@ void PagedKvCache::run_task(const RunContext& c, size_t index, float* qs, float*
   }
 }
 
-void PagedKvCache::merge_splits(const RunContext& c) const {
+void CpuPagedKvCache::merge_splits(const RunContext& c) const {
   const std::vector<PlanTask>& tasks = c.plan.tasks;
   for (size_t t = 0; t < tasks.size();) {
     size_t u = t + 1;
@@ -636,7 +636,7 @@ void PagedKvCache::merge_splits(const RunContext& c) const {
   }
 }
 
-void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, size_t q_stride, float* out,
+void CpuPagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, size_t q_stride, float* out,
                        size_t out_stride, float scale, ThreadPool& pool, AttentionWorkspace& ws) const {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   HACK_CHECK(plan.num_kv_heads == shape_.num_kv_heads && plan.group_size == shape_.group_size,
@@ -676,13 +676,13 @@ void PagedKvCache::run(const AttentionPlan& plan, int layer, const float* q, siz
   merge_splits(c);
 }
 
-void PagedKvCache::set_select_options(const PageSelectOptions& select) {
+void CpuPagedKvCache::set_select_options(const PageSelectOptions& select) {
   check_select(select, options_.mode);
   options_.select = select;
   blocks_.set_options(options_);
 }
 
-void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {
+void CpuPagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max_tokens) {
   const Sequence& src = get(src_seq);
   // The block manager checks the cut, reserves dst, records its lengths and closed blocks
   // (the closed ones among the first n_tokens) and shares their page ids; the exact pages
@@ -729,26 +729,26 @@ void PagedKvCache::fork_sequence(int src_seq, int dst_seq, int n_tokens, int max
   }
 }
 
-void PagedKvCache::close_pending_blocks(int seq_id) {
+void CpuPagedKvCache::close_pending_blocks(int seq_id) {
   if (options_.mode != KvMode::hack) return;
   for (int l = 0; l < shape_.num_layers; ++l) quantize_pending(seq_id, l);
 }
 
-void PagedKvCache::close_pending_blocks(int seq_id, int layer) {
+void CpuPagedKvCache::close_pending_blocks(int seq_id, int layer) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   if (options_.mode != KvMode::hack) return;
   quantize_pending(seq_id, layer);
 }
 
-void PagedKvCache::close_pending_blocks(int seq_id, int layer, const KnownPages& known) {
+void CpuPagedKvCache::close_pending_blocks(int seq_id, int layer, const KnownPages& known) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   if (options_.mode != KvMode::hack) return;
   quantize_pending(seq_id, layer, &known);
 }
 
-DType PagedKvCache::exact_dtype() const { return options_.mode == KvMode::fp ? options_.fp_dtype : DType::bf16; }
+DType CpuPagedKvCache::exact_dtype() const { return options_.mode == KvMode::fp ? options_.fp_dtype : DType::bf16; }
 
-const std::byte* PagedKvCache::exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,
+const std::byte* CpuPagedKvCache::exact_location(const LayerPages& lp, int seq_id, int layer, int pos, int& slot,
                                               int& capacity) const {
   const int length = blocks_.length(seq_id, layer);
   HACK_CHECK(pos >= 0 && pos < length, "sequence {} layer {}: token {} is not stored ({} tokens)", seq_id, layer, pos,
@@ -774,7 +774,7 @@ const std::byte* PagedKvCache::exact_location(const LayerPages& lp, int seq_id, 
   return b < lp.pending.size() ? lp.pending[b].data : lp.open.data;
 }
 
-void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k,
+void CpuPagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int n_tokens, std::byte* k,
                                      std::byte* v) const {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   HACK_CHECK(n_tokens >= 0, "copy_exact_tokens: negative token count {}", n_tokens);
@@ -804,7 +804,7 @@ void PagedKvCache::copy_exact_tokens(int seq_id, int layer, int first_token, int
   }
 }
 
-void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {
+void CpuPagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& kept) {
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   LayerPages& lp = get(seq_id).layers[static_cast<size_t>(layer)];
   HACK_CHECK(options_.mode == KvMode::fp || (blocks_.prefilling(seq_id) && blocks_.pages(seq_id, layer).empty()),
@@ -824,9 +824,9 @@ void PagedKvCache::keep_tokens(int seq_id, int layer, const std::vector<int>& ke
   blocks_.set_observer(seq_id, observer);
 }
 
-double PagedKvCache::bytes_per_token() const { return kv_bytes_per_token(shape_, options_); }
+double CpuPagedKvCache::bytes_per_token() const { return kv_bytes_per_token(shape_, options_); }
 
-size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
+size_t CpuPagedKvCache::attend_bytes(int seq_id, int layer) const {
   const size_t exact_token = exact_[static_cast<size_t>(layer)].token_elems * exact_elem_bytes_;
   std::vector<PlanSegment> segments;
   blocks_.list_segments(blocks_.length(seq_id, layer), blocks_.closed_blocks(seq_id, layer), segments);
@@ -837,34 +837,34 @@ size_t PagedKvCache::attend_bytes(int seq_id, int layer) const {
   return bytes;
 }
 
-std::span<const uint32_t> PagedKvCache::hack_pages(int seq_id, int layer) const {
+std::span<const uint32_t> CpuPagedKvCache::hack_pages(int seq_id, int layer) const {
   HACK_CHECK(options_.mode == KvMode::hack, "hack_pages: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "hack_pages: layer {} out of range", layer);
   return blocks_.pages(seq_id, layer);
 }
 
-std::span<const std::byte> PagedKvCache::hack_page(int seq_id, int layer, int index) const {
+std::span<const std::byte> CpuPagedKvCache::hack_page(int seq_id, int layer, int index) const {
   const std::span<const uint32_t> ids = hack_pages(seq_id, layer);
   HACK_CHECK(index >= 0 && index < static_cast<int>(ids.size()), "hack_page: no page {}", index);
   return {page_data(layer, ids[static_cast<size_t>(index)]), pages_of(layer).page_bytes()};
 }
 
-std::span<const std::byte> PagedKvCache::host_hack_page(int seq_id, int layer, int index) const {
+std::span<const std::byte> CpuPagedKvCache::host_hack_page(int seq_id, int layer, int index) const {
   return hack_page(seq_id, layer, index);
 }
 
-void PagedKvCache::read_hack_page(int seq_id, int layer, int index, std::byte* page) const {
+void CpuPagedKvCache::read_hack_page(int seq_id, int layer, int index, std::byte* page) const {
   const std::span<const std::byte> bytes = hack_page(seq_id, layer, index);
   std::memcpy(page, bytes.data(), bytes.size());
 }
 
-int PagedKvCache::page_ref_count(int seq_id, int layer, int index) const {
+int CpuPagedKvCache::page_ref_count(int seq_id, int layer, int index) const {
   return blocks_.page_ref_count(seq_id, layer, index);
 }
 
-void PagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) { blocks_.set_observer(seq_id, observer); }
+void CpuPagedKvCache::set_append_observer(int seq_id, KvAppendObserver* observer) { blocks_.set_observer(seq_id, observer); }
 
-void PagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, size_t size) {
+void CpuPagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, size_t size) {
   HACK_CHECK(options_.mode == KvMode::hack, "append_hack_page: cache is in fp mode");
   HACK_CHECK(layer >= 0 && layer < shape_.num_layers, "layer {} out of range", layer);
   layouts_[static_cast<size_t>(layer)].validate(bytes, size);
@@ -889,7 +889,7 @@ void PagedKvCache::append_hack_page(int layer, int seq_id, const void* bytes, si
   blocks_.close_blocks(seq_id, layer, id);
 }
 
-KvCacheStats PagedKvCache::stats() const {
+KvCacheStats CpuPagedKvCache::stats() const {
   KvCacheStats st;
   st.sequences = blocks_.sequence_count();
   st.tokens = blocks_.token_count();
@@ -907,7 +907,7 @@ KvCacheStats PagedKvCache::stats() const {
   return st;
 }
 
-size_t PagedKvCache::release_free_slabs() {
+size_t CpuPagedKvCache::release_free_slabs() {
   size_t released = 0;
   for (const auto& p : block_pools_) released += p->release_free_slabs();
   for (PagePool* p : {open_pool_.get(), sink_pool_.get()}) {
@@ -916,8 +916,8 @@ size_t PagedKvCache::release_free_slabs() {
   return released;
 }
 
-std::unique_ptr<PagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options) {
-  return std::make_unique<PagedKvCache>(shape, options);
+std::unique_ptr<CpuPagedKvCache> make_paged_kv_cache(const KvShape& shape, const KvCacheOptions& options) {
+  return std::make_unique<CpuPagedKvCache>(shape, options);
 }
 
 }  // namespace hack

@@ -1,6 +1,6 @@
 // Host planning of HACK device work: the flat page geometry agrees with HackPageLayout,
 // and the split-K plan fills the device without empty ranges.
-#include "hack/kv/hack_attention_plan.h"
+#include "hack/backend/hack_attention_plan.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>
