@@ -111,14 +111,17 @@ DeviceMatrix upload_matrix(const Tensor& t, int out, int in, int device, const c
     HACK_CUDA_CHECK(cudaMemcpy(m.buffer.data(), t.raw(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
     return m;
   }
-  // Other dtypes: convert to bf16 (round to nearest even) a slab at a time.
+  // Other dtypes (f32, f16, and a GGUF's quantized blocks, which the device runs as bf16):
+  // convert or dequantize to bf16 (round to nearest even) a slab at a time. A slab of 2^20
+  // elements is a whole number of blocks (32 or 256), and so is the rest (rows are whole
+  // blocks), so every slab starts on a block.
   constexpr size_t kSlab = size_t{1} << 20;
+  static_assert(kSlab % 256 == 0);
   std::vector<float> f(std::min(n, kSlab));
   std::vector<uint16_t> h(f.size());
-  const size_t elem = dtype_size(t.dtype());
   for (size_t off = 0; off < n; off += kSlab) {
     const size_t count = std::min(kSlab, n - off);
-    convert_to_f32(t.dtype(), static_cast<const char*>(t.raw()) + off * elem, f.data(), count);
+    convert_to_f32(t.dtype(), static_cast<const char*>(t.raw()) + dtype_bytes(t.dtype(), off), f.data(), count);
     for (size_t i = 0; i < count; ++i) h[i] = f32_to_bf16(f[i]);
     HACK_CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(m.buffer.data()) + off, h.data(), count * sizeof(uint16_t),
                                cudaMemcpyHostToDevice));
