@@ -59,11 +59,11 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   if (integer_or("expert_count", 0) != 0)
     fail("{}: mixture-of-experts {} ({}) is not supported", f.source(), arch.name, key("expert_count"));
 
-  const GgufValue* tokens = f.find("tokenizer.ggml.tokens");
+  // The vocabulary the model computes logits over is the embedding's rows (a tokenizer may
+  // have fewer tokens than a padded embedding); <arch>.vocab_size, when given, must agree.
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   HACK_CHECK(embd != nullptr && embd->ne.size() == 2, "{}: tensor token_embd.weight is missing or not 2-D", f.source());
-  const int64_t vocab = integer_or("vocab_size", tokens ? static_cast<int64_t>(tokens->items.size())
-                                                        : static_cast<int64_t>(embd->ne[1]));
+  const int64_t vocab = integer_or("vocab_size", static_cast<int64_t>(embd->ne[1]));
   nlohmann::json c = {
       {"architectures", {std::string(arch.hf_class)}},
       {"model_type", std::string(arch.name)},
