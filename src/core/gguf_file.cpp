@@ -2,6 +2,7 @@
 // count or length from the file is never trusted before the bytes it promises are there.
 #include "hack/core/gguf_file.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <fstream>
@@ -392,7 +393,9 @@ Tensor GgufFile::tensor(const GgufTensorInfo& t) const {
                source_, t.name, n);
     shape[static_cast<size_t>(d)] = static_cast<int64_t>(n);
   }
-  const unsigned char* data = bytes_.data() + data_offset_ + t.offset;
+  // Every tensor with bytes lies inside the file (checked in parse); an empty one may name an
+  // offset at or past the end, which is clamped so no pointer is formed outside the mapping.
+  const unsigned char* data = bytes_.data() + std::min<uint64_t>(data_offset_ + t.offset, bytes_.size());
   // Block and 16-bit types hold u16 fields, f32 floats: the views read them in place.
   const size_t align = dtype_is_quantized(*info.dtype) ? 2 : dtype_size(*info.dtype);
   HACK_CHECK(reinterpret_cast<uintptr_t>(data) % align == 0, "{}: tensor {}: data at file offset {} is not {}-byte aligned",
