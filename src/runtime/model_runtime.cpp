@@ -22,7 +22,7 @@ void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   flags.add_string("weights", &c.weights,
                    "a GGUF's block-quantized matrices: native (kept as blocks and multiplied as llama.cpp does, int8 "
                    "activations per block) or dequant (converted to f32 at load: exact values, 4-8x the memory; for "
-                   "equality tests; --device cuda always dequantizes, to bf16 on the device)");
+                   "equality tests; --device cuda dequantizes the blocks to bf16 as it uploads them)");
   flags.add_string("synthetic", &c.synthetic, "instead of --model: random weights of a named shape (benchmarks)");
   flags.add_string("device", &c.device,
                    "cpu or cuda (cuda: bf16 weights and a pre-allocated paged KV pool on GPU 0, pages of --hack-block "
@@ -76,11 +76,10 @@ namespace {
 
 void load_model(const ModelRuntimeConfig& c, ModelRuntime& rt) {
   if (c.synthetic.empty()) {
-    // The CUDA backend uploads f32/f16/bf16 matrices (as bf16); a GGUF's blocks reach it
-    // dequantized at load (DESIGN §2: the device dequantizes at load unless it has kernels).
-    const WeightFormat asked = parse_weight_format(c.weights);
-    const WeightFormat format = rt.device == DeviceKind::cuda ? WeightFormat::dequant : asked;
-    rt.model = Model::load(c.model, format);
+    // --device cuda: the backend dequantizes a GGUF's blocks to bf16 as it uploads them
+    // (DESIGN §2: the device dequantizes at load unless it has kernels), so the host keeps the
+    // mapped blocks, not an f32 copy.
+    rt.model = Model::load(c.model, parse_weight_format(c.weights));
     if (is_gguf_file(c.model) || std::filesystem::exists(std::filesystem::path(c.model) / "tokenizer.json")) {
       rt.tokenizer = Tokenizer::load(c.model);
       rt.constraints = std::make_shared<const grammar::GrammarConstraintFactory>(
