@@ -8,10 +8,14 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "hack/core/error.h"
+#include "hack/core/read_file.h"
 #include "hack/tokenizer/chat_template.h"
 #include "hack/tokenizer/tokenizer.h"
 #include "support/gguf_writer.h"
+#include "support/test_support.h"
 
 using namespace hack;
 using Catch::Contains;
@@ -101,4 +105,57 @@ TEST_CASE("gguf tokenizer: unsupported models and malformed vocabularies are ref
   types.kv_array("tokenizer.ggml.token_type", GgufWriter::i32, std::vector<int32_t>{1});
   types.kv_strings("tokenizer.ggml.merges", {"a b"});
   CHECK_THAT(error_of(types), Contains("tokenizer.ggml.token_type has 1 entries for 2 tokens"));
+}
+
+// A GGUF laid out as llama.cpp's convert_hf_to_gguf.py writes a Qwen tokenizer (tokens by id,
+// merges as "a b", added special tokens CONTROL and the others USER_DEFINED, pre "qwen2"),
+// made here from Qwen3's tokenizer.json (whose normalizer and pre-tokenizer are Qwen2's), must
+// encode the 10,000 strings of the qwen3 goldens as HF tokenizers did (an independent
+// implementation, scripts/make_tokenizer_goldens.py): the qwen2 pre-tokenizer mapping checked on
+// a real 151k vocabulary.
+TEST_CASE("gguf tokenizer: a Qwen vocabulary with pre qwen2 encodes as HF tokenizers", "[tokenizer][gguf][golden]") {
+  const std::filesystem::path dir = test::shared_fixtures_dir() / "tokenizers" / "qwen3";
+  const nlohmann::json tok = nlohmann::json::parse(read_file(dir / "tokenizer.json", "fixture"));
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  auto put = [&](size_t id, const std::string& text, int32_t type) {
+    if (tokens.size() <= id) {
+      for (size_t i = tokens.size(); i <= id; ++i) tokens.push_back("[PAD" + std::to_string(i) + "]");
+      types.resize(tokens.size(), 4);  // llama.cpp pads missing ids with USER_DEFINED [PADn]
+    }
+    tokens[id] = text;
+    types[id] = type;
+  };
+  for (const auto& [text, id] : tok["model"]["vocab"].items()) put(id.get<size_t>(), text, 1);
+  for (const auto& a : tok["added_tokens"]) put(a["id"].get<size_t>(), a["content"], a["special"].get<bool>() ? 3 : 4);
+  std::vector<std::string> merges;
+  for (const auto& m : tok["model"]["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  GgufWriter w;
+  w.kv_string("general.architecture", "qwen2");
+  w.kv_string("tokenizer.ggml.model", "gpt2");
+  w.kv_string("tokenizer.ggml.pre", "qwen2");
+  w.kv_strings("tokenizer.ggml.tokens", tokens);
+  w.kv_array("tokenizer.ggml.token_type", GgufWriter::i32, types);
+  w.kv_strings("tokenizer.ggml.merges", merges);
+  w.kv_scalar("tokenizer.ggml.eos_token_id", GgufWriter::u32, uint32_t{151645});
+  w.kv_scalar("tokenizer.ggml.add_bos_token", GgufWriter::boolean, uint8_t{0});
+  TempFile f;
+  w.write(f.path);
+  const Tokenizer t = Tokenizer::load(f.path);
+  CHECK(t.eos_token() == "<|im_end|>");
+  CHECK_FALSE(t.add_bos_token());
+
+  const nlohmann::json golden =
+      nlohmann::json::parse(read_file(test::fixtures_dir() / "tokenizers" / "goldens" / "qwen3.json", "fixture"));
+  size_t checked = 0, wrong = 0;
+  for (const auto& c : golden["encode"]) {
+    const std::string text = c["text"];
+    const std::vector<int> want = c["ids"].get<std::vector<int>>();
+    const std::vector<int> got = t.encode(text, true);  // add_bos false, no eos: the same ids
+    if (got != want && ++wrong <= 3) UNSCOPED_INFO("text " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    ++checked;
+  }
+  CHECK(checked == 10000);
+  CHECK(wrong == 0);
 }
