@@ -9,7 +9,7 @@
 #   scripts/local-cluster.sh run      start, then stay in the foreground until Ctrl-C, then stop
 #
 # Settings (environment): MODEL (models/smollm2-135m-instruct; models/hack-tiny is the small
-# bundled one; a llama/qwen2 GGUF file, e.g. .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf, is
+# bundled one; a llama/qwen2/qwen3 GGUF file, e.g. .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf, is
 # read natively), PREFILL (1), DECODE (1), PORT (8000,
 # router), PREFILL_PORT (8200: prefill node i listens on PREFILL_PORT+i), DECODE_PORT (8300),
 # KV (hack | fp), VAULT (1: start hack-vault on VAULT_PORT (8400, UCX on VAULT_PORT+1) and

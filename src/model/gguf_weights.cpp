@@ -19,16 +19,18 @@ struct GgufArch {
   bool permuted_qk;  // convert_hf_to_gguf.py interleaved each head's RoPE halves in attn_q/attn_k
   bool biases;       // attn_{q,k,v}.bias
 };
+// qwen3's per-head q/k norms (attn_q_norm, attn_k_norm) follow from its config (qk_norm).
 constexpr GgufArch kArchs[] = {
     {"llama", "LlamaForCausalLM", true, false},
     {"qwen2", "Qwen2ForCausalLM", false, true},
+    {"qwen3", "Qwen3ForCausalLM", false, false},
 };
 
 const GgufArch& arch_of(const GgufFile& f) {
   const std::string& name = f.at("general.architecture").as_string("general.architecture");
   for (const GgufArch& a : kArchs)
     if (a.name == name) return a;
-  fail("{}: architecture '{}' is not supported (llama and qwen2 are)", f.source(), name);
+  fail("{}: architecture '{}' is not supported (llama, qwen2 and qwen3 are)", f.source(), name);
 }
 
 }  // namespace
@@ -89,6 +91,7 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
   }
+  if (arch.name == "qwen3") c["attention_bias"] = false;  // llama.cpp's qwen3 has no attention biases
   return parse_model_config(c.dump(), f.source());
 }
 
@@ -202,6 +205,10 @@ Model load_gguf_model(const GgufFile& f, WeightFormat format) {
       l.bq = r.vector(p + "attn_q.bias", q);
       l.bk = r.vector(p + "attn_k.bias", kv);
       l.bv = r.vector(p + "attn_v.bias", kv);
+    }
+    if (c.qk_norm) {
+      l.q_norm = r.vector(p + "attn_q_norm.weight", hd);
+      l.k_norm = r.vector(p + "attn_k_norm.weight", hd);
     }
     l.ffn_norm = r.vector(p + "ffn_norm.weight", h);
     l.w_gate = r.matrix(p + "ffn_gate.weight", ffn, h);

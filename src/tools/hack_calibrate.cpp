@@ -272,7 +272,7 @@ int run(int argc, char** argv) {
                       "fdc.safetensors beside the model. --fdc scores FDC alone over an fp32 cache unless --kv is "
                       "given (--kv hack: FDC + HACK).",
                       "HACK_CALIBRATE");
-  flags.add_string("model", &c.model, "Hugging Face model directory, or a llama/qwen2 GGUF file (read natively; "
+  flags.add_string("model", &c.model, "Hugging Face model directory, or a llama/qwen2/qwen3 GGUF file (read natively; "
                    "the outputs then go beside it as FILE.gguf.hack_kv.json, FILE.gguf.fdc.safetensors)");
   flags.add_bool("hack", &c.hack, "calibrate HACK bit widths per layer");
   flags.add_bool("fdc", &c.fdc, "calibrate FDC (dimensionality compression) ranks per KV head");

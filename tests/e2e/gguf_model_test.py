@@ -124,7 +124,7 @@ class GgufModelTest(unittest.TestCase):
         w.close()
         r = hack_run(phi, "--prompt", "x")
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("architecture 'phi3' is not supported (llama and qwen2 are)", r.stderr)
+        self.assertIn("architecture 'phi3' is not supported (llama, qwen2 and qwen3 are)", r.stderr)
         cut = os.path.join(_tmp, "cut.gguf")
         with open(GGUF, "rb") as f, open(cut, "wb") as out:
             out.write(f.read(os.path.getsize(GGUF) // 2))

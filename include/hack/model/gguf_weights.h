@@ -1,12 +1,13 @@
 /// @file gguf_weights.h
-/// @brief A llama- or qwen2-architecture GGUF file as a Model: the config from the
+/// @brief A llama-, qwen2- or qwen3-architecture GGUF file as a Model: the config from the
 /// `<arch>.*` metadata, the weights as views of the mapped file (block types stay quantized),
 /// names mapped as llama.cpp's converter wrote them (token_embd, blk.N.attn_q, ...).
 ///
 /// llama.cpp's convert_hf_to_gguf.py interleaves the two RoPE halves of each head in the rows
 /// of attn_q and attn_k of *llama* models (LlamaModel.permute); those two matrices are copied
 /// here with their rows put back in the Hugging Face order (whole rows, so block rows too).
-/// Its qwen2 keeps the Hugging Face order (NEOX RoPE), so nothing is copied for qwen2.
+/// Its qwen2 and qwen3 keep the Hugging Face order (NEOX RoPE), so nothing is copied for them;
+/// qwen3 adds per-head q/k norms (attn_q_norm, attn_k_norm) and has no attention biases.
 #pragma once
 
 #include "hack/model/config.h"

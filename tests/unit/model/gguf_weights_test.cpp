@@ -34,7 +34,7 @@ ModelConfig tiny(ModelArch arch, bool tied) {
   c.tie_word_embeddings = tied;
   c.attention_bias = arch == ModelArch::qwen2;
   c.attention_out_bias = false;
-  c.qk_norm = false;
+  c.qk_norm = arch == ModelArch::qwen3;
   c.rope_theta = 100000.0f;
   c.rms_norm_eps = 1e-5f;
   c.max_position_embeddings = 512;
@@ -85,7 +85,7 @@ Written write_model(ModelArch arch, bool tied) {
     l.w_down = random_q8_0(c.hidden_size, c.intermediate_size, rng);
   }
   GgufWriter& g = w.writer;
-  const std::string a = arch == ModelArch::qwen2 ? "qwen2" : "llama";
+  const std::string a = arch == ModelArch::qwen2 ? "qwen2" : arch == ModelArch::qwen3 ? "qwen3" : "llama";
   g.kv_string("general.architecture", a);
   g.kv_scalar(a + ".block_count", GgufWriter::u32, uint32_t(c.num_layers));
   g.kv_scalar(a + ".context_length", GgufWriter::u32, uint32_t(c.max_position_embeddings));
@@ -118,6 +118,10 @@ Written write_model(ModelArch arch, bool tied) {
       vector(p + "attn_k.bias", l.bk);
       vector(p + "attn_v.bias", l.bv);
     }
+    if (c.qk_norm) {
+      vector(p + "attn_q_norm.weight", l.q_norm);
+      vector(p + "attn_k_norm.weight", l.k_norm);
+    }
     vector(p + "ffn_norm.weight", l.ffn_norm);
     matrix(p + "ffn_gate.weight", l.w_gate);
     matrix(p + "ffn_up.weight", l.w_up);
@@ -135,9 +139,9 @@ bool same(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("gguf model: llama and qwen2 load with the config, weights and row order of the source",
+TEST_CASE("gguf model: llama, qwen2 and qwen3 load with the config, weights and row order of the source",
           "[model][gguf]") {
-  for (ModelArch arch : {ModelArch::llama, ModelArch::qwen2}) {
+  for (ModelArch arch : {ModelArch::llama, ModelArch::qwen2, ModelArch::qwen3}) {
     for (bool tied : {false, true}) {
       INFO(model_arch_name(arch) << (tied ? " tied" : ""));
       test::TempDir dir;
@@ -158,6 +162,7 @@ TEST_CASE("gguf model: llama and qwen2 load with the config, weights and row ord
       CHECK(c.rms_norm_eps == want.rms_norm_eps);
       CHECK(c.tie_word_embeddings == tied);
       CHECK(c.attention_bias == (arch == ModelArch::qwen2));
+      CHECK(c.qk_norm == (arch == ModelArch::qwen3));
       CHECK(c.bos_token_id == 1);
       CHECK(c.eos_token_ids == std::vector<int>{2});
       CHECK(m.directory == dir / "m.gguf");
@@ -184,6 +189,12 @@ TEST_CASE("gguf model: llama and qwen2 load with the config, weights and row ord
           CHECK(same(a.bq, b.bq));
           CHECK(same(a.bk, b.bk));
           CHECK(same(a.bv, b.bv));
+        }
+        CHECK(a.bq.defined() == (arch == ModelArch::qwen2));
+        if (arch == ModelArch::qwen3) {
+          REQUIRE(a.q_norm.defined());
+          CHECK(same(a.q_norm, b.q_norm));
+          CHECK(same(a.k_norm, b.k_norm));
         }
       }
       // --weights dequant: the q8_0 matrices as f32, value for value.
@@ -213,7 +224,7 @@ TEST_CASE("gguf model: unsupported architectures, settings and missing or mis-sh
   {
     GgufWriter w;
     w.kv_string("general.architecture", "phi3");
-    CHECK_THAT(error_of(w), Contains("architecture 'phi3' is not supported (llama and qwen2 are)"));
+    CHECK_THAT(error_of(w), Contains("architecture 'phi3' is not supported (llama, qwen2 and qwen3 are)"));
   }
   {
     Written w = write_model(ModelArch::llama, false);
