@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   flags.add_int("repeats", &repeats, "timed repeats per tier (median reported)");
   flags.add_string("precision", &precision_flag, "matmul precisions: fp32, bf16");
   flags.add_string("isas", &isas_flag, "tiers to force through HACK_CPU_ISA (ones above the CPU's are skipped)");
-  flags.add_string("dtype", &dtype_flag, "weight type: bf16, or a GGUF block type (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k)");
+  flags.add_string("dtype", &dtype_flag, "weight type: bf16, or a GGUF block type (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)");
   std::vector<int> shape, rows_list, threads_list;
   hack::DType wtype = hack::DType::bf16;
   try {

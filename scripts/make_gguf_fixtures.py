@@ -9,7 +9,7 @@ Writes blocks.gguf:
   - metadata of every value type: hack.u8 ... hack.f64, hack.bool, hack.str, an array of
     each scalar type, an array of strings, and a nested array (hack.nested: [[1, 2], [3]]);
     general.alignment 64;
-  - for each block type T in Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K: tensor `T` of shape
+  - for each block type T in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: tensor `T` of shape
     [3 rows, 512 elements] (ggml ne = [512, 3]) with random blocks whose f16 scales include
     extremes (65504, the smallest subnormal 2^-24, 0, negative values, ordinary ones), and an
     F32 tensor `T.expected` of the same shape: gguf.quants.dequantize of those bytes.
@@ -31,6 +31,8 @@ EXTREME_SCALES = np.array([65504.0, 2.0 ** -24, 0.0, -1.5, 6.1e-5, -65504.0, 1e-
 TYPES = [
     (Q.Q4_0, 18, 32, [0]),
     (Q.Q4_1, 20, 32, [0, 2]),
+    (Q.Q5_0, 22, 32, [0]),
+    (Q.Q5_1, 24, 32, [0, 2]),
     (Q.Q8_0, 34, 32, [0]),
     (Q.Q4_K, 144, 256, [0, 2]),
     (Q.Q5_K, 176, 256, [0, 2]),

@@ -104,6 +104,8 @@ QuantDotRowsFn quant_dot_rows(CpuIsa isa, DType w) {
     case DType::q4_k: return t.q4_k_rows;
     case DType::q5_k: return t.q5_k_rows;
     case DType::q6_k: return t.q6_k_rows;
+    case DType::q5_0: return t.q5_0_rows;
+    case DType::q5_1: return t.q5_1_rows;
     default: fail("no quantized dot for {} weights", dtype_name(w));
   }
 }
@@ -117,6 +119,8 @@ QuantDotFn quant_dot(CpuIsa isa, DType w) {
     case DType::q4_k: return t.q4_k;
     case DType::q5_k: return t.q5_k;
     case DType::q6_k: return t.q6_k;
+    case DType::q5_0: return t.q5_0;
+    case DType::q5_1: return t.q5_1;
     default: fail("no quantized dot for {} weights", dtype_name(w));
   }
 }

@@ -6,8 +6,8 @@
 namespace hack::cpu::detail {
 
 struct QuantDotTable {
-  QuantDotFn q4_0, q4_1, q8_0, q4_k, q5_k, q6_k;
-  QuantDotRowsFn q4_0_rows, q4_1_rows, q8_0_rows, q4_k_rows, q5_k_rows, q6_k_rows;
+  QuantDotFn q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, q5_0, q5_1;
+  QuantDotRowsFn q4_0_rows, q4_1_rows, q8_0_rows, q4_k_rows, q5_k_rows, q6_k_rows, q5_0_rows, q5_1_rows;
 };
 
 /// Every f16 value as f32 (256 KiB, built on first use, shared by the ISAs' kernels): a block's

@@ -1,5 +1,7 @@
 // The reference dots on block weights: each block's integer sum exact in int32, then one
 // fp32 multiply-add per block (per super-block for the K-quants) in index order.
+#include <cstring>
+
 #include "hack/core/quant_blocks.h"
 #include "kernels/cpu/quant_dot_kernels.h"
 
@@ -29,6 +31,40 @@ float dot_q4_1(const void* wv, const void* xv, size_t blocks) {
   for (size_t b = 0; b < blocks; ++b) {
     int32_t s = 0;
     for (size_t j = 0; j < 16; ++j) s += (w[b].qs[j] & 0xF) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s) + f16_to_f32(w[b].m) * x[b].s;
+  }
+  return acc;
+}
+
+// Code j (< 32) of a Q5 block (core/quant_blocks.h): nibble | bit j of qh · 16.
+int q5_code(const uint8_t* qs, const uint8_t* qh_bytes, size_t j) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  return (j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4) | static_cast<int>(((qh >> j) & 1u) << 4);
+}
+
+float dot_q5_0(const void* wv, const void* xv, size_t blocks) {
+  const auto* w = static_cast<const BlockQ5_0*>(wv);
+  const auto* x = static_cast<const BlockQ8x32*>(xv);
+  float acc = 0.0f;
+  for (size_t b = 0; b < blocks; ++b) {
+    int32_t s = 0, sum = 0;
+    for (size_t j = 0; j < 32; ++j) {
+      s += q5_code(w[b].qs, w[b].qh, j) * x[b].qs[j];
+      sum += x[b].qs[j];
+    }
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s - 16 * sum);
+  }
+  return acc;
+}
+
+float dot_q5_1(const void* wv, const void* xv, size_t blocks) {
+  const auto* w = static_cast<const BlockQ5_1*>(wv);
+  const auto* x = static_cast<const BlockQ8x32*>(xv);
+  float acc = 0.0f;
+  for (size_t b = 0; b < blocks; ++b) {
+    int32_t s = 0;
+    for (size_t j = 0; j < 32; ++j) s += q5_code(w[b].qs, w[b].qh, j) * x[b].qs[j];
     acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s) + f16_to_f32(w[b].m) * x[b].s;
   }
   return acc;
@@ -135,9 +171,10 @@ void dot_rows(const void* w, const void* x, size_t xs, size_t rows, size_t block
 }  // namespace
 
 const QuantDotTable& quant_dots_scalar() {
-  static constexpr QuantDotTable table{dot_q4_0,           dot_q4_1,           dot_q8_0,           dot_q4_k,
-                                       dot_q5_k,           dot_q6_k,           dot_rows<dot_q4_0>, dot_rows<dot_q4_1>,
-                                       dot_rows<dot_q8_0>, dot_rows<dot_q4_k>, dot_rows<dot_q5_k>, dot_rows<dot_q6_k>};
+  static constexpr QuantDotTable table{
+      dot_q4_0,           dot_q4_1,           dot_q8_0,           dot_q4_k,           dot_q5_k,           dot_q6_k,
+      dot_q5_0,           dot_q5_1,           dot_rows<dot_q4_0>, dot_rows<dot_q4_1>, dot_rows<dot_q8_0>, dot_rows<dot_q4_k>,
+      dot_rows<dot_q5_k>, dot_rows<dot_q6_k>, dot_rows<dot_q5_0>, dot_rows<dot_q5_1>};
   return table;
 }
 

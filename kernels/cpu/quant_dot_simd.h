@@ -4,8 +4,8 @@
 // scaled pair sums). Integer sums are exact either way (bounds below), so the two give the same
 // bits; both differ from the scalar reference only in the order of the fp32 sums.
 //
-// Weights enter as unsigned codes (q4: 0..15, q5: 0..31, q6: 0..63; q8_0 by the sign trick:
-// |w| × sign(x, w)); offsets (q4_0's 8, q6_k's 32) and mins come back through the activation
+// Weights enter as unsigned codes (q4: 0..15, q5 and q5_k: 0..31, q6: 0..63; q8_0 by the sign trick:
+// |w| × sign(x, w)); offsets (q4_0's 8, q5_0's 16, q6_k's 32) and mins come back through the activation
 // block sums. VPMADDUBSW saturates at ±32767 per pair: 2 · 63 · 127 = 16002 at most here.
 #pragma once
 
@@ -111,6 +111,48 @@ struct KernelQ4_1 {
       }
     }
     for (size_t r = 0; r < R; ++r) out[r * os] = hsum(acc[r]) + mins[r];
+  }
+};
+
+// A Q5 block's 32 codes: unpack_q4's nibbles with bit j of qh as bit 4 of byte j (each qh
+// byte spread over 8 bytes by a shuffle, then tested bit by bit: llama.cpp's bytes_from_bits_32).
+inline __m256i unpack_q5(const uint8_t* qs, const uint8_t* qh_bytes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i bit_set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                            _mm256_set1_epi64x(-1));
+  return _mm256_or_si256(unpack_q4(qs), _mm256_and_si256(bit_set, _mm256_set1_epi8(0x10)));
+}
+
+// Q5_0 (x = (q − 16)·d) and Q5_1 (x = q·d + m): Q4_0 and Q4_1 with a fifth bit.
+template <bool Q5_1>
+struct KernelQ5 {
+  using Block = std::conditional_t<Q5_1, BlockQ5_1, BlockQ5_0>;
+  template <size_t R>
+  static void run(const void* wv, const void* x, size_t xs, size_t blocks, float* out, size_t os) {
+    const auto* w = static_cast<const Block*>(wv);
+    const float* f16 = f16_to_f32_table();
+    __m256 acc[R];
+    float extra[R];  // Q5_0: Σ d · 16 · Σ x codes (subtracted); Q5_1: Σ m · d_x · Σ x codes (added)
+    for (size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), extra[r] = 0.0f;
+    for (size_t b = 0; b < blocks; ++b) {
+      const __m256i u = unpack_q5(w[b].qs, w[b].qh);
+      const __m256 dw = _mm256_broadcast_ss(&f16[w[b].d]);
+      for (size_t r = 0; r < R; ++r) {
+        const BlockQ8x32& xb = xblock<BlockQ8x32>(x, xs, r, b);
+        const __m256i p = acc_u8s8(_mm256_setzero_si256(), u, load32(xb.qs));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale(dw, xb.d), acc[r]);
+        if constexpr (Q5_1) {
+          extra[r] += f16[w[b].m] * xb.s;
+        } else {
+          extra[r] += _mm256_cvtss_f32(dw) * (16.0f * xb.s);
+        }
+      }
+    }
+    for (size_t r = 0; r < R; ++r) out[r * os] = Q5_1 ? hsum(acc[r]) + extra[r] : hsum(acc[r]) - extra[r];
   }
 };
 
@@ -264,10 +306,12 @@ void simd_dot_rows(const void* w, const void* x, size_t xs, size_t rows, size_t 
 }
 
 constexpr QuantDotTable kSimdQuantDots{
-    simd_dot<KernelQ4_0>,      simd_dot<KernelQ4_1>,      simd_dot<KernelQ8_0>,
+    simd_dot<KernelQ4_0>,        simd_dot<KernelQ4_1>,       simd_dot<KernelQ8_0>,
     simd_dot<KernelQ45K<false>>, simd_dot<KernelQ45K<true>>, simd_dot<KernelQ6K>,
-    simd_dot_rows<KernelQ4_0>, simd_dot_rows<KernelQ4_1>, simd_dot_rows<KernelQ8_0>,
-    simd_dot_rows<KernelQ45K<false>>, simd_dot_rows<KernelQ45K<true>>, simd_dot_rows<KernelQ6K>};
+    simd_dot<KernelQ5<false>>,   simd_dot<KernelQ5<true>>,   simd_dot_rows<KernelQ4_0>,
+    simd_dot_rows<KernelQ4_1>,   simd_dot_rows<KernelQ8_0>,  simd_dot_rows<KernelQ45K<false>>,
+    simd_dot_rows<KernelQ45K<true>>, simd_dot_rows<KernelQ6K>, simd_dot_rows<KernelQ5<false>>,
+    simd_dot_rows<KernelQ5<true>>};
 
 }  // namespace
 }  // namespace hack::cpu::detail

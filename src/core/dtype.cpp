@@ -20,6 +20,8 @@ std::string_view dtype_name(DType t) {
     case DType::q4_k: return "q4_k";
     case DType::q5_k: return "q5_k";
     case DType::q6_k: return "q6_k";
+    case DType::q5_0: return "q5_0";
+    case DType::q5_1: return "q5_1";
   }
   return "?";
 }
@@ -38,6 +40,8 @@ DType parse_dtype(std::string_view name) {
   if (name == "q4_k" || name == "Q4_K") return DType::q4_k;
   if (name == "q5_k" || name == "Q5_K") return DType::q5_k;
   if (name == "q6_k" || name == "Q6_K") return DType::q6_k;
+  if (name == "q5_0" || name == "Q5_0") return DType::q5_0;
+  if (name == "q5_1" || name == "Q5_1") return DType::q5_1;
   fail("unsupported dtype '{}'", name);
 }
 
@@ -134,7 +138,9 @@ void convert_to_f32(DType from, const void* src, float* dst, size_t n) {
     case DType::q8_0:
     case DType::q4_k:
     case DType::q5_k:
-    case DType::q6_k: dequantize_row(from, src, dst, n); return;
+    case DType::q6_k:
+    case DType::q5_0:
+    case DType::q5_1: dequantize_row(from, src, dst, n); return;
   }
 }
 

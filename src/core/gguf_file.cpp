@@ -215,8 +215,8 @@ GgmlTypeInfo ggml_type_info(uint32_t code) {
     case 1: return {"F16", DType::f16, 1, 2};
     case 2: return {"Q4_0", DType::q4_0, 32, 18};
     case 3: return {"Q4_1", DType::q4_1, 32, 20};
-    case 6: return {"Q5_0", std::nullopt, 32, 22};
-    case 7: return {"Q5_1", std::nullopt, 32, 24};
+    case 6: return {"Q5_0", DType::q5_0, 32, 22};
+    case 7: return {"Q5_1", DType::q5_1, 32, 24};
     case 8: return {"Q8_0", DType::q8_0, 32, 34};
     case 9: return {"Q8_1", std::nullopt, 32, 36};
     case 10: return {"Q2_K", std::nullopt, 256, 84};
@@ -253,6 +253,8 @@ uint32_t ggml_type_of(DType t) {
     case DType::f16: return 1;
     case DType::q4_0: return 2;
     case DType::q4_1: return 3;
+    case DType::q5_0: return 6;
+    case DType::q5_1: return 7;
     case DType::q8_0: return 8;
     case DType::q4_k: return 12;
     case DType::q5_k: return 13;
@@ -382,7 +384,7 @@ Tensor GgufFile::tensor(const GgufTensorInfo& t) const {
   const GgmlTypeInfo info = ggml_type_info(t.ggml_type);
   if (!info.dtype) {
     if (info.name == "unknown") fail("{}: tensor {}: ggml type {} is not supported", source_, t.name, t.ggml_type);
-    fail("{}: tensor {}: type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K are)", source_,
+    fail("{}: tensor {}: type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K are)", source_,
          t.name, info.name);
   }
   Tensor::Shape shape{0, 0, 0, 0};

@@ -2,6 +2,8 @@
 // (products in fp32 in the same order), written from the layouts in core/quant_blocks.h.
 #include "hack/core/quant_blocks.h"
 
+#include <cstring>
+
 #include "hack/core/error.h"
 
 namespace hack {
@@ -25,6 +27,28 @@ void dequantize_q4_1(const BlockQ4_1* b, size_t blocks, float* y) {
       y[j] = static_cast<float>(b[i].qs[j] & 0xF) * d + m;
       y[j + 16] = static_cast<float>(b[i].qs[j] >> 4) * d + m;
     }
+  }
+}
+
+// Code of element j (< 32) of a Q5 block: nibble j % 16 of qs (low, then high) | bit j of qh.
+int q5_code(const uint8_t* qs, const uint8_t* qh_bytes, size_t j) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+  return nibble | static_cast<int>(((qh >> j) & 1u) << 4);
+}
+
+void dequantize_q5_0(const BlockQ5_0* b, size_t blocks, float* y) {
+  for (size_t i = 0; i < blocks; ++i, y += kQ32) {
+    const float d = f16_to_f32(b[i].d);
+    for (size_t j = 0; j < kQ32; ++j) y[j] = static_cast<float>(q5_code(b[i].qs, b[i].qh, j) - 16) * d;
+  }
+}
+
+void dequantize_q5_1(const BlockQ5_1* b, size_t blocks, float* y) {
+  for (size_t i = 0; i < blocks; ++i, y += kQ32) {
+    const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+    for (size_t j = 0; j < kQ32; ++j) y[j] = static_cast<float>(q5_code(b[i].qs, b[i].qh, j)) * d + m;
   }
 }
 
@@ -105,6 +129,8 @@ void dequantize_row(DType t, const void* src, float* dst, size_t n) {
     case DType::q4_k: dequantize_q4_k(static_cast<const BlockQ4K*>(src), blocks, dst); return;
     case DType::q5_k: dequantize_q5_k(static_cast<const BlockQ5K*>(src), blocks, dst); return;
     case DType::q6_k: dequantize_q6_k(static_cast<const BlockQ6K*>(src), blocks, dst); return;
+    case DType::q5_0: dequantize_q5_0(static_cast<const BlockQ5_0*>(src), blocks, dst); return;
+    case DType::q5_1: dequantize_q5_1(static_cast<const BlockQ5_1*>(src), blocks, dst); return;
     default: break;
   }
 }

@@ -18,7 +18,7 @@ namespace hack {
 void add_model_flags(FlagSet& flags, ModelRuntimeConfig& c) {
   flags.add_string("model", &c.model,
                    "Hugging Face model directory (config.json, safetensors, tokenizer.json), or a llama/qwen2/qwen3 GGUF "
-                   "file, read natively (its F32/F16/BF16/Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K tensors mapped, see --weights)");
+                   "file, read natively (its F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K tensors mapped, see --weights)");
   flags.add_string("weights", &c.weights,
                    "a GGUF's block-quantized matrices: native (kept as blocks and multiplied as llama.cpp does, int8 "
                    "activations per block) or dequant (converted to f32 at load: exact values, 4-8x the memory; for "

@@ -13,9 +13,9 @@ namespace hack {
 /// Plain element types, then GGUF's block-quantized weight types (ggml's layouts, see
 /// core/quant_blocks.h): a row of a block type is a whole number of blocks of 32 or 256
 /// elements, each with its own scales.
-enum class DType : uint8_t { f32, f16, bf16, i8, u8, i32, i64, q4_0, q4_1, q8_0, q4_k, q5_k, q6_k };
+enum class DType : uint8_t { f32, f16, bf16, i8, u8, i32, i64, q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, q5_0, q5_1 };
 
-/// Whether `t` is a block-quantized type (q4_0 ... q6_k).
+/// Whether `t` is a block-quantized type (q4_0 ... q5_1).
 constexpr bool dtype_is_quantized(DType t) { return t >= DType::q4_0; }
 
 /// Bytes per element of a plain type; 0 for a block type (use dtype_bytes).
@@ -32,11 +32,13 @@ constexpr size_t dtype_size(DType t) {
   }
 }
 
-/// Elements per block: 1 for a plain type, 32 (q4_0, q4_1, q8_0) or 256 (the K-quants).
+/// Elements per block: 1 for a plain type, 32 (q4_0, q4_1, q5_0, q5_1, q8_0) or 256 (the K-quants).
 constexpr size_t dtype_block_elems(DType t) {
   switch (t) {
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q5_0:
+    case DType::q5_1:
     case DType::q8_0: return 32;
     case DType::q4_k:
     case DType::q5_k:
@@ -51,6 +53,8 @@ constexpr size_t dtype_block_bytes(DType t) {
   switch (t) {
     case DType::q4_0: return 18;   // f16 d, 16 bytes of nibbles
     case DType::q4_1: return 20;   // f16 d, f16 m, 16 bytes of nibbles
+    case DType::q5_0: return 22;   // f16 d, 4 bytes of fifth bits, 16 bytes of nibbles
+    case DType::q5_1: return 24;   // f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of nibbles
     case DType::q8_0: return 34;   // f16 d, 32 int8
     case DType::q4_k: return 144;  // f16 d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
     case DType::q5_k: return 176;  // q4_k + 32 bytes of high bits

@@ -14,7 +14,7 @@
 
 namespace hack {
 
-inline constexpr size_t kQ32 = 32;   // elements per block of q4_0, q4_1, q8_0
+inline constexpr size_t kQ32 = 32;   // elements per block of q4_0, q4_1, q5_0, q5_1, q8_0
 inline constexpr size_t kQK = 256;   // elements per super-block of the K-quants
 
 /// x[j] = (lo(qs[j]) − 8)·d, x[j + 16] = (hi(qs[j]) − 8)·d for j < 16.
@@ -25,6 +25,19 @@ struct BlockQ4_0 {
 /// x[j] = lo(qs[j])·d + m, x[j + 16] = hi(qs[j])·d + m.
 struct BlockQ4_1 {
   uint16_t d, m;
+  uint8_t qs[16];
+};
+/// Q4_0 with a fifth bit: q of element j is its nibble | bit j of qh (a little-endian u32) · 16;
+/// x = (q − 16)·d.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+/// The same bits as Q5_0; x = q·d + m.
+struct BlockQ5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
   uint8_t qs[16];
 };
 /// x[j] = qs[j]·d.
@@ -59,6 +72,8 @@ struct BlockQ6K {
 static_assert(sizeof(BlockQ4_0) == dtype_block_bytes(DType::q4_0));
 static_assert(sizeof(BlockQ4_1) == dtype_block_bytes(DType::q4_1));
 static_assert(sizeof(BlockQ8_0) == dtype_block_bytes(DType::q8_0));
+static_assert(sizeof(BlockQ5_0) == dtype_block_bytes(DType::q5_0));
+static_assert(sizeof(BlockQ5_1) == dtype_block_bytes(DType::q5_1));
 static_assert(sizeof(BlockQ4K) == dtype_block_bytes(DType::q4_k));
 static_assert(sizeof(BlockQ5K) == dtype_block_bytes(DType::q5_k));
 static_assert(sizeof(BlockQ6K) == dtype_block_bytes(DType::q6_k));

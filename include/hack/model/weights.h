@@ -61,7 +61,7 @@ struct Model {
   /// unsupported dtype).
   ///
   /// Or a GGUF file (model/gguf_weights.h): llama and qwen2 architectures, F32/F16/BF16 and
-  /// Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K tensors, kept as they lie in the mapped file (`format`).
+  /// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K tensors, kept as they lie in the mapped file (`format`).
   static Model load(const std::filesystem::path& directory, WeightFormat format = WeightFormat::native);
   /// Random weights for `config` (normal, std 0.02 scaled for depth; norms 1), reproducible
   /// from `seed`, matrices in `dtype` (f32, f16 or bf16).

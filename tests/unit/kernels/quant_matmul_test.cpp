@@ -1,4 +1,4 @@
-// Matmul on GGUF block weights (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k) against simple paths:
+// Matmul on GGUF block weights (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k) against simple paths:
 // every ISA's dot against the scalar dot; matmul()/matmul_many()/matmul_swiglu() and
 // gemv_rows() against x · dequantize(W)ᵀ in double, with the error the int8 activations allow.
 // Blocks are random bytes with their f16 scales set: ordinary ones and extremes (65504, the
@@ -22,12 +22,14 @@ using namespace hack;
 
 namespace {
 
-constexpr DType kBlockTypes[] = {DType::q4_0, DType::q4_1, DType::q8_0, DType::q4_k, DType::q5_k, DType::q6_k};
+constexpr DType kBlockTypes[] = {DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_0,
+                                 DType::q4_k, DType::q5_k, DType::q6_k};
 
 // Byte offsets of a block's f16 scale fields (core/quant_blocks.h).
 std::vector<size_t> half_fields(DType t) {
   switch (t) {
     case DType::q4_1:
+    case DType::q5_1:
     case DType::q4_k:
     case DType::q5_k: return {0, 2};
     case DType::q6_k: return {208};

@@ -1,6 +1,6 @@
 /// @file kernels/cpu/matmul.h
 /// @brief y = x · Wᵀ for the transformer's linear layers on the CPU, W in its checkpoint
-/// dtype (f32, f16, bf16, or a GGUF block type: q4_0, q4_1, q8_0, q4_k, q5_k, q6_k) and HF
+/// dtype (f32, f16, bf16, or a GGUF block type: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k) and HF
 /// layout [out_features, in_features].
 ///
 /// Few rows (decode): a weight-streaming GEMV that reads each weight row once for all rows

@@ -3,7 +3,7 @@
 /// quantized to int8 per block, as llama.cpp computes them: the integer part exact (int8 ×
 /// 4/5/6/8-bit codes summed in int32), scaled per block in fp32.
 ///
-/// Activations: per 32 (BlockQ8x32) for q4_0, q4_1, q8_0; per 256 with sums of each 16
+/// Activations: per 32 (BlockQ8x32) for q4_0, q4_1, q5_0, q5_1, q8_0; per 256 with sums of each 16
 /// (BlockQ8K) for the K-quants, whose mins and 6-bit offsets fold into those sums. Both round
 /// x·127/amax to nearest even, so |x − d·q| ≤ d/2 = amax/254 per element; one quantizer for
 /// every ISA, so the ISAs differ only in the order of the fp32 sums.
