@@ -13,8 +13,9 @@
 /// bf16 page 1 + b and, once closed, is quantized into HACK page b of the sequence's HACK
 /// table, byte for byte what the CPU cache writes (cuda::hack_quantize_blocks). A block
 /// closes once it has left the recent window (KvBlockManager::closable_blocks), at the first
-/// append after that, outside a prefill (close_blocks, called by the backend before a decode
-/// step), or at end_prefill. A recent window > 0 leaves exact blocks behind the open one,
+/// append after that outside a prefill (inside this storage: commit_append for the rows the
+/// backend's kv_append kernel wrote, append for host rows — the CPU storage's rule, at the
+/// same appends), or at end_prefill. The backend never closes blocks. A recent window > 0 leaves exact blocks behind the open one,
 /// which only the plan runner attends to (the backend refuses it on the kernels path).
 /// Blocks close per layer (a prefill node exports a layer as soon as its prefill is done), so
 /// closed counts are kept per layer; a decode step closes every layer up to the same block.
@@ -151,6 +152,8 @@ class CudaPagedKvCache final : public PagedKv {
   const Sequence& get(int seq_id) const;
   Sequence& get(int seq_id);
   void init_hack(const KvCacheOptions& hack);
+  // Outside a prefill, closes what the layer's next append closes (before recording it).
+  void close_at_append(int seq_id, int layer, int n_tokens);
   // Quantizes blocks [from, upto) of one layer of s into their HACK pages.
   void close_layer(Sequence& s, int seq_id, int layer, int upto, const KnownPages* known = nullptr);
   // Quantizes n full bf16 blocks of one layer on the device (legacy stream, synchronous upload

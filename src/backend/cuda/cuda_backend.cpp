@@ -9,8 +9,8 @@
 //   (+ biases, q/k norm)  rope(q, k)      kv_append(k, v) -> bf16 pages
 //   attn(bf16) = decode_attention | prefill_attention
 //     (--kv hack: decode rows run hack_decode_attention over sinks + HACK pages + the
-//      open bf16 block, f32 out scattered to bf16 rows; blocks that closed before the
-//      step are quantized first, by CudaPagedKvCache::close_blocks)
+//      open bf16 block, f32 out scattered to bf16 rows; the blocks the step's append
+//      closes are quantized inside the storage, at the layer's commit_append)
 //   x += attn · Wo^T (+ bo)               xn = rmsnorm(x)
 //   act(bf16) = silu(xn·Wg^T) · (xn·Wu^T) x += act · Wd^T
 #include <cublas_v2.h>
@@ -512,10 +512,10 @@ class CudaBackend final : public Backend {
     }
     if (options_.plan_attention) {
       for (size_t r = 0; r < T; ++r) h[o.identity + r] = static_cast<int>(r);
-      // Every chunk closes what the plan says (a decode token's filled blocks, a prompt
-      // chunk's past outside the prefill bracket), as the CPU cache does at the append.
-      if (kv.is_hack())
-        for (const PlanItem& it : attention_plan_.items) kv_.close_blocks(it.seq_id, it.closed_pages);
+      // The blocks each chunk closes (a decode token's filled blocks, a prompt chunk's past
+      // outside the prefill bracket) close inside the storage at the layer's commit_append,
+      // as the CPU storage closes them at its append; their HACK page ids are reserved at
+      // admission, so the plan resolves them now.
       plan_runner_.upload(attention_plan_, kv_, stream_.get());
     } else if (kv.is_hack() && !dec_.empty()) {
       plan_hack_decode_rows(o, h);
@@ -591,17 +591,15 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // --kv hack, in plan(): closes the blocks each decode row's sequence filled before this
-  // step (the CPU cache quantizes them at this append), then writes the decode rows' counts
-  // (HACK pages, sink and open-block tokens) into the int plan and every layer's page, sink
-  // and open-block pointers into the pointer plan.
+  // --kv hack, in plan(): writes the decode rows' counts (HACK pages, sink and open-block
+  // tokens) into the int plan and every layer's page, sink and open-block pointers into the
+  // pointer plan. The pages counted are those closed once the step's token is appended
+  // (DecodeEntry::closed_pages): the storage closes the blocks each row's sequence filled
+  // before this step at the layer's commit_append, before the layer's attention runs.
   void plan_hack_decode_rows(const PlanOffsets& o, int* h) {
     const int S = kv_.sinks(), P = kv_.page_tokens();
     hack_max_pages_ = 0;
-    for (const DecodeEntry& d : dec_) {
-      kv_.close_blocks(d.seq_id, d.closed_pages);
-      hack_max_pages_ = std::max(hack_max_pages_, kv_.closed_blocks(d.seq_id));
-    }
+    for (const DecodeEntry& d : dec_) hack_max_pages_ = std::max(hack_max_pages_, d.closed_pages);
     const size_t nd = dec_.size(), maxp = static_cast<size_t>(hack_max_pages_);
     const size_t per_layer = nd * maxp + 2 * nd;
     hack_rows_dense_ = true;  // decode rows 0 .. nd − 1: q is read in place, not gathered
@@ -610,7 +608,7 @@ class CudaBackend final : public Backend {
     auto* ptrs = ptr<uint64_t>(pointers_host_);
     for (size_t i = 0; i < nd; ++i) {
       const DecodeEntry& d = dec_[i];
-      const int closed = kv_.closed_blocks(d.seq_id);
+      const int closed = d.closed_pages;
       const int open_first = S + closed * P;  // first token of the open block
       h[o.hack_pages + i] = closed;
       h[o.hack_sinks + i] = std::min(d.length, S);

@@ -291,8 +291,18 @@ cuda::PagedKvLayer CudaPagedKvCache::layer(int layer) const {
   return v;
 }
 
+void CudaPagedKvCache::close_at_append(int seq_id, int layer, int n_tokens) {
+  // As the CPU storage does at its append: outside a prefill, an append first closes the blocks
+  // that left the recent window before it (the length before the append decides), so attention
+  // after the append sees a quantized past plus the new tokens exactly. The new tokens' rows lie
+  // past those blocks', so closing them after the device wrote the new rows changes nothing.
+  if (!is_hack() || n_tokens == 0 || blocks_.prefilling(seq_id)) return;
+  close_layer(get(seq_id), seq_id, layer, blocks_.closable_blocks(seq_id, layer));
+}
+
 void CudaPagedKvCache::commit_append(int layer, int seq_id, int start_pos, int n_tokens) {
   blocks_.check_append(seq_id, layer, start_pos, n_tokens);
+  close_at_append(seq_id, layer, n_tokens);
   blocks_.record_append(seq_id, layer, n_tokens);
   KvAppendObserver* observer = blocks_.observer(seq_id);
   if (observer == nullptr || n_tokens == 0) return;
@@ -311,6 +321,7 @@ void CudaPagedKvCache::append(int layer, int seq_id, int start_pos, int n_tokens
   const size_t H = static_cast<size_t>(shape_.num_kv_heads), hd = static_cast<size_t>(shape_.head_dim);
   const size_t pitch = static_cast<size_t>(options_.page_tokens) * hd * sizeof(uint16_t);  // head to head in a page
   std::vector<uint16_t> rows(H * hd);  // one token's K (or V), every head, as bf16
+  close_at_append(seq_id, layer, n_tokens);
   for (int t = 0; t < n_tokens; ++t) {
     for (int which = 0; which < 2; ++which) {
       const float* src = (which == 0 ? k : v) + static_cast<size_t>(t) * H * hd;

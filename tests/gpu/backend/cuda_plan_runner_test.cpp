@@ -106,10 +106,17 @@ struct Pair {
       gpu->append(l, seq, start, n, st.k.data(), st.v.data());
     }
   }
-  // The device closes what the CPU's step append closed (CudaPagedKvCache closes on request).
-  void close_as_planned(const AttentionPlan& plan) {
+  // Both storages closed the same blocks at the same appends (each closes inside its own
+  // append, by the block manager's rule): the closed count every plan item expects, in every
+  // layer of both.
+  void check_closed_as_planned(const AttentionPlan& plan) const {
     if (!hack) return;
-    for (const PlanItem& it : plan.items) gpu->close_blocks(it.seq_id, it.closed_pages);
+    for (const PlanItem& it : plan.items)
+      for (int l = 0; l < shape.num_layers; ++l) {
+        INFO("sequence " << it.seq_id << " layer " << l);
+        CHECK(gpu->blocks().closed_blocks(it.seq_id, l) == cpu->blocks().closed_blocks(it.seq_id, l));
+        CHECK(gpu->blocks().closed_blocks(it.seq_id, l) == it.closed_pages);
+      }
   }
 };
 
@@ -177,7 +184,7 @@ void decode_case(const Config& c, uint32_t seed) {
   REQUIRE(device_policy.workers == 8 * sm_count);
   p.cpu->plan(items, device_policy, device_policy_plan);
   for (const PlanItem& it : items) p.append(it.seq_id, 1);
-  p.close_as_planned(plan);
+  p.check_closed_as_planned(plan);
   CudaPlanRunner runner;
   run_both(p, runner, plan, std::string(c.name) + " decode", seed + 1, true);
   run_both(p, runner, device_policy_plan, std::string(c.name) + " decode, device policy", seed + 4, false);
@@ -215,7 +222,7 @@ void prefill_case(const Config& c, uint32_t seed) {
   AttentionPlan plan;
   p.cpu->plan(items, policy, plan);
   for (const PlanItem& it : items) p.append(it.seq_id, it.n_tokens);
-  p.close_as_planned(plan);
+  p.check_closed_as_planned(plan);
   CudaPlanRunner runner;
   run_both(p, runner, plan, std::string(c.name) + " prefill", seed + 3, true);
 }
