@@ -78,39 +78,34 @@ TEST_CASE("B registers read from HACK pages hold the codes the page format puts 
         for (uint8_t& b : k) b = static_cast<uint8_t>(rng());
         for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
         int checked = 0;
+        // One B register read from `codes` at `w` against the scalar page format: byte j holds
+        // the code at (k, n) = b_coord(lane, 4 · reg + j), `code_of(k, n)`.
+        const auto check = [&](const char* what, const std::vector<uint8_t>& codes, mma::CodeWord w, int lane, int reg,
+                               auto code_of) {
+          REQUIRE(w.byte % 4 == 0);
+          REQUIRE(w.byte + 4 <= bytes);
+          const uint32_t got = mma::load_b_register(codes.data(), w, bits);
+          for (int j = 0; j < 4; ++j) {
+            const mma::Coord c = mma::b_coord(lane, 4 * reg + j);
+            INFO(what << " lane " << lane << " reg " << reg << " byte " << j << " (k " << c.row << ", n " << c.col << ")");
+            REQUIRE(static_cast<int>((got >> (8 * j)) & 0xFF) == code_of(c.row, c.col));
+            ++checked;
+          }
+        };
         for (int lane = 0; lane < 32; ++lane)
           for (int reg = 0; reg < mma::kBRegs; ++reg) {
             // Q·Kᵀ: k = channels, n = tokens.
             for (int k0 = 0; k0 < head_dim; k0 += mma::kK)
-              for (int n0 = 0; n0 < block_tokens; n0 += mma::kN) {
-                const mma::CodeWord w = mma::k_b_word(bits, head_dim, n0, k0, lane, reg);
-                REQUIRE(w.byte % 4 == 0);
-                REQUIRE(w.byte + 4 <= bytes);
-                const uint32_t got = mma::load_b_register(k.data(), w, bits);
-                for (int j = 0; j < 4; ++j) {
-                  const mma::Coord c = mma::b_coord(lane, 4 * reg + j);
-                  const int want = quant::code_at(k.data(), quant::k_code_pos(bits, head_dim, n0 + c.col, k0 + c.row), bits);
-                  INFO("K lane " << lane << " reg " << reg << " k0 " << k0 << " n0 " << n0 << " byte " << j);
-                  REQUIRE(static_cast<int>((got >> (8 * j)) & 0xFF) == want);
-                  ++checked;
-                }
-              }
+              for (int n0 = 0; n0 < block_tokens; n0 += mma::kN)
+                check("K", k, mma::k_b_word(bits, head_dim, n0, k0, lane, reg), lane, reg, [&](int kk, int n) {
+                  return quant::code_at(k.data(), quant::k_code_pos(bits, head_dim, n0 + n, k0 + kk), bits);
+                });
             // P·V: k = tokens, n = channels.
             for (int k0 = 0; k0 < block_tokens; k0 += mma::kK)
-              for (int n0 = 0; n0 < head_dim; n0 += mma::kN) {
-                const mma::CodeWord w = mma::v_b_word(bits, block_tokens, n0, k0, lane, reg);
-                REQUIRE(w.byte % 4 == 0);
-                REQUIRE(w.byte + 4 <= bytes);
-                const uint32_t got = mma::load_b_register(v.data(), w, bits);
-                for (int j = 0; j < 4; ++j) {
-                  const mma::Coord c = mma::b_coord(lane, 4 * reg + j);
-                  const int want =
-                      quant::code_at(v.data(), quant::v_code_pos(bits, block_tokens, k0 + c.row, n0 + c.col), bits);
-                  INFO("V lane " << lane << " reg " << reg << " k0 " << k0 << " n0 " << n0 << " byte " << j);
-                  REQUIRE(static_cast<int>((got >> (8 * j)) & 0xFF) == want);
-                  ++checked;
-                }
-              }
+              for (int n0 = 0; n0 < head_dim; n0 += mma::kN)
+                check("V", v, mma::v_b_word(bits, block_tokens, n0, k0, lane, reg), lane, reg, [&](int kk, int n) {
+                  return quant::code_at(v.data(), quant::v_code_pos(bits, block_tokens, k0 + kk, n0 + n), bits);
+                });
           }
         // Every code of both arrays was read once per (lane, reg, byte) position: K and V
         // each hold head_dim × block_tokens codes.
